@@ -1,0 +1,73 @@
+r"""The main job: an omni-modal (text, image, audio, video) MoE LLM.
+
+  python -m experiments.train_omni --config=configs/omni_moe.py:tiny --workdir=/tmp/omni
+
+Variants after ':' — ``micro`` (tests), ``tiny`` (the quick start: 8 emulated CPU devices,
+under 3 minutes on 2 cores), ``small`` (a longer CPU run), ``bench`` (the step benchmarked by
+``experiments.bench_step``). Override any field on the command line, e.g.
+``--config.model.moe.num_experts=8 --config.train.steps=50``. Add a modality with
+``--config.model.modalities.thermal='{"kind": "patch", "channels": 1, ...}'`` or in a copy of
+this file (see WORKSPACE.md).
+"""
+
+import ml_collections
+
+
+def modalities(image_size=32, audio_samples=4096, video_size=16, codebook=32,
+               enc_dim=64, enc_layers=1):
+  enc = dict(encoder_dim=enc_dim, encoder_layers=enc_layers, encoder_heads=4)
+  return dict(
+      image=dict(kind="patch", size=(image_size, image_size), channels=3, patch=8,
+                 codebook_size=codebook, **enc),
+      audio=dict(kind="frames", num_samples=audio_samples, sample_rate=8000, n_fft=256, hop=128,
+                 n_mels=32, features="logmel", codebook_size=codebook, **enc),
+      video=dict(kind="video", frames=4, size=(video_size, video_size), channels=3, patch=8,
+                 temporal_pool=2, **enc),
+  )
+
+
+def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.model = dict(
+      d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=256, rope_theta=10_000.0,
+      moe=dict(num_experts=4, top_k=2, d_ff=128, every=1, renormalize=True, impl="dropless",
+               capacity_factor=1.25, shared_experts=0, lb_coef=0.01, z_coef=1e-3),
+      remat="none", dtype="float32", text_loss_weight=1.0,
+      modalities=modalities(),
+  )
+  c.data = dict(source="synthetic", seq_len=64, batch_size=32, seed=0, text_weight=1.0,
+                manifest="", on_error="fatal", codebook_samples=64)
+  c.optim = dict(lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.01, b1=0.9, b2=0.95,
+                 eps=1e-8, clip_norm=1.0)
+  c.train = dict(steps=300, seed=0, log_every=25, eval_every=100, eval_batches=4,
+                 checkpoint_every=100, keep_checkpoints=2, peak_flops=0.0)
+
+  if arg == "tiny":
+    pass
+  elif arg == "micro":
+    # For tests: every code path (MoE, three modalities, two generated) at minimal size.
+    c.model.update(d_model=32, num_layers=2, num_heads=2, num_kv_heads=1, d_ff=64,
+                   modalities=modalities(image_size=16, audio_samples=1024, video_size=16,
+                                         codebook=8, enc_dim=16))
+    c.model.modalities.audio.update(n_fft=128, hop=64, n_mels=16)
+    c.model.modalities.video.update(frames=2)
+    c.model.moe.update(num_experts=4, top_k=2, d_ff=32)
+    c.data.update(seq_len=48, batch_size=8, codebook_samples=16)
+    c.optim.update(warmup_steps=1)
+    c.train.update(steps=4, log_every=2, eval_every=0, eval_batches=4, checkpoint_every=2,
+                   peak_flops=1e11)
+  elif arg == "small":
+    c.model.update(d_model=256, num_layers=4, num_heads=8, d_ff=512)
+    c.model.moe.update(num_experts=8, d_ff=256)
+    c.data.update(seq_len=96, batch_size=64)
+    c.train.update(steps=2000, eval_every=250, checkpoint_every=250)
+  elif arg == "bench":
+    # Sized so matmuls dominate: wide layers, long rows, few modality tokens per row.
+    c.model.update(d_model=512, num_layers=4, num_heads=8, num_kv_heads=4, d_ff=2048)
+    c.model.moe.update(num_experts=8, top_k=2, d_ff=1024, every=2)
+    c.data.update(seq_len=256, batch_size=16)
+    c.train.update(steps=12, log_every=4, eval_every=0, checkpoint_every=1000)
+  else:
+    raise ValueError(f"unknown variant {arg!r} of configs/omni_moe.py; choose tiny, micro, "
+                     "small or bench")
+  return c

@@ -1,0 +1,32 @@
+r"""Train the omni-modal MoE LLM (the main job).
+
+  python -m experiments.train_omni --config=configs/omni_moe.py:tiny --workdir=/tmp/omni
+
+Writes into --workdir: checkpoints/, metrics.jsonl, summary.json, loss.png. Rerunning the
+same command resumes from the latest checkpoint. On CPU the run uses --cpu_devices
+emulated devices (data parallel over all of them).
+"""
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from experiments import common
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/omni_moe.py:<variant>",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints and results go")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  del argv
+  common.setup_devices()
+  from omni_jax.train.omni import train_omni  # after device set-up
+  summary = train_omni(_CONFIG.value, _WORKDIR.value)
+  logging.info("done: loss %.4f -> %.4f, %.0f tokens/s, MFU %.3f; summary in %s/summary.json",
+               summary["initial_loss"], summary["final_loss"], summary["tokens_per_sec"] or 0,
+               summary["mfu"] or 0, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,207 @@
+"""The omni model's input stream: built-in synthetic multimodal data or a JSONL manifest.
+
+Batches are a pure function of ``(seed, step)``, so a resumed run sees exactly the batches
+it would have seen without the interruption, and evaluation batches come from a disjoint
+random stream. Every batch holds all modalities (zeros + mask where a row lacks one), so
+one compiled train step serves every mix.
+
+Synthetic tasks (uniform over the list, ``data.text_weight`` for plain text):
+``text`` (arithmetic sentences such as ``17+25=42``), ``<m>:understand`` (caption a
+synthetic sample of modality m) and ``<m>:generate`` (emit m's VQ codes from its caption).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from absl import logging
+
+from omni_jax.config import ConfigError, check_keys, one_of, positive_int, require
+from omni_jax.data import manifest as manifest_lib
+from omni_jax.data import vq
+from omni_jax.data.sequences import TASK_TEXT, RowBuilder, collate, generate_task, understand_task
+from omni_jax.modalities import MODALITY_KINDS
+from omni_jax.models.omni import OmniSpec
+
+DATA_KEYS = ("source", "seq_len", "batch_size", "seed", "text_weight", "manifest", "on_error",
+             "codebook_samples")
+EVAL_DOMAIN = 7_919  # separates eval randomness from training randomness
+
+
+def _rng(*key: int) -> np.random.Generator:
+  return np.random.default_rng([int(k) for k in key])
+
+
+class OmniStream:
+  """Deterministic batches for an :class:`OmniSpec` from ``config.data``."""
+
+  def __init__(self, spec: OmniSpec, data_cfg):
+    check_keys(data_cfg, DATA_KEYS, "data.", required=DATA_KEYS)
+    self.source = one_of(data_cfg, "source", ("synthetic", "manifest"), "data.")
+    self.seq_len = positive_int(data_cfg, "seq_len", "data.")
+    self.batch_size = positive_int(data_cfg, "batch_size", "data.")
+    self.seed = int(data_cfg["seed"])
+    tw = data_cfg["text_weight"]
+    require(isinstance(tw, int | float) and tw >= 0, "data.text_weight", tw, "must be >= 0")
+    self.spec = spec
+    self.builder = RowBuilder(spec, self.seq_len)
+    self.mods = dict(spec.modalities)
+    self.kinds = {m: MODALITY_KINDS.get(ms["kind"]) for m, ms in spec.modalities}
+    self.tasks = [TASK_TEXT] + [understand_task(m) for m in self.mods] + [
+        generate_task(m) for m, ms in self.mods.items() if ms["codebook_size"]]
+    w = np.asarray([float(tw)] + [1.0] * (len(self.tasks) - 1))
+    self.task_probs = w / w.sum()
+    self.codebooks: dict[str, np.ndarray] = {}
+    n_fit = positive_int(data_cfg, "codebook_samples", "data.")
+    if self.source == "synthetic":
+      self._fit_synthetic_codebooks(n_fit)
+      self._check_lengths()
+    else:
+      self._load_manifest(data_cfg)
+
+  # ---------------------------------------------------------------- codebooks
+  def _fit_synthetic_codebooks(self, n: int) -> None:
+    for m, ms in self.mods.items():
+      kind = self.kinds[m]
+      if not ms["codebook_size"] or kind.code_vectors is None:
+        continue
+      rng = _rng(self.seed, 1_000_003, len(m))
+      labels = rng.integers(0, len(kind.labels(ms)), n)
+      xs = np.stack([kind.synthesize(ms, rng, int(lab)) for lab in labels])
+      vecs = kind.code_vectors(ms, xs)
+      self.codebooks[m] = vq.fit_codebook(vecs.reshape(-1, vecs.shape[-1]),
+                                          ms["codebook_size"], seed=self.seed)
+
+  def codes(self, m: str, xs: np.ndarray) -> np.ndarray:
+    """Discrete targets [B, N] of modality ``m`` for raw inputs ``xs`` [B, ...]."""
+    kind = self.kinds[m]
+    if kind.code_vectors is None:  # the input already is a sequence of ids
+      return np.asarray(xs, np.int32)
+    n = len(xs)  # pad to a multiple of the batch size: one compiled shape, not one per count
+    pad = -n % self.batch_size
+    xs = np.concatenate([xs, np.zeros((pad, *xs.shape[1:]), xs.dtype)]) if pad else xs
+    return np.asarray(vq.quantize(self.codebooks[m], kind.code_vectors(self.mods[m], xs)))[:n]
+
+  def _check_lengths(self) -> None:
+    """Fails before any compile when the longest synthetic row does not fit seq_len."""
+    for m, ms in self.mods.items():
+      longest = max(self.kinds[m].labels(ms), key=len)
+      self.builder.understand([m], longest)
+      if ms["codebook_size"]:
+        n = self.kinds[m].num_tokens(ms)
+        self.builder.generate(m, longest, np.zeros(n, np.int32))
+    self.builder.text("99+99=198")
+
+  # ---------------------------------------------------------------- synthetic
+  def _synthetic_batch(self, rng: np.random.Generator,
+                       task_ids: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    b = self.batch_size
+    if task_ids is None:
+      task_ids = rng.choice(len(self.tasks), size=b, p=self.task_probs)
+    plans = []
+    for t in task_ids:
+      task = self.tasks[t]
+      if task == TASK_TEXT:
+        a, c = rng.integers(0, 100, 2)
+        plans.append((task, None, f"{a}+{c}={a + c}", None))
+        continue
+      m = task.split(":")[0]
+      ms, kind = self.mods[m], self.kinds[m]
+      label = int(rng.integers(0, len(kind.labels(ms))))
+      plans.append((task, m, kind.labels(ms)[label], kind.synthesize(ms, rng, label)))
+    codes = {}
+    for m in self.mods:
+      idx = [i for i, p in enumerate(plans) if p[0] == generate_task(m)]
+      if idx:
+        codes[m] = dict(zip(idx, self.codes(m, np.stack([plans[i][3] for i in idx])),
+                            strict=True))
+    rows, inputs = [], []
+    for i, (task, m, caption, x) in enumerate(plans):
+      if task == TASK_TEXT:
+        rows.append(self.builder.text(caption))
+        inputs.append({})
+      elif task == understand_task(m):
+        rows.append(self.builder.understand([m], caption))
+        inputs.append({m: x})
+      else:
+        rows.append(self.builder.generate(m, caption, codes[m][i]))
+        inputs.append({})
+    return collate(self.spec, rows, inputs, list(task_ids))
+
+  # ---------------------------------------------------------------- manifest
+  def _load_manifest(self, data_cfg) -> None:
+    path = data_cfg["manifest"]
+    require(bool(path), "data.manifest", path, "must name a JSONL file when data.source = "
+            "'manifest'")
+    on_error = one_of(data_cfg, "on_error", ("skip", "fatal"), "data.")
+    img, aud = self.mods.get("image"), self.mods.get("audio")
+    samples, skipped = manifest_lib.load_manifest(
+        path, image_size=tuple(img["size"]) if img else (1, 1),
+        sample_rate=aud["sample_rate"] if aud else 1,
+        max_audio_samples=aud["num_samples"] if aud else 1, on_error=on_error)
+    self.skipped = skipped
+    for s in samples:
+      for field, spec in (("image", img), ("audio", aud)):
+        if getattr(s, field) is not None and spec is None:
+          raise ConfigError(f"{s.source}: the manifest has {field} but config.model.modalities "
+                            f"has no '{field}' modality")
+    if img is not None:
+      require(img["channels"] == 3, "model.modalities.image.channels", img["channels"],
+              "manifest images are RGB: use 3")
+    inputs = [self._manifest_inputs(s) for s in samples]
+    for m in self.mods:
+      have = [x[m] for x in inputs if m in x]
+      if have and self.mods[m]["codebook_size"] and self.kinds[m].code_vectors is not None:
+        vecs = self.kinds[m].code_vectors(self.mods[m], np.stack(have))
+        flat = vecs.reshape(-1, vecs.shape[-1])
+        if flat.shape[0] < self.mods[m]["codebook_size"]:
+          raise ConfigError(f"the manifest has {flat.shape[0]} {m} code vectors, fewer than "
+                            f"model.modalities.{m}.codebook_size = {self.mods[m]['codebook_size']}")
+        self.codebooks[m] = vq.fit_codebook(flat, self.mods[m]["codebook_size"], seed=self.seed)
+    self.rows = []  # (task id, Row, inputs)
+    for s, x in zip(samples, inputs, strict=True):
+      present = [m for m in self.mods if m in x]
+      task = understand_task(present[0]) if present else TASK_TEXT
+      row = self.builder.understand(present, s.text) if present else self.builder.text(s.text)
+      self.rows.append((self.tasks.index(task), row, x))
+      for m in present:
+        if self.mods[m]["codebook_size"]:
+          row = self.builder.generate(m, s.text, self.codes(m, x[m][None])[0])
+          self.rows.append((self.tasks.index(generate_task(m)), row, {}))
+    n = len(self.rows)
+    held = set(range(9, n, 10)) if n >= 20 else set()
+    self.eval_rows = sorted(held) if held else list(range(n))
+    self.train_rows = [i for i in range(n) if i not in held]
+    logging.info("manifest %s: %d samples -> %d train rows, %d eval rows, %d lines skipped",
+                 path, len(samples), len(self.train_rows), len(self.eval_rows), len(skipped))
+
+  def _manifest_inputs(self, s) -> dict[str, np.ndarray]:
+    x = {}
+    if s.image is not None:
+      x["image"] = s.image.astype(np.float32) / 255.0
+    if s.audio is not None:
+      x["audio"] = s.audio.astype(np.float32)
+    return x
+
+  def _manifest_batch(self, pool: list[int], start: int, rng_key) -> dict[str, np.ndarray]:
+    picks = []
+    for g in range(start, start + self.batch_size):
+      epoch, i = divmod(g, len(pool))
+      picks.append(pool[_rng(*rng_key, epoch).permutation(len(pool))[i]])
+    chosen = [self.rows[p] for p in picks]
+    return collate(self.spec, [c[1] for c in chosen], [c[2] for c in chosen],
+                   [c[0] for c in chosen])
+
+  # ---------------------------------------------------------------- public
+  def batch(self, step: int) -> dict[str, np.ndarray]:
+    """The training batch of ``step`` (a pure function of seed and step)."""
+    if self.source == "synthetic":
+      return self._synthetic_batch(_rng(self.seed, step))
+    return self._manifest_batch(self.train_rows, step * self.batch_size, (self.seed,))
+
+  def eval_batch(self, i: int) -> dict[str, np.ndarray]:
+    """Held-out batch ``i``: a disjoint random stream with tasks in rotation, so every task
+    is measured on equally many rows (synthetic), or held-out rows (manifest)."""
+    if self.source == "synthetic":
+      rotation = (i * self.batch_size + np.arange(self.batch_size)) % len(self.tasks)
+      return self._synthetic_batch(_rng(self.seed, EVAL_DOMAIN, i), rotation)
+    return self._manifest_batch(self.eval_rows, i * self.batch_size, (self.seed, EVAL_DOMAIN))

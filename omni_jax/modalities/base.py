@@ -1,0 +1,126 @@
+"""Modality kinds: how a modality is encoded, how big it is, and how to synthesise it.
+
+A *modality* is an entry of ``config.model.modalities`` (``image``, ``audio``, a user's
+``thermal`` ...). Its ``kind`` names a :class:`ModalityKind` in :data:`MODALITY_KINDS`,
+which holds everything the omni model, the data pipeline and the trainer need:
+
+* ``defaults``: the kind's config fields and their defaults (anything else is an error);
+* ``encoder``: a flax module class with fields ``spec``, ``d_model``, ``dtype`` mapping a
+  batch of raw inputs ``[B, *input_shape]`` to ``[B, num_tokens, d_model]`` features;
+* ``input_shape(spec)`` / ``input_dtype``: one raw sample's shape and dtype;
+* ``num_tokens(spec)``: how many placeholder positions the features fill;
+* ``labels(spec)`` / ``synthesize(spec, rng, label)``: caption words and a sample of each
+  class, for the built-in synthetic stream (so a new modality trains with no data);
+* ``code_vectors(spec, x)``: per-token vectors that a VQ codebook turns into discrete
+  targets, when the modality is also generated (``codebook_size > 0``).
+
+New modalities that fit a generic kind (``patch``, ``frames``, ``tokens``) need only a
+config entry; anything else registers one new kind (see ``video.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+from omni_jax.config import ConfigError, check_keys, nonneg_float, positive_int, require
+from omni_jax.models.layers import RMSNorm, SwiGLU, attention
+from omni_jax.registry import Registry
+
+# Fields every modality has, whatever its kind.
+COMMON_DEFAULTS: dict[str, Any] = dict(
+    kind=None,
+    encoder_dim=64,        # width of the modality encoder
+    encoder_layers=1,      # bidirectional transformer layers after the stem
+    encoder_heads=4,
+    codebook_size=0,       # > 0: the model also generates this modality's VQ codes
+    gen_loss_weight=1.0,   # weight of the code-generation loss
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModalityKind:
+  name: str
+  defaults: Mapping[str, Any]
+  encoder: type[nn.Module]
+  input_shape: Callable[[Mapping[str, Any]], tuple[int, ...]]
+  num_tokens: Callable[[Mapping[str, Any]], int]
+  labels: Callable[[Mapping[str, Any]], list[str]]
+  synthesize: Callable[[Mapping[str, Any], np.random.Generator, int], np.ndarray]
+  code_vectors: Callable[[Mapping[str, Any], np.ndarray], np.ndarray] | None = None
+  validate: Callable[[Mapping[str, Any], str], None] | None = None
+  input_dtype: Any = np.float32
+
+
+MODALITY_KINDS: Registry[ModalityKind] = Registry("modality kind")
+
+
+def register_kind(kind: ModalityKind) -> ModalityKind:
+  MODALITY_KINDS.add(kind.name, kind)
+  return kind
+
+
+def resolve_spec(name: str, raw: Mapping[str, Any]) -> dict[str, Any]:
+  """Merges a modality's config over its kind's defaults and validates it."""
+  prefix = f"model.modalities.{name}."
+  require(isinstance(name, str) and name.isidentifier() and name.islower(),
+          f"model.modalities.{name}", name, "modality names are lower-case identifiers")
+  if "kind" not in raw:
+    raise ConfigError(f"config.{prefix}kind is missing; registered kinds: {MODALITY_KINDS.names()}")
+  if raw["kind"] not in MODALITY_KINDS:
+    raise ConfigError(f"config.{prefix}kind = {raw['kind']!r} is not allowed: registered kinds "
+                      f"are {MODALITY_KINDS.names()}")
+  kind = MODALITY_KINDS.get(raw["kind"])
+  allowed = {**COMMON_DEFAULTS, **kind.defaults}
+  check_keys(raw, allowed, prefix)
+  spec = {**allowed, **dict(raw), "name": name}
+  for key in ("encoder_dim", "encoder_layers", "encoder_heads"):
+    positive_int(spec, key, prefix)
+  require(spec["encoder_dim"] % spec["encoder_heads"] == 0, prefix + "encoder_dim",
+          spec["encoder_dim"], f"must be divisible by encoder_heads={spec['encoder_heads']}")
+  require(isinstance(spec["codebook_size"], int) and spec["codebook_size"] >= 0,
+          prefix + "codebook_size", spec["codebook_size"], "must be an integer >= 0")
+  nonneg_float(spec, "gen_loss_weight", prefix)
+  if kind.validate is not None:
+    kind.validate(spec, prefix)
+  return spec
+
+
+class EncoderStack(nn.Module):
+  """Learned positions + pre-norm bidirectional transformer + MLP projector to d_model."""
+  num_tokens: int
+  dim: int
+  layers: int
+  heads: int
+  d_model: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, h):  # h [B, N, dim]
+    pos = self.param("pos", nn.initializers.normal(0.02), (self.num_tokens, self.dim))
+    h = h + pos.astype(h.dtype)
+    hd = self.dim // self.heads
+    for i in range(self.layers):
+      y = RMSNorm(dtype=self.dtype, name=f"ln_attn_{i}")(h)
+      qkv = nn.DenseGeneral((3, self.heads, hd), use_bias=False, dtype=self.dtype,
+                            name=f"qkv_{i}")(y)
+      a = attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=False)
+      h = h + nn.DenseGeneral(self.dim, axis=(-2, -1), use_bias=False, dtype=self.dtype,
+                              name=f"o_{i}")(a)
+      h = h + SwiGLU(4 * self.dim, dtype=self.dtype, name=f"mlp_{i}")(
+          RMSNorm(dtype=self.dtype, name=f"ln_mlp_{i}")(h))
+    h = RMSNorm(dtype=self.dtype, name="ln_out")(h)
+    h = nn.gelu(nn.Dense(self.d_model, dtype=self.dtype, name="proj_in")(h))
+    return nn.Dense(self.d_model, dtype=self.dtype, name="proj_out")(h)
+
+
+def stack_for(spec: Mapping[str, Any], d_model: int, dtype: Any, num_tokens: int,
+              name: str = "stack") -> EncoderStack:
+  return EncoderStack(num_tokens=num_tokens, dim=spec["encoder_dim"],
+                      layers=spec["encoder_layers"], heads=spec["encoder_heads"],
+                      d_model=d_model, dtype=dtype, name=name)

@@ -1,0 +1,126 @@
+"""``frames`` kind: 1-D signals (audio, accelerometers, ECG ...), optionally multi-channel.
+
+Encoder: signal -> per-frame features (log-mel spectrogram computed in JAX, or the raw
+frame samples) -> conv subsampler (two stride-2 convolutions, 4x fewer frames) ->
+:class:`EncoderStack`. Synthetic data: a tone at one of eight pitches, soft (sine) or
+buzzy (odd harmonics), with random onset, loudness and noise; the caption names both.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from omni_jax.config import one_of, positive_int, require
+from omni_jax.modalities.base import ModalityKind, register_kind, stack_for
+from omni_jax.modalities.logmel import log_mel_spectrogram
+
+NOTES = {"c4": 261.63, "f4": 349.23, "a#4": 466.16, "d#5": 622.25, "g#5": 830.61,
+         "c#6": 1108.73, "f#6": 1479.98, "b6": 1975.53}
+TIMBRES = ("soft", "buzzy")
+
+DEFAULTS = dict(num_samples=4096, channels=1, sample_rate=8000, features="logmel", n_fft=256,
+                hop=128, n_mels=32)
+
+
+def _validate(spec, prefix):
+  for k in ("num_samples", "channels", "sample_rate", "n_fft", "hop", "n_mels"):
+    positive_int(spec, k, prefix)
+  one_of(spec, "features", ("logmel", "raw"), prefix)
+  require(spec["num_samples"] >= spec["n_fft"], prefix + "num_samples", spec["num_samples"],
+          f"must be >= n_fft={spec['n_fft']}")
+
+
+def num_frames(spec) -> int:
+  return 1 + (spec["num_samples"] - spec["n_fft"]) // spec["hop"]
+
+
+def num_tokens(spec) -> int:
+  return math.ceil(math.ceil(num_frames(spec) / 2) / 2)
+
+
+def input_shape(spec) -> tuple[int, ...]:
+  return (spec["num_samples"],) if spec["channels"] == 1 else (spec["num_samples"],
+                                                               spec["channels"])
+
+
+def labels(spec) -> list[str]:
+  return [f"{t} tone {n}" for t in TIMBRES for n in NOTES]
+
+
+def synthesize(spec, rng, label):
+  sr, n = spec["sample_rate"], spec["num_samples"]
+  timbre = TIMBRES[label // len(NOTES)]
+  freq = list(NOTES.values())[label % len(NOTES)] * rng.uniform(0.99, 1.01)
+  t = np.arange(n, dtype=np.float64) / sr
+  harmonics = [(1, 1.0)] if timbre == "soft" else [(1, 1.0), (3, 0.5), (5, 0.3), (7, 0.2)]
+  wave = sum(a * np.sin(2 * np.pi * freq * k * t + rng.uniform(0, 2 * np.pi))
+             for k, a in harmonics if freq * k < sr / 2)
+  onset = int(rng.uniform(0, 0.25) * n)
+  env = np.zeros(n)
+  env[onset:] = 1.0
+  wave = rng.uniform(0.3, 0.8) * wave / max(1e-6, np.abs(wave).max()) * env
+  wave = wave + rng.normal(0, 0.01, n)
+  out = wave.astype(np.float32)
+  if spec["channels"] > 1:
+    out = np.stack([out * (1.0 - 0.2 * c / spec["channels"]) for c in range(spec["channels"])],
+                   axis=-1)
+  return out
+
+
+def frame_features(spec, x):
+  """[B, S] or [B, S, C] -> [B, frames, features] (log-mel or raw frames, channels concat)."""
+  x = x if x.ndim == 3 else x[..., None]
+  x = jnp.moveaxis(x, -1, 1)  # [B, C, S]
+  if spec["features"] == "logmel":
+    f = log_mel_spectrogram(x, sample_rate=spec["sample_rate"], n_fft=spec["n_fft"],
+                            hop=spec["hop"], n_mels=spec["n_mels"])  # [B, C, F, M]
+  else:
+    idx = jnp.arange(num_frames(spec))[:, None] * spec["hop"] + jnp.arange(spec["n_fft"])
+    f = x[..., idx]  # [B, C, F, n_fft]
+  b, c, nf, m = f.shape
+  return jnp.moveaxis(f, 1, 2).reshape(b, nf, c * m)
+
+
+@functools.lru_cache(maxsize=16)
+def _jitted_features(frozen: tuple):
+  spec = dict(frozen)
+  return jax.jit(lambda v: frame_features(spec, v))
+
+
+def code_vectors(spec, x: np.ndarray) -> np.ndarray:
+  """Per-token features for VQ: frame features averaged over each group of 4 frames."""
+  frozen = tuple(sorted((k, spec[k]) for k in DEFAULTS))
+  f = np.asarray(_jitted_features(frozen)(jnp.asarray(x, jnp.float32)))
+  n = num_tokens(spec)
+  pad = n * 4 - f.shape[1]
+  f = np.pad(f, ((0, 0), (0, pad), (0, 0)), mode="edge")
+  return f.reshape(f.shape[0], n, 4, f.shape[2]).mean(axis=2)
+
+
+class FramesEncoder(nn.Module):
+  spec: Any
+  d_model: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    h = frame_features(self.spec, x.astype(jnp.float32)).astype(self.dtype)
+    dim = self.spec["encoder_dim"]
+    for i in range(2):
+      h = nn.gelu(nn.Conv(dim, kernel_size=(3,), strides=(2,), padding="SAME", dtype=self.dtype,
+                          name=f"subsample_{i}")(h))
+    return stack_for(self.spec, self.d_model, self.dtype, num_tokens(self.spec))(h)
+
+
+KIND = register_kind(ModalityKind(
+    name="frames", defaults=DEFAULTS,
+    encoder=FramesEncoder,
+    input_shape=input_shape, num_tokens=num_tokens, labels=labels, synthesize=synthesize,
+    code_vectors=code_vectors, validate=_validate))

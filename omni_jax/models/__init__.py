@@ -1,0 +1,1 @@
+"""Pure functional models: layers, attention, MoE, the transformer backbone, omni model."""

@@ -1,0 +1,105 @@
+"""Backbone layers: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU MLP.
+
+Parameter names are a public interface: parallel recipes match them by path
+(``attn/q``, ``attn/k``, ``attn/v``, ``attn/o``, ``mlp/wi_gate``, ``mlp/wi_up``, ``mlp/wo``).
+Attention itself goes through the named op ``attention`` so a recipe can swap in a
+sequence-parallel implementation without touching this file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from omni_jax.models.named_ops import named_op
+
+Dtype = Any
+
+
+class RMSNorm(nn.Module):
+  """Root-mean-square norm with a learned scale; statistics in float32."""
+  eps: float = 1e-6
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (y * scale).astype(self.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """Rotary position embedding of ``x`` [B, T, H, Dh] at integer ``positions`` [B, T]."""
+  dh = x.shape[-1]
+  if dh % 2:
+    raise ValueError(f"rotary embeddings need an even head_dim, got {dh}")
+  inv_freq = theta ** (-jnp.arange(0, dh, 2, dtype=jnp.float32) / dh)
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
+  sin = jnp.sin(angles)[:, :, None, :]
+  cos = jnp.cos(angles)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+@named_op("attention")
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True) -> jax.Array:
+  """Grouped-query softmax attention; q [B, T, H, Dh], k/v [B, S, KV, Dh] -> [B, T, H, Dh].
+
+  H must be a multiple of KV: each group of H/KV query heads shares one key/value head.
+  Logits and softmax run in float32.
+  """
+  b, t, h, dh = q.shape
+  kv = k.shape[2]
+  g = h // kv
+  qg = q.reshape(b, t, kv, g, dh)
+  logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+  logits = logits * (dh ** -0.5)
+  if causal:
+    s = k.shape[1]
+    mask = jnp.arange(t)[:, None] >= jnp.arange(s)[None, :]
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  return out.reshape(b, t, h, dh)
+
+
+class Attention(nn.Module):
+  """Causal grouped-query self-attention with rotary embeddings."""
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rope_theta: float = 10_000.0
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, positions):
+    init = nn.initializers.lecun_normal()
+    dense = lambda name, heads: nn.DenseGeneral(
+        (heads, self.head_dim), use_bias=False, dtype=self.dtype, kernel_init=init, name=name)
+    q = rope(dense("q", self.num_heads)(x), positions, self.rope_theta)
+    k = rope(dense("k", self.num_kv_heads)(x), positions, self.rope_theta)
+    v = dense("v", self.num_kv_heads)(x)
+    out = attention(q, k, v, causal=True)
+    return nn.DenseGeneral(x.shape[-1], axis=(-2, -1), use_bias=False, dtype=self.dtype,
+                           kernel_init=init, name="o")(out)
+
+
+class SwiGLU(nn.Module):
+  """Dense gated MLP: silu(x W_gate) * (x W_up) W_out."""
+  d_ff: int
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    init = nn.initializers.lecun_normal()
+    d = x.shape[-1]
+    gate = nn.Dense(self.d_ff, use_bias=False, dtype=self.dtype, kernel_init=init,
+                    name="wi_gate")(x)
+    up = nn.Dense(self.d_ff, use_bias=False, dtype=self.dtype, kernel_init=init, name="wi_up")(x)
+    return nn.Dense(d, use_bias=False, dtype=self.dtype, kernel_init=init,
+                    name="wo")(nn.silu(gate) * up)

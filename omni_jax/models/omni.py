@@ -1,0 +1,210 @@
+"""The omni-modal MoE LLM: modality encoders scattered into a decoder-only MoE backbone.
+
+Batch layout (all fixed shapes, so one compile serves every mix of modalities):
+
+* ``tokens`` int32 [B, T]: ids in the *input* vocabulary — text bytes and specials
+  (:class:`~omni_jax.data.tokenizer.ByteTokenizer`), then each generated modality's codes
+  at ``spec.code_offsets[name]``;
+* ``<m>`` [B, *input_shape]: raw inputs of modality ``m``; ``<m>_pos`` int32 [B, N_m]:
+  the *distinct* placeholder positions its N_m features fill; ``<m>_mask`` bool [B]: rows
+  that carry ``m`` (other rows keep their token embeddings). A batch may omit ``m``
+  entirely: its encoder then runs on zeros and is added times 0 (gradients stay defined);
+* ``targets`` int32 [B, T] and ``target_head`` int32 [B, T]: the next id at each position
+  and which output head predicts it (0 = no loss, 1 = text, 2.. = generated modalities).
+
+Output: ``logits`` — one array [B, T, size] per head — and the backbone's MoE aux.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from omni_jax.config import check_keys, nonneg_float, one_of, positive_int, require
+from omni_jax.data.tokenizer import ByteTokenizer
+from omni_jax.modalities import MODALITY_KINDS, resolve_spec
+from omni_jax.models.layers import RMSNorm
+from omni_jax.models.transformer import REMAT_POLICIES, Backbone, BackboneSpec
+
+MODEL_KEYS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "rope_theta", "moe",
+              "remat", "dtype", "text_loss_weight", "modalities")
+MOE_KEYS = ("num_experts", "top_k", "d_ff", "every", "renormalize", "impl", "capacity_factor",
+            "shared_experts", "lb_coef", "z_coef")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+  name: str      # "text" or a generated modality's name
+  size: int      # number of classes
+  weight: float  # loss weight
+
+
+@dataclasses.dataclass(frozen=True)
+class OmniSpec:
+  """Validated, immutable description of an omni model (built by :func:`build_spec`)."""
+  backbone: BackboneSpec
+  modalities: tuple[tuple[str, Any], ...]   # (name, resolved modality spec), sorted by name
+  text_vocab: int
+  code_offsets: tuple[tuple[str, int], ...]  # generated modality -> first input id
+  input_vocab: int                           # padded to a multiple of 128
+  heads: tuple[Head, ...]                    # heads[0] is text; head id = index + 1
+  lb_coef: float
+  z_coef: float
+
+  @property
+  def tokenizer(self) -> ByteTokenizer:
+    return ByteTokenizer([n for n, _ in self.modalities])
+
+  def modality(self, name: str) -> Any:
+    return dict(self.modalities)[name]
+
+  def head_id(self, name: str) -> int:
+    return [h.name for h in self.heads].index(name) + 1
+
+
+def build_spec(model_cfg) -> OmniSpec:
+  """Validates ``config.model`` and returns the :class:`OmniSpec`; errors name the key."""
+  check_keys(model_cfg, MODEL_KEYS, "model.", required=MODEL_KEYS)
+  p = "model."
+  for k in ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff"):
+    positive_int(model_cfg, k, p)
+  d, nh, nkv = model_cfg["d_model"], model_cfg["num_heads"], model_cfg["num_kv_heads"]
+  require(d % nh == 0, p + "d_model", d, f"must be divisible by num_heads={nh}")
+  require((d // nh) % 2 == 0, p + "num_heads", nh,
+          f"head_dim = d_model / num_heads = {d // nh} must be even for rotary embeddings")
+  require(nh % nkv == 0, p + "num_kv_heads", nkv, f"must divide num_heads={nh}")
+  one_of(model_cfg, "remat", REMAT_POLICIES, p)
+  one_of(model_cfg, "dtype", DTYPES, p)
+  nonneg_float(model_cfg, "text_loss_weight", p)
+  require(float(model_cfg["rope_theta"]) > 0, p + "rope_theta", model_cfg["rope_theta"],
+          "must be > 0")
+
+  moe = model_cfg["moe"]
+  q = p + "moe."
+  check_keys(moe, MOE_KEYS, q, required=MOE_KEYS)
+  e = moe["num_experts"]
+  require(isinstance(e, int) and e >= 0, q + "num_experts", e, "must be an integer >= 0 "
+          "(0 = dense model)")
+  require(isinstance(moe["every"], int) and moe["every"] >= 0, q + "every", moe["every"],
+          "must be an integer >= 0 (0 = no MoE layers, k = every k-th layer)")
+  if e and moe["every"]:
+    positive_int(moe, "top_k", q)
+    positive_int(moe, "d_ff", q)
+    require(moe["top_k"] <= e, q + "top_k", moe["top_k"], f"must be <= num_experts={e}")
+    one_of(moe, "impl", ("dropless", "capacity"), q)
+    require(float(moe["capacity_factor"]) > 0, q + "capacity_factor", moe["capacity_factor"],
+            "must be > 0")
+    require(isinstance(moe["shared_experts"], int) and moe["shared_experts"] >= 0,
+            q + "shared_experts", moe["shared_experts"], "must be an integer >= 0")
+    require(model_cfg["num_layers"] % moe["every"] == 0, p + "num_layers",
+            model_cfg["num_layers"], f"must be a multiple of moe.every={moe['every']}")
+  nonneg_float(moe, "lb_coef", q)
+  nonneg_float(moe, "z_coef", q)
+
+  backbone = BackboneSpec(
+      d_model=d, num_layers=model_cfg["num_layers"], num_heads=nh, num_kv_heads=nkv,
+      head_dim=d // nh, d_ff=model_cfg["d_ff"], rope_theta=float(model_cfg["rope_theta"]),
+      num_experts=e if moe["every"] else 0, top_k=moe["top_k"], moe_d_ff=moe["d_ff"],
+      moe_every=moe["every"], renormalize=bool(moe["renormalize"]), moe_impl=moe["impl"],
+      capacity_factor=float(moe["capacity_factor"]), shared_experts=moe["shared_experts"],
+      remat=model_cfg["remat"], dtype=DTYPES[model_cfg["dtype"]])
+
+  raw_mods = model_cfg["modalities"]
+  mods = tuple((name, resolve_spec(name, raw_mods[name])) for name in sorted(raw_mods))
+  tok = ByteTokenizer([n for n, _ in mods])
+  offsets, heads, nxt = [], [Head("text", tok.vocab_size, float(model_cfg["text_loss_weight"]))], \
+      tok.vocab_size
+  for name, ms in mods:
+    if ms["codebook_size"]:
+      offsets.append((name, nxt))
+      heads.append(Head(name, ms["codebook_size"], float(ms["gen_loss_weight"])))
+      nxt += ms["codebook_size"]
+  return OmniSpec(backbone=backbone, modalities=mods, text_vocab=tok.vocab_size,
+                  code_offsets=tuple(offsets), input_vocab=-(-nxt // 128) * 128,
+                  heads=tuple(heads), lb_coef=float(moe["lb_coef"]), z_coef=float(moe["z_coef"]))
+
+
+def scatter_features(x, feats, pos, mask):
+  """Writes ``feats`` [B, N, D] into ``x`` [B, T, D] at distinct ``pos`` [B, N] where ``mask``."""
+  rows = jnp.arange(x.shape[0])[:, None]
+  cur = x[rows, pos]
+  return x.at[rows, pos].set(jnp.where(mask[:, None, None], feats.astype(x.dtype), cur),
+                             unique_indices=True)
+
+
+class OmniModel(nn.Module):
+  spec: OmniSpec
+
+  @nn.compact
+  def __call__(self, batch: dict[str, jax.Array]):
+    s, bb = self.spec, self.spec.backbone
+    tokens = batch["tokens"]
+    b, t = tokens.shape
+    x = nn.Embed(s.input_vocab, bb.d_model, dtype=bb.dtype,
+                 embedding_init=nn.initializers.normal(1.0), name="embed")(tokens)
+    for name, ms in s.modalities:
+      kind = MODALITY_KINDS.get(ms["kind"])
+      enc = kind.encoder(spec=ms, d_model=bb.d_model, dtype=bb.dtype, name=f"enc_{name}")
+      if name in batch:
+        feats = enc(batch[name])
+        x = scatter_features(x, feats, batch[f"{name}_pos"], batch[f"{name}_mask"])
+      else:  # dummy forward scaled by 0: the encoder's gradients stay defined (zero)
+        dummy = jnp.zeros((b, *kind.input_shape(ms)), kind.input_dtype)
+        x = x + 0.0 * enc(dummy).sum().astype(x.dtype)
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    h, aux = Backbone(bb, name="backbone")(x, positions)
+    h = RMSNorm(dtype=bb.dtype, name="final_norm")(h)
+    logits = {hd.name: nn.Dense(hd.size, use_bias=False, dtype=bb.dtype,
+                                kernel_init=nn.initializers.lecun_normal(),
+                                name=f"head_{hd.name}")(h).astype(jnp.float32)
+              for hd in s.heads}
+    return logits, aux
+
+
+def omni_loss(spec: OmniSpec, logits, aux, batch):
+  """Weighted per-head cross-entropy + MoE aux losses; returns (loss, metrics)."""
+  targets, head_ids = batch["targets"], batch["target_head"]
+  total = jnp.zeros((), jnp.float32)
+  metrics = {}
+  for i, hd in enumerate(spec.heads, start=1):
+    mask = (head_ids == i).astype(jnp.float32)
+    tgt = jnp.clip(targets, 0, hd.size - 1)
+    lg = logits[hd.name]
+    logz = jax.nn.logsumexp(lg, axis=-1)
+    nll = logz - jnp.take_along_axis(lg, tgt[..., None], axis=-1)[..., 0]
+    count = mask.sum()
+    loss_h = (nll * mask).sum() / jnp.maximum(count, 1.0)
+    acc_h = ((jnp.argmax(lg, -1) == tgt) * mask).sum() / jnp.maximum(count, 1.0)
+    total = total + hd.weight * loss_h
+    metrics[f"loss/{hd.name}"] = loss_h
+    metrics[f"acc/{hd.name}"] = acc_h
+    metrics[f"count/{hd.name}"] = count
+  metrics["loss/lm"] = total
+  if spec.backbone.num_moe_layers:
+    total = total + spec.lb_coef * aux["lb_loss"] + spec.z_coef * aux["z_loss"]
+    metrics["moe/lb_loss"] = aux["lb_loss"]
+    metrics["moe/z_loss"] = aux["z_loss"]
+    metrics["moe/dropped_frac"] = aux["dropped_frac"]
+    metrics["moe/expert_load"] = aux["expert_load"]
+  metrics["loss"] = total
+  return total, metrics
+
+
+def count_params(spec: OmniSpec, params) -> tuple[int, int]:
+  """(total, active per token): routed experts count k/E towards the active total."""
+  total, routed = 0, 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    n = int(np.prod(leaf.shape))
+    total += n
+    names = [getattr(k, "key", str(k)) for k in path]
+    if "moe" in names and names[-1] in ("wi_gate", "wi_up", "wo"):
+      routed += n
+  bb = spec.backbone
+  inactive = routed * (1 - bb.top_k / bb.num_experts) if bb.num_experts else 0
+  return total, int(round(total - inactive))

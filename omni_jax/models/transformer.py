@@ -1,0 +1,121 @@
+"""Decoder-only transformer backbone with dense and mixture-of-experts feed-forwards.
+
+Layers come in *units* of ``moe_every`` layers (the last one MoE, the others dense; one
+dense layer per unit when ``moe_every == 0``). Units are stacked with ``nn.scan``, so
+parameters carry a leading ``[num_units]`` axis and compile time does not grow with
+depth; ``remat`` wraps each unit in activation checkpointing.
+
+MoE auxiliary outputs (load-balancing loss, z-loss, per-expert load, dropped fraction)
+are averaged over the MoE layers and returned beside the hidden states.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from omni_jax.models.layers import Attention, RMSNorm, SwiGLU
+from omni_jax.models.moe import MoE
+
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BackboneSpec:
+  d_model: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  d_ff: int
+  rope_theta: float = 10_000.0
+  num_experts: int = 0
+  top_k: int = 1
+  moe_d_ff: int = 0
+  moe_every: int = 1          # 0: dense only; k: every k-th layer is MoE
+  renormalize: bool = True
+  moe_impl: str = "dropless"
+  capacity_factor: float = 1.25
+  shared_experts: int = 0
+  remat: str = "none"
+  dtype: Any = jnp.float32
+
+  @property
+  def unit_size(self) -> int:
+    return self.moe_every if self.num_experts and self.moe_every else 1
+
+  @property
+  def num_units(self) -> int:
+    return self.num_layers // self.unit_size
+
+  @property
+  def num_moe_layers(self) -> int:
+    return self.num_units if self.num_experts and self.moe_every else 0
+
+  def zero_aux(self) -> dict[str, jax.Array]:
+    return dict(lb_loss=jnp.zeros((), jnp.float32), z_loss=jnp.zeros((), jnp.float32),
+                dropped_frac=jnp.zeros((), jnp.float32),
+                expert_load=jnp.zeros((max(self.num_experts, 1),), jnp.float32))
+
+
+class Block(nn.Module):
+  """Pre-norm residual block: attention then a dense or MoE feed-forward."""
+  spec: BackboneSpec
+  use_moe: bool
+
+  @nn.compact
+  def __call__(self, x, positions):
+    s = self.spec
+    h = RMSNorm(dtype=s.dtype, name="ln_attn")(x)
+    x = x + Attention(s.num_heads, s.num_kv_heads, s.head_dim, s.rope_theta, s.dtype,
+                      name="attn")(h, positions)
+    h = RMSNorm(dtype=s.dtype, name="ln_mlp")(x)
+    if self.use_moe:
+      y, aux = MoE(d_model=s.d_model, d_ff=s.moe_d_ff, num_experts=s.num_experts, top_k=s.top_k,
+                   renormalize=s.renormalize, impl=s.moe_impl,
+                   capacity_factor=s.capacity_factor, num_shared_experts=s.shared_experts,
+                   dtype=s.dtype, name="moe")(h)
+    else:
+      y, aux = SwiGLU(s.d_ff, dtype=s.dtype, name="mlp")(h), None
+    return x + y, aux
+
+
+class Unit(nn.Module):
+  """``unit_size`` consecutive blocks; the scanned body of the backbone."""
+  spec: BackboneSpec
+
+  @nn.compact
+  def __call__(self, carry, positions):
+    x, acc = carry
+    n = self.spec.unit_size
+    for i in range(n):
+      use_moe = bool(self.spec.num_moe_layers) and i == n - 1
+      x, aux = Block(self.spec, use_moe, name=f"layer_{i}")(x, positions)
+      if aux is not None:
+        acc = {k: acc[k] + aux[k].astype(jnp.float32) for k in acc}
+    return (x, acc), None
+
+
+class Backbone(nn.Module):
+  """Stack of units over ``x`` [B, T, D]; returns (hidden [B, T, D], averaged MoE aux)."""
+  spec: BackboneSpec
+
+  @nn.compact
+  def __call__(self, x, positions):
+    s = self.spec
+    unit = Unit
+    if REMAT_POLICIES[s.remat] is not None:
+      unit = nn.remat(Unit, policy=REMAT_POLICIES[s.remat], prevent_cse=False)
+    scanned = nn.scan(unit, variable_axes={"params": 0}, split_rngs={"params": True},
+                      in_axes=nn.broadcast, length=s.num_units)
+    (x, acc), _ = scanned(s, name="units")((x, s.zero_aux()), positions)
+    n = max(s.num_moe_layers, 1)
+    return x, {k: v / n for k, v in acc.items()}

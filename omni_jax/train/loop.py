@@ -1,0 +1,193 @@
+"""The generic training loop: state via eval_shape, one jitted step, checkpoints, records.
+
+``fit`` knows nothing about the model: it takes an ``init_params`` function, a
+``loss_fn(params, batch) -> (loss, metrics)``, an optax transformation and a
+``get_batch(step)`` function, and gives
+
+* a :class:`TrainState` created sharded from its abstract shape (nothing materialised
+  twice), updated by one ``jax.jit``-ed step with the state donated;
+* resume: rerunning with the same workdir restores the latest checkpoint and goes on;
+  because batches depend only on the step, N + resume + N steps equal 2N straight;
+* a NaN/Inf guard: losses are checked at every log and checkpoint boundary; a non-finite
+  loss stops the run with :class:`NonFiniteLossError` before anything after it is saved,
+  so the last checkpoint on disk is a good one;
+* records: a progress line every ``log_every`` steps (loss, tokens/s, MFU, ETA),
+  ``metrics.jsonl``, and the numbers ``summary.json`` is built from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from omni_jax.config import check_keys, positive_int, require
+from omni_jax.train.checkpoint import Checkpointer, abstract_like
+from omni_jax.train.metrics import MetricsLog
+from omni_jax.train.perf import RateMeter
+
+TRAIN_KEYS = ("steps", "seed", "log_every", "eval_every", "eval_batches", "checkpoint_every",
+              "keep_checkpoints", "peak_flops")
+
+
+class NonFiniteLossError(FloatingPointError):
+  """The training loss became NaN or Inf."""
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+  steps: int
+  seed: int
+  log_every: int
+  eval_every: int
+  eval_batches: int
+  checkpoint_every: int
+  keep_checkpoints: int
+  peak_flops: float
+
+  @classmethod
+  def from_config(cls, train_cfg) -> LoopConfig:
+    check_keys(train_cfg, TRAIN_KEYS, "train.", required=TRAIN_KEYS)
+    for k in ("steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_batches"):
+      positive_int(train_cfg, k, "train.")
+    ev = train_cfg["eval_every"]
+    require(isinstance(ev, int) and ev >= 0, "train.eval_every", ev,
+            "must be an integer >= 0 (0 = evaluate only at the start and the end)")
+    pf = train_cfg["peak_flops"]
+    require(isinstance(pf, int | float) and pf >= 0, "train.peak_flops", pf,
+            "must be >= 0 (0 = measure this machine's matmul peak at start-up)")
+    return cls(**{k: train_cfg[k] for k in TRAIN_KEYS})
+
+
+def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation) -> Callable:
+  """``(state, batch) -> (state, metrics)``: one AdamW step on ``loss_fn``'s gradient."""
+  def step(state: TrainState, batch):
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
+    return TrainState(state.step + 1, params, opt_state), metrics
+  return step
+
+
+def create_state(init_params: Callable, tx, seed: int, param_sharding: Callable,
+                 ) -> tuple[TrainState, Any]:
+  """Builds the state directly in its sharded layout; returns (state, state shardings)."""
+  def init(key):
+    params = init_params(key)
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  key = jax.random.PRNGKey(seed)
+  abstract = jax.eval_shape(init, key)
+  shardings = param_sharding(abstract)
+  state = jax.jit(init, out_shardings=shardings)(key)
+  return state, shardings
+
+
+def _mean_metrics(window: list[dict]) -> dict[str, Any]:
+  host = jax.device_get(window)
+  out = {}
+  for k in host[0]:
+    vals = np.stack([np.asarray(h[k], np.float64) for h in host])
+    out[k] = vals.mean(axis=0)
+  return out
+
+
+def _check_finite(losses: list, step: int, ckpt: Checkpointer) -> None:
+  vals = np.asarray(jax.device_get(losses), np.float64)
+  if not np.all(np.isfinite(vals)):
+    bad = step - len(vals) + 1 + int(np.argmin(np.isfinite(vals)))
+    raise NonFiniteLossError(
+        f"training loss is {vals[~np.isfinite(vals)][0]} at step {bad}; stopped. The last good "
+        f"checkpoint is step {ckpt.latest_step()} in {ckpt.directory} (nothing after the bad "
+        "step was saved). Lower optim.lr or raise optim.clip_norm, then rerun to resume.")
+
+
+@dataclasses.dataclass
+class FitResult:
+  state: TrainState
+  records: list[dict]          # every metrics.jsonl record of the run (resumed ones included)
+  mean_step_time: float        # seconds per step over this invocation (compile excluded)
+  resumed_from: int | None
+
+
+def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Callable,
+        tx: optax.GradientTransformation, get_batch: Callable[[int], dict],
+        put_batch: Callable[[dict], dict], param_sharding: Callable,
+        eval_fn: Callable[[Any, int], dict] | None = None,
+        tokens_per_step: int = 0, flops_per_step: float = 0.0) -> FitResult:
+  """Trains ``loop.steps`` steps (resuming from ``workdir`` when a checkpoint exists)."""
+  ckpt = Checkpointer(workdir, loop.keep_checkpoints)
+  state, shardings = create_state(init_params, tx, loop.seed, param_sharding)
+  resumed = ckpt.latest_step()
+  if resumed is not None:
+    state = ckpt.restore(resumed, abstract_like(state))
+    logging.info("resumed from checkpoint step %d in %s", resumed, ckpt.directory)
+  log = MetricsLog(f"{workdir}/metrics.jsonl", resume_step=resumed)
+  step_fn = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0,
+                    out_shardings=(shardings, None))
+  start = int(jax.device_get(state.step))
+  if start >= loop.steps:
+    logging.info("checkpoint is at step %d >= train.steps = %d: nothing to train", start,
+                 loop.steps)
+  if eval_fn is not None and start == 0:
+    log.write({"step": 0, **{f"eval/{k}": v for k, v in eval_fn(state.params, 0).items()}})
+
+  meter, window, losses = RateMeter(), [], []
+  t_start = time.perf_counter()
+  try:
+    for step in range(start + 1, loop.steps + 1):
+      state, metrics = step_fn(state, put_batch(get_batch(step - 1)))
+      window.append(metrics)
+      losses.append(metrics["loss"])
+      if step == start + 1:  # first step compiles: time from its end
+        jax.block_until_ready(metrics["loss"])
+        logging.info("first step (incl. compile) took %.1f s", time.perf_counter() - t_start)
+        meter.start()
+      else:
+        meter.tick()
+      last = step == loop.steps
+      do_ckpt = step % loop.checkpoint_every == 0 or last
+      if step % loop.log_every == 0 or last or do_ckpt or step == 1:
+        _check_finite(losses, step, ckpt)
+        losses = []
+      if step % loop.log_every == 0 or last or step == 1:
+        jax.block_until_ready(metrics["loss"])
+        dt, n = meter.window()
+        rec = {"step": step, **_mean_metrics(window)}
+        window = []
+        if n:
+          sps = dt / n
+          rec["step_time_s"] = sps
+          rec["tokens_per_sec"] = tokens_per_step / sps
+          if flops_per_step and loop.peak_flops:
+            rec["mfu"] = flops_per_step / sps / loop.peak_flops
+        if eval_fn is not None and (last or (loop.eval_every and step % loop.eval_every == 0)):
+          rec.update({f"eval/{k}": v for k, v in eval_fn(state.params, step).items()})
+        log.write(rec)
+        eta = meter.mean_step_time * (loop.steps - step)
+        logging.info("step %d/%d  loss %.4f  %s  ETA %.0fs", step, loop.steps,
+                     float(rec["loss"]),
+                     f"{rec['tokens_per_sec']:.0f} tok/s  mfu {rec.get('mfu', math.nan):.3f}"
+                     if "tokens_per_sec" in rec else "", eta)
+        meter.start()
+      if do_ckpt:
+        ckpt.save(step, state)
+  finally:
+    ckpt.close()
+  return FitResult(state, log.read(), meter.mean_step_time, resumed)

@@ -1,0 +1,94 @@
+"""Run records: ``metrics.jsonl`` (one object per logged step), atomic JSON, loss plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+
+def to_jsonable(x: Any) -> Any:
+  """Numbers, arrays and nested containers -> plain JSON values (NaN/Inf become strings)."""
+  if isinstance(x, Mapping):
+    return {str(k): to_jsonable(v) for k, v in x.items()}
+  if isinstance(x, list | tuple):
+    return [to_jsonable(v) for v in x]
+  if hasattr(x, "tolist") and not isinstance(x, str):
+    return to_jsonable(np.asarray(x).tolist())
+  if isinstance(x, float) and not math.isfinite(x):
+    return str(x)
+  if isinstance(x, np.generic):
+    return x.item()
+  return x
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+  """Writes JSON to a temporary file in the same folder, then renames it into place."""
+  d = os.path.dirname(os.path.abspath(path))
+  os.makedirs(d, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp_", suffix=".json")
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(to_jsonable(obj), f, indent=2, sort_keys=True)
+      f.write("\n")
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+class MetricsLog:
+  """Appends one JSON object per call to ``metrics.jsonl``; resumes cleanly.
+
+  On resume from step ``s``, records with ``step > s`` (written after the checkpoint the
+  run restarts from) are dropped so the file never holds a step twice.
+  """
+
+  def __init__(self, path: str, resume_step: int | None = None):
+    self.path = path
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    keep = [r for r in self.read() if resume_step is not None and r.get("step", 0) <= resume_step]
+    with open(path + ".tmp", "w") as f:
+      for r in keep:
+        f.write(json.dumps(r) + "\n")
+    os.replace(path + ".tmp", path)
+
+  def read(self) -> list[dict]:
+    if not os.path.exists(self.path):
+      return []
+    with open(self.path) as f:
+      return [json.loads(line) for line in f if line.strip()]
+
+  def write(self, record: Mapping[str, Any]) -> None:
+    with open(self.path, "a") as f:
+      f.write(json.dumps(to_jsonable(record)) + "\n")
+      f.flush()
+
+
+def plot_curves(records: list[dict], keys: list[str], path: str, title: str) -> None:
+  """Saves a PNG with one line per key present in ``records`` (x = step)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+  for k in keys:
+    pts = [(r["step"], r[k]) for r in records if isinstance(r.get(k), int | float)]
+    if pts:
+      xs, ys = zip(*pts, strict=True)
+      ax.plot(xs, ys, label=k, lw=1.4)
+  ax.set_xlabel("step")
+  ax.set_yscale("log")
+  ax.set_title(title)
+  ax.grid(alpha=0.3, which="both")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path + ".tmp.png")
+  plt.close(fig)
+  os.replace(path + ".tmp.png", path)

@@ -1,0 +1,161 @@
+"""The main job end to end on the micro config: resume, NaN guard, summary, new modalities."""
+
+import json
+import os
+import wave
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+from PIL import Image
+
+from configs.omni_moe import get_config
+from omni_jax.config import ConfigError
+from omni_jax.data.stream import OmniStream
+from omni_jax.modalities import ModalityKind, register_kind
+from omni_jax.modalities.base import MODALITY_KINDS, stack_for
+from omni_jax.train import loop as loop_lib
+from omni_jax.train.omni import train_omni
+
+SUMMARY_KEYS = {"steps", "initial_loss", "final_loss", "eval", "tokens_per_sec", "mfu",
+                "params_total", "params_active", "config"}
+
+
+def _params(workdir, step):
+  restored = ocp.StandardCheckpointer().restore(
+      os.path.abspath(os.path.join(workdir, "checkpoints", str(step), "default")))
+  return restored["params"]
+
+
+def test_resume_is_bit_identical_and_summary_complete(tmp_path, monkeypatch):
+  cfg = get_config("micro")
+  straight = str(tmp_path / "straight")
+  summary = train_omni(cfg, straight)
+  assert SUMMARY_KEYS <= set(summary)
+  assert summary["steps"] == 4
+  assert summary["params_total"] > summary["params_active"] > 0
+  assert summary["tokens_per_sec"] > 0 and 0 < summary["mfu"] < 1
+  assert set(summary["eval"]) == {"text", "image", "audio", "video"}
+  image_eval = set(summary["eval"]["image"])
+  assert {"understand_acc", "generate_acc", "understand_chance_acc"} <= image_eval
+  on_disk = json.load(open(os.path.join(straight, "summary.json")))
+  assert on_disk["final_loss"] == pytest.approx(summary["final_loss"])
+  assert os.path.getsize(os.path.join(straight, "loss.png")) > 1000
+
+  # Interrupted after the step-2 checkpoint, then the same command again.
+  resumed = str(tmp_path / "resumed")
+  real_batch = OmniStream.batch
+  def crash_at_step_3(self, step):
+    if step == 2:
+      raise KeyboardInterrupt("simulated crash")
+    return real_batch(self, step)
+  monkeypatch.setattr(OmniStream, "batch", crash_at_step_3)
+  with pytest.raises(KeyboardInterrupt):
+    train_omni(cfg, resumed)
+  monkeypatch.setattr(OmniStream, "batch", real_batch)
+  summary2 = train_omni(cfg, resumed)
+  assert summary2["resumed_from_step"] == 2
+  a, b = _params(straight, 4), _params(resumed, 4)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(x, y)
+  steps = [json.loads(line)["step"] for line in open(os.path.join(resumed, "metrics.jsonl"))]
+  assert steps == sorted(set(steps)), "metrics.jsonl holds a step twice after resume"
+  assert summary2["initial_loss"] == summary["initial_loss"]
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+  loop = loop_lib.LoopConfig(steps=6, seed=0, log_every=2, eval_every=0, eval_batches=1,
+                             checkpoint_every=2, keep_checkpoints=5, peak_flops=1.0)
+
+  def loss_fn(params, batch):
+    loss = jnp.sum((params["w"] - batch["x"]) ** 2) + jnp.where(batch["x"][0] >= 2.5, jnp.nan,
+                                                                0.0)
+    return loss, {"loss": loss}
+  with pytest.raises(loop_lib.NonFiniteLossError, match="at step 4.*last good checkpoint is "
+                     "step 2"):
+    loop_lib.fit(workdir=str(tmp_path), loop=loop, init_params=lambda k: {"w": jnp.zeros(2)},
+                 loss_fn=loss_fn, tx=optax.sgd(0.1),
+                 get_batch=lambda s: {"x": np.full(2, float(s))}, put_batch=lambda b: b,
+                 param_sharding=lambda t: jax.tree.map(lambda _: None, t))
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
+
+
+class SpectrumEncoder(nn.Module):
+  """A test-only encoder kind: mean-pooled rows of a 2-D array."""
+  spec: dict
+  d_model: int
+  dtype: object = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(self.spec["encoder_dim"])(x.reshape(x.shape[0], 4, -1))
+    return stack_for(self.spec, self.d_model, self.dtype, 4)(h)
+
+
+def test_new_modalities_by_config_and_by_registration_train(tmp_path):
+  if "test_spectrum" not in MODALITY_KINDS:
+    register_kind(ModalityKind(
+        name="test_spectrum", defaults=dict(bins=8), encoder=SpectrumEncoder,
+        input_shape=lambda s: (4, s["bins"]), num_tokens=lambda s: 4,
+        labels=lambda s: ["flat", "peaked"],
+        synthesize=lambda s, rng, lab: (rng.normal(size=(4, s["bins"])) * 0.1 + (
+            np.eye(4, s["bins"]) * 3 * lab)).astype(np.float32)))
+  cfg = get_config("micro")
+  cfg.model.modalities = dict(
+      thermal=dict(kind="patch", size=(16, 16), channels=1, patch=8, codebook_size=8,
+                   encoder_dim=16, encoder_layers=1, encoder_heads=2),
+      notes=dict(kind="tokens", length=8, vocab=16, codebook_size=16, encoder_dim=16),
+      spectrum=dict(kind="test_spectrum", bins=8, encoder_dim=16),
+  )
+  cfg.train.steps = 8
+  cfg.train.eval_every = 8
+  summary = train_omni(cfg, str(tmp_path))
+  assert summary["final_loss"] < summary["initial_loss"]
+  ev = summary["eval"]
+  assert {"thermal", "notes", "spectrum", "text"} == set(ev)
+  assert "generate_acc" in ev["thermal"] and "generate_acc" in ev["notes"]
+  assert "generate_acc" not in ev["spectrum"]
+
+
+def _write_wav(path, samples, rate):
+  with wave.open(str(path), "wb") as w:
+    w.setnchannels(1)
+    w.setsampwidth(2)
+    w.setframerate(rate)
+    w.writeframes((np.asarray(samples) * 32767).astype("<i2").tobytes())
+
+
+def test_manifest_source_trains_and_reports_bad_lines(tmp_path):
+  rng = np.random.default_rng(0)
+  lines = []
+  for i in range(6):
+    Image.fromarray((rng.uniform(size=(20, 24, 3)) * 255).astype(np.uint8)).save(
+        tmp_path / f"im{i}.png")
+    _write_wav(tmp_path / f"a{i}.wav", np.sin(np.arange(1500) * 0.1 * (i + 1)) * 0.5, 8000)
+    lines.append(json.dumps({"text": f"sample {i}", "image": f"im{i}.png", "audio": f"a{i}.wav"}))
+  lines.append(json.dumps({"text": "broken", "image": "missing.png"}))
+  (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+  cfg = get_config("micro")
+  cfg.data.source = "manifest"
+  cfg.data.manifest = str(tmp_path / "m.jsonl")
+  with pytest.raises(ValueError, match=r"m.jsonl:7: .*missing.png"):
+    train_omni(cfg, str(tmp_path / "fatal"))
+  cfg.data.on_error = "skip"
+  cfg.train.steps = 2
+  summary = train_omni(cfg, str(tmp_path / "run"))
+  assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
+
+
+def test_config_errors_come_before_compile(tmp_path):
+  cfg = get_config("micro")
+  cfg.data.seq_len = 12
+  with pytest.raises(ValueError, match="data.seq_len = 12"):
+    train_omni(cfg, str(tmp_path))
+  cfg = get_config("micro")
+  cfg.train.checkpoint_every = 0
+  with pytest.raises(ConfigError, match="train.checkpoint_every"):
+    train_omni(cfg, str(tmp_path))
