@@ -22,6 +22,8 @@ from omni_jax.data.sequences import TASK_TEXT
 from omni_jax.data.stream import OmniStream
 from omni_jax.models.flops import train_flops_per_step
 from omni_jax.models.omni import OmniModel, OmniSpec, build_spec, count_params, omni_loss
+from omni_jax.models import named_ops
+from omni_jax.parallel import data_parallel
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.train.loop import FitResult, LoopConfig, fit
 from omni_jax.train.metrics import plot_curves, write_json_atomic
@@ -37,11 +39,13 @@ def _task_head(spec: OmniSpec, task: str) -> int:
   return spec.head_id(task.split(":")[0])
 
 
-def make_eval_fn(spec: OmniSpec, model: OmniModel, stream: OmniStream, num_batches: int, mesh):
+def make_eval_fn(spec: OmniSpec, model: OmniModel, stream: OmniStream, num_batches: int, mesh,
+                 layout_ops: dict):
   """Held-out next-token accuracy and loss, per task (``text``, ``<m>:understand``, ...)."""
   @jax.jit
   def per_position(params, batch):
-    logits, _ = model.apply({"params": params}, batch)
+    with named_ops.override(**layout_ops):
+      logits, _ = model.apply({"params": params}, batch)
     correct = jnp.zeros(batch["targets"].shape, bool)
     nll = jnp.zeros(batch["targets"].shape, jnp.float32)
     for i, hd in enumerate(spec.heads, start=1):
@@ -112,8 +116,11 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   def init_params(key):
     return model.init(key, example)["params"]
 
+  layout_ops = data_parallel.ops(mesh)
+
   def loss_fn(params, batch):
-    logits, aux = model.apply({"params": params}, batch)
+    with named_ops.override(**layout_ops):  # active whenever the step is traced
+      logits, aux = model.apply({"params": params}, batch)
     return omni_loss(spec, logits, aux, batch)
 
   abstract_params = jax.eval_shape(init_params, jax.random.PRNGKey(0))
@@ -126,7 +133,7 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   logging.info("params: %.2fM total, %.2fM active per token; %.3g model FLOPs per step; "
                "peak %.3g FLOP/s", params_total / 1e6, params_active / 1e6, flops,
                loop.peak_flops)
-  eval_fn = make_eval_fn(spec, model, stream, loop.eval_batches, mesh)
+  eval_fn = make_eval_fn(spec, model, stream, loop.eval_batches, mesh, layout_ops)
   result: FitResult = fit(
       workdir=workdir, loop=loop, init_params=init_params, loss_fn=loss_fn, tx=tx,
       get_batch=stream.batch, put_batch=lambda b: mesh_lib.put_batch(mesh, b),

@@ -1,0 +1,55 @@
+"""PNG figures of an LSM run: input/reservoir spike raster and the confusion matrix."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _save(fig, path: str) -> None:
+  """Atomic PNG write."""
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".png")
+  os.close(fd)
+  fig.savefig(tmp, dpi=110, bbox_inches="tight")
+  plt.close(fig)
+  os.replace(tmp, path)
+
+
+def raster(path: str, in_spikes: np.ndarray, res_spikes: np.ndarray, inhibitory: np.ndarray,
+           title: str) -> None:
+  """Input (T, C) and reservoir (T, N) spikes of one utterance, inhibitory neurons in red."""
+  fig, ax = plt.subplots(2, 1, figsize=(9, 6), sharex=True,
+                         gridspec_kw={"height_ratios": [1, 1.6]})
+  t, c = np.nonzero(in_spikes)
+  ax[0].scatter(t, c, s=1, c="k")
+  ax[0].set_ylabel("input channel")
+  ax[0].set_title(title)
+  t, n = np.nonzero(res_spikes)
+  ax[1].scatter(t, n, s=1, c=np.where(inhibitory[n], "tab:red", "tab:blue"))
+  ax[1].set_ylabel("reservoir neuron")
+  ax[1].set_xlabel("time step (1 ms)")
+  _save(fig, path)
+
+
+def confusion(path: str, cm: np.ndarray, labels: tuple, title: str) -> None:
+  """Row-normalised confusion matrix with counts printed in the cells."""
+  fig, ax = plt.subplots(figsize=(6, 5))
+  norm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
+  ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
+  for i in range(cm.shape[0]):
+    for j in range(cm.shape[1]):
+      if cm[i, j]:
+        ax.text(j, i, int(cm[i, j]), ha="center", va="center", fontsize=7,
+                color="white" if norm[i, j] > 0.5 else "black")
+  ax.set_xticks(range(len(labels)), labels, rotation=45)
+  ax.set_yticks(range(len(labels)), labels)
+  ax.set_xlabel("predicted")
+  ax.set_ylabel("true")
+  ax.set_title(title)
+  _save(fig, path)

@@ -1,0 +1,145 @@
+"""Readout of the LSM: calcium-modulated stochastic learning and a least-squares reference.
+
+Every reservoir neuron has a plastic synapse onto each of the ``num_classes`` readout LIF
+neurons. During training a teacher current drives the desired readout neuron up (into the
+potentiation calcium band) and the others down; on each presynaptic spike a synapse is
+potentiated by ``dw`` with probability ``p_plus`` when its readout neuron's calcium lies in
+(c_th, c_th + dc), depressed with probability ``p_minus`` when it lies in (c_th - dc, c_th),
+and left alone otherwise (the stop-learning bands of Zhang et al. 2015). The predicted class
+is the readout neuron that fires most. The least-squares readout on spike counts is the
+reference the rule is compared against.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from omni_jax.lsm import fixed_point as fxp
+from omni_jax.lsm.reservoir import LIFParams, lif_step
+
+
+class RuleParams(NamedTuple):
+  """Calcium-modulated rule constants (calcium counts spikes, leak 2**-calcium_shift)."""
+  c_th: float = 5.0
+  dc: float = 5.0
+  p_plus: float = 0.1
+  p_minus: float = 0.1
+  dw: float = 0.125
+  w_max: float = 8.0
+  teacher_plus: float = 3.0
+  teacher_minus: float = -3.0
+  calcium_shift: int = 6
+
+
+def plasticity_update(w, pre_spikes, calcium, u, rule: RuleParams, fmt: fxp.Format):
+  """Apply the calcium-band rule once.
+
+  ``w`` (N, K) synapses, ``pre_spikes`` (N,) 0/1, ``calcium`` (K,) readout calcium,
+  ``u`` (N, K) uniform [0, 1) draws. Returns the new weights, on the weight grid and
+  clipped to [-w_max, w_max].
+  """
+  pot = (calcium > rule.c_th) & (calcium < rule.c_th + rule.dc)
+  dep = (calcium > rule.c_th - rule.dc) & (calcium < rule.c_th)
+  pre = pre_spikes[:, None] > 0
+  # In fixed point a step smaller than one lsb would round away: take one-lsb steps with
+  # the probability scaled by dw / lsb (same expected change, i.e. stochastic rounding).
+  step = jnp.where(fmt.enabled > 0, jnp.maximum(rule.dw, fmt.weight.lsb), rule.dw)
+  scale = rule.dw / step
+  up = pre & pot[None, :] & (u < rule.p_plus * scale)
+  down = pre & dep[None, :] & (u < rule.p_minus * scale)
+  w = w + step * (up.astype(w.dtype) - down.astype(w.dtype))
+  w = jnp.clip(w, -rule.w_max, rule.w_max)
+  return fxp.quantize(w, fmt.weight, fmt.enabled, nearest=True)
+
+
+def _readout_step(state, s_t, w, teacher, lif, rule, fmt):
+  """Readout neurons' LIF + calcium step; returns new state and spikes."""
+  v, ref, c = state
+  v, ref, spike = lif_step(v, ref, s_t @ w + teacher, lif, fmt)
+  c = fxp.quantize(fxp.leak(c, rule.calcium_shift, fmt.calcium, fmt.enabled)
+                   + spike.astype(jnp.float32), fmt.calcium, fmt.enabled)
+  return (v, ref, c), spike
+
+
+def train_sample(w, key, spikes, label, lif: LIFParams, rule: RuleParams, fmt: fxp.Format):
+  """Present one sample (reservoir ``spikes`` (T, N)) with teacher ``label``; new weights."""
+  k = w.shape[1]
+  teacher = jnp.where(jnp.arange(k) == label, rule.teacher_plus, rule.teacher_minus)
+  zeros = jnp.zeros(k, jnp.float32)
+
+  def step(carry, inp):
+    w, state = carry
+    s_t, key_t = inp
+    state, _ = _readout_step(state, s_t, w, teacher, lif, rule, fmt)
+    u = jax.random.uniform(key_t, w.shape)
+    w = plasticity_update(w, s_t, state[2], u, rule, fmt)
+    return (w, state), None
+
+  keys = jax.random.split(key, spikes.shape[0])
+  init = (w, (zeros, jnp.zeros(k, jnp.int32), zeros))
+  (w, _), _ = jax.lax.scan(step, init, (spikes.astype(jnp.float32), keys))
+  return w
+
+
+def train(key, w0, spikes, labels, order, lif: LIFParams, rule: RuleParams, fmt: fxp.Format):
+  """Train on samples ``spikes[order[i]]`` in sequence (order spans all epochs)."""
+  keys = jax.random.split(key, order.shape[0])
+
+  def body(w, inp):
+    idx, key_i = inp
+    return train_sample(w, key_i, spikes[idx], labels[idx], lif, rule, fmt), None
+
+  w, _ = jax.lax.scan(body, w0, (order, keys))
+  return w
+
+
+def readout_scores(w, spikes, lif: LIFParams, rule: RuleParams, fmt: fxp.Format):
+  """Score of each class for one sample: spike count, ties broken by summed input (< 1)."""
+  k = w.shape[1]
+  zeros = jnp.zeros(k, jnp.float32)
+  teacher = jnp.zeros(k, jnp.float32)
+
+  def step(state, s_t):
+    state, spike = _readout_step(state, s_t, w, teacher, lif, rule, fmt)
+    return state, spike.astype(jnp.float32)
+
+  s = spikes.astype(jnp.float32)
+  _, out = jax.lax.scan(step, (zeros, jnp.zeros(k, jnp.int32), zeros), s)
+  drive = s.sum(0) @ w
+  return out.sum(0) + 0.999 * jax.nn.sigmoid(drive / (1.0 + jnp.abs(drive).max()))
+
+
+def predict(w, spikes, lif: LIFParams, rule: RuleParams, fmt: fxp.Format):
+  """Predicted class for each sample of ``spikes`` (S, T, N)."""
+  scores = jax.vmap(lambda s: readout_scores(w, s, lif, rule, fmt))(spikes)
+  return scores.argmax(-1)
+
+
+def least_squares_fit(features: np.ndarray, labels: np.ndarray, num_classes: int,
+                      ridge: float = 1e-2) -> np.ndarray:
+  """Ridge least-squares map from features (S, F) to one-hot labels; returns (F + 1, K)."""
+  x = np.concatenate([features, np.ones((features.shape[0], 1))], 1).astype(np.float64)
+  y = np.eye(num_classes)[labels]
+  a = x.T @ x + ridge * np.eye(x.shape[1]) * max(np.trace(x.T @ x) / x.shape[1], 1e-12)
+  return np.linalg.solve(a, x.T @ y)
+
+
+def least_squares_predict(w: np.ndarray, features: np.ndarray) -> np.ndarray:
+  """Class = argmax of the least-squares readout."""
+  x = np.concatenate([features, np.ones((features.shape[0], 1))], 1)
+  return (x @ w).argmax(-1)
+
+
+def count_features(spikes: np.ndarray, lengths: np.ndarray, segments: int = 1) -> np.ndarray:
+  """Spike counts per neuron in ``segments`` equal parts of each sample's own length."""
+  s, t, n = spikes.shape
+  out = np.zeros((s, segments, n), np.float32)
+  for i in range(s):
+    edges = np.linspace(0, max(int(lengths[i]), 1), segments + 1).astype(int)
+    for j in range(segments):
+      out[i, j] = spikes[i, edges[j]:max(edges[j + 1], edges[j] + 1)].sum(0)
+  return out.reshape(s, segments * n)
