@@ -20,9 +20,9 @@ from absl import logging
 from omni_jax.config import check_keys, to_dict
 from omni_jax.data.sequences import TASK_TEXT
 from omni_jax.data.stream import OmniStream
+from omni_jax.models import named_ops
 from omni_jax.models.flops import train_flops_per_step
 from omni_jax.models.omni import OmniModel, OmniSpec, build_spec, count_params, omni_loss
-from omni_jax.models import named_ops
 from omni_jax.parallel import data_parallel
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.train.loop import FitResult, LoopConfig, fit

@@ -1,0 +1,186 @@
+r"""Benchmark the omni train step against this machine's own matmul peak.
+
+  python -m experiments.bench_step --config=configs/omni_moe.py:bench --workdir=/tmp/bench
+
+In one run: the measured FLOP/s of a large jnp matmul (the peak), the train step's model
+FLOP/s (analytic count, see omni_jax/models/flops.py) and their ratio, plus where the step
+time goes: each backbone component (attention, MoE router/dispatch, expert matmuls) timed
+alone at the step's shapes, the rest being the remainder (embeddings, encoders, heads,
+loss, optimizer update). Every timing keeps the fastest of --steps repetitions, which is
+robust to other load on the machine. Writes summary.json (``step_flops_per_sec``,
+``peak_flops_per_sec``, ``mfu_vs_measured_peak``, ``breakdown``) and breakdown.png.
+
+Runs on one device by default (--cpu_devices=1): emulated CPU devices share the same
+cores, so the machine's peak is measured with all of them behind one device.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from experiments import common
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/omni_moe.py:bench",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "where summary.json and breakdown.png go")
+_STEPS = flags.DEFINE_integer("steps", 8, "timed repetitions per measurement (fastest is kept)")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _best(fn, n: int) -> float:
+  """Fastest of ``n`` timed calls of ``fn`` (after one warm-up): robust to a busy machine."""
+  import jax
+  jax.block_until_ready(fn())
+  best = float("inf")
+  for _ in range(n):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
+def component_times(spec, batch_size: int, seq_len: int, n: int) -> dict[str, float]:
+  """Seconds per train step spent in each backbone component, each timed alone (fwd+bwd).
+
+  attention: the whole attention sub-layer (projections, rotary, softmax attention) of
+  every layer; experts: the routed experts' SwiGLU matmuls on their dispatch buffers;
+  router_dispatch: the rest of the MoE layers (router, top-k, sort/scatter, combine).
+  """
+  import jax
+  import jax.numpy as jnp
+
+  from omni_jax.models.layers import Attention
+  from omni_jax.models.moe import MoE
+  bb = spec.backbone
+  key = jax.random.PRNGKey(0)
+  x = jax.random.normal(key, (batch_size, seq_len, bb.d_model), bb.dtype)
+  pos = jnp.broadcast_to(jnp.arange(seq_len), (batch_size, seq_len))
+
+  def grad_time(module, *args):
+    params = module.init(key, *args)
+    loss = lambda p, x: jnp.sum(jax.tree.leaves(module.apply(p, x, *args[1:]))[0]
+                                .astype(jnp.float32))
+    g = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    return _best(lambda: g(params, args[0]), n)
+
+  attn = Attention(bb.num_heads, bb.num_kv_heads, bb.head_dim, bb.rope_theta, bb.dtype)
+  out = {"attention": bb.num_layers * grad_time(attn, x, pos)}
+  if bb.num_moe_layers:
+    moe = MoE(d_model=bb.d_model, d_ff=bb.moe_d_ff, num_experts=bb.num_experts,
+              top_k=bb.top_k, renormalize=bb.renormalize, impl=bb.moe_impl,
+              capacity_factor=bb.capacity_factor, num_shared_experts=bb.shared_experts,
+              dtype=bb.dtype)
+    moe_s = bb.num_moe_layers * grad_time(moe, x)
+    e, d, f = bb.num_experts, bb.d_model, bb.moe_d_ff
+    slots = -(-int(bb.capacity_factor * batch_size * seq_len * bb.top_k) // e)
+    if bb.moe_impl == "dropless":
+      slots = batch_size * seq_len * bb.top_k // e
+    buf = jax.random.normal(key, (e, slots, d), bb.dtype)
+    w = [jax.random.normal(key, s, bb.dtype) * 0.02 for s in ((e, d, f), (e, d, f), (e, f, d))]
+
+    def experts(w, buf):
+      g = jnp.einsum("ecd,edf->ecf", buf, w[0])
+      u = jnp.einsum("ecd,edf->ecf", buf, w[1])
+      return jnp.einsum("ecf,efd->ecd", jax.nn.silu(g) * u, w[2]).astype(jnp.float32).sum()
+    eg = jax.jit(jax.grad(experts, argnums=(0, 1)))
+    exp_s = min(moe_s, bb.num_moe_layers * _best(lambda: eg(w, buf), n))
+    out["experts"] = exp_s
+    out["router_dispatch"] = moe_s - exp_s
+  return out
+
+
+def main(argv):
+  del argv
+  common.setup_devices()
+  import jax
+
+  from omni_jax.models import named_ops
+  from omni_jax.models.flops import train_flops_per_step
+  from omni_jax.models.omni import OmniModel, omni_loss
+  from omni_jax.parallel import data_parallel
+  from omni_jax.parallel import mesh as mesh_lib
+  from omni_jax.train.loop import create_state, make_train_step
+  from omni_jax.train.metrics import write_json_atomic
+  from omni_jax.train.omni import validate
+  from omni_jax.train.optim import make_optimizer
+  from omni_jax.train.perf import measure_matmul_flops
+
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  os.makedirs(workdir, exist_ok=True)
+  spec, stream, loop = validate(config)
+  mesh = mesh_lib.data_parallel_mesh()
+  model = OmniModel(spec)
+  tx = make_optimizer(config.optim, loop.steps)
+  host_batch = stream.batch(0)
+  batch = mesh_lib.put_batch(mesh, host_batch)
+  layout = data_parallel.ops(mesh)
+
+  def loss_fn(params, b):
+    with named_ops.override(**layout):
+      logits, aux = model.apply({"params": params}, b)
+    return omni_loss(spec, logits, aux, b)
+
+  state, shardings = create_state(lambda k: model.init(k, host_batch)["params"], tx, 0,
+                                  lambda t: mesh_lib.replicated(mesh, t))
+  flops = train_flops_per_step(spec, state.params, stream.batch_size, stream.seq_len)
+  step = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0, out_shardings=(shardings, None))
+  holder = {"state": state}
+
+  def one_step():
+    holder["state"], m = step(holder["state"], batch)
+    return m["loss"]
+  logging.info("timing the train step ...")
+  step_s = _best(one_step, _STEPS.value)
+  logging.info("timing the matmul peak and the components ...")
+  peak = max(measure_matmul_flops(n) for n in (1024, 2048, 3072))
+  parts = component_times(spec, stream.batch_size, stream.seq_len, _STEPS.value)
+  parts["rest"] = max(step_s - sum(parts.values()), 0.0)
+  tokens = stream.batch_size * stream.seq_len
+  step_fps = flops / step_s
+  summary = {
+      "step_flops_per_sec": step_fps,
+      "peak_flops_per_sec": peak,
+      "mfu_vs_measured_peak": step_fps / peak,
+      "step_time_s": step_s,
+      "tokens_per_sec": tokens / step_s,
+      "model_flops_per_step": flops,
+      "breakdown": {k: {"seconds": v, "fraction": v / step_s} for k, v in parts.items()},
+      "devices": jax.device_count(),
+      "backend": jax.default_backend(),
+      "config": config.to_dict(),
+  }
+  write_json_atomic(os.path.join(workdir, "summary.json"), summary)
+  plot_breakdown(summary, os.path.join(workdir, "breakdown.png"))
+  logging.info("step %.3f s: %.3g FLOP/s vs measured peak %.3g FLOP/s -> MFU %.3f; "
+               "breakdown %s", step_s, step_fps, peak, step_fps / peak,
+               {k: round(v / step_s, 3) for k, v in parts.items()})
+
+
+def plot_breakdown(summary, path):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  parts = summary["breakdown"]
+  fig, ax = plt.subplots(figsize=(7, 2.4), dpi=110)
+  left = 0.0
+  for name, v in parts.items():
+    ax.barh([0], [v["seconds"]], left=left, label=f"{name} {v['fraction']:.0%}")
+    left += v["seconds"]
+  ax.set_yticks([])
+  ax.set_xlabel("seconds per train step")
+  ax.set_title(f"train step: MFU {summary['mfu_vs_measured_peak']:.2f} of the measured "
+               f"{summary['peak_flops_per_sec'] / 1e9:.0f} GFLOP/s matmul peak")
+  ax.legend(ncol=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.45))
+  fig.tight_layout()
+  fig.savefig(path + ".tmp.png")
+  plt.close(fig)
+  os.replace(path + ".tmp.png", path)
+
+
+if __name__ == "__main__":
+  flags.FLAGS.set_default("cpu_devices", 1)
+  app.run(main)
