@@ -71,8 +71,10 @@ class MetricsLog:
       f.flush()
 
 
-def plot_curves(records: list[dict], keys: list[str], path: str, title: str) -> None:
-  """Saves a PNG with one line per key present in ``records`` (x = step)."""
+def plot_curves(records: list[dict], keys: list[str], path: str, title: str,
+                log_y: bool = True, hlines: dict[str, float] | None = None) -> None:
+  """Saves a PNG with one line per key present in ``records`` (x = step); ``hlines`` adds
+  dotted reference levels (e.g. chance accuracy)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -83,8 +85,12 @@ def plot_curves(records: list[dict], keys: list[str], path: str, title: str) -> 
     if pts:
       xs, ys = zip(*pts, strict=True)
       ax.plot(xs, ys, label=k, lw=1.4)
+  for name, y in (hlines or {}).items():
+    ax.axhline(y, ls=":", lw=1, color="gray")
+    ax.annotate(name, (0, y), fontsize=7, color="gray", va="bottom")
   ax.set_xlabel("step")
-  ax.set_yscale("log")
+  if log_y:
+    ax.set_yscale("log")
   ax.set_title(title)
   ax.grid(alpha=0.3, which="both")
   ax.legend(fontsize=8)

@@ -143,6 +143,10 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)
   plot_curves(result.records, ["loss"] + [f"loss/{h.name}" for h in spec.heads],
               os.path.join(workdir, "loss.png"), "omni MoE training loss")
+  plot_curves(result.records, [f"eval/{t}/acc" for t in stream.tasks],
+              os.path.join(workdir, "eval.png"), "held-out next-token accuracy per task",
+              log_y=False, hlines={"chance (codes)": 1 / max(h.size for h in spec.heads[1:])}
+              if len(spec.heads) > 1 else None)
   return summary
 
 
