@@ -1,0 +1,52 @@
+"""The absl entry points run as users launch them (flags, config overrides, outputs)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(*args, timeout=600):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=timeout)
+
+
+def test_train_omni_cli_writes_outputs_and_resumes(tmp_path):
+  wd = str(tmp_path / "run")
+  args = ("experiments.train_omni", "--config=configs/omni_moe.py:micro", f"--workdir={wd}",
+          "--cpu_devices=2", "--config.train.steps=2", "--config.train.checkpoint_every=1")
+  r = _run(*args)
+  assert r.returncode == 0, r.stderr[-3000:]
+  summary = json.load(open(os.path.join(wd, "summary.json")))
+  assert summary["steps"] == 2 and summary["config"]["train"]["steps"] == 2
+  assert {"loss.png", "eval.png", "metrics.jsonl", "checkpoints"} <= set(os.listdir(wd))
+  r = _run(*args)  # the same command again: resumes, nothing left to train
+  assert r.returncode == 0 and "resumed from checkpoint step 2" in r.stderr
+
+
+def test_train_omni_cli_bad_override_is_one_clear_error(tmp_path):
+  r = _run("experiments.train_omni", "--config=configs/omni_moe.py:micro",
+           f"--workdir={tmp_path}", "--config.model.moe.top_k=9")
+  assert r.returncode != 0
+  assert "config.model.moe.top_k = 9 is not allowed: must be <= num_experts=4" in r.stderr
+  r = _run("experiments.train_omni", "--config=configs/omni_moe.py:huge", f"--workdir={tmp_path}")
+  assert r.returncode != 0 and "unknown variant 'huge'" in r.stderr
+
+
+@pytest.mark.parametrize("steps", [2])
+def test_bench_step_writes_its_keys(tmp_path, steps):
+  r = _run("experiments.bench_step", "--config=configs/omni_moe.py:micro",
+           f"--workdir={tmp_path}", f"--steps={steps}")
+  assert r.returncode == 0, r.stderr[-3000:]
+  s = json.load(open(tmp_path / "summary.json"))
+  assert s["mfu_vs_measured_peak"] == pytest.approx(s["step_flops_per_sec"]
+                                                    / s["peak_flops_per_sec"])
+  assert set(s["breakdown"]) == {"attention", "router_dispatch", "experts", "rest"}
+  assert sum(v["seconds"] for v in s["breakdown"].values()) >= s["step_time_s"] * 0.999
+  assert os.path.getsize(tmp_path / "breakdown.png") > 1000
