@@ -39,6 +39,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                 manifest="", on_error="fatal", codebook_samples=64)
   c.optim = dict(lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.01, b1=0.9, b2=0.95,
                  eps=1e-8, clip_norm=1.0)
+  # Device layout (omni_jax/parallel/mesh.py); -1 takes the devices the others leave.
+  c.mesh = dict(data=-1, fsdp=1, expert=1, sequence=1, tensor=1, pipeline=1)
   c.train = dict(steps=300, seed=0, log_every=25, eval_every=100, eval_batches=4,
                  checkpoint_every=100, keep_checkpoints=2, peak_flops=0.0)
 

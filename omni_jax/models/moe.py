@@ -235,6 +235,9 @@ def moe_dispatch(x: jax.Array, expert_ids: jax.Array, weights: jax.Array,
                  capacity: int | None) -> tuple[jax.Array, jax.Array]:
   """Routes tokens to their experts, runs the SwiGLU experts and combines the outputs.
 
+  ``x`` may carry leading axes (``[B, T, D]`` from the MoE layer, so a parallel layout sees
+  the batch and sequence axes it shards); they are flattened into one token axis here.
+
   ``y[n] = sum_j weights[n, j] * SwiGLU_{expert_ids[n, j]}(x[n])`` over kept assignments,
   with ``SwiGLU_e(x) = (silu(x @ wi_gate[e]) * (x @ wi_up[e])) @ wo[e]``.
 
@@ -250,6 +253,13 @@ def moe_dispatch(x: jax.Array, expert_ids: jax.Array, weights: jax.Array,
     ``(y [N, D] in x.dtype, dropped_frac)``: the float32 fraction of the ``N*k``
     assignments that were dropped (exactly 0.0 for ``"dropless"``).
   """
+  if x.ndim > 2:
+    lead = x.shape[:-1]
+    y, dropped = moe_dispatch.default(
+        x.reshape(-1, x.shape[-1]), expert_ids.reshape(-1, expert_ids.shape[-1]),
+        weights.reshape(-1, weights.shape[-1]), wi_gate, wi_up, wo, impl=impl,
+        capacity=capacity)
+    return y.reshape(*lead, -1), dropped
   _check_dispatch_shapes(x, expert_ids, weights, wi_gate, wi_up, wo)
   if impl == "dropless":
     per_assign = _dispatch_dropless(x, expert_ids, wi_gate, wi_up, wo)
@@ -323,9 +333,12 @@ class MoE(nn.Module):
     if self.impl == "capacity":
       capacity = moe_capacity(tokens.shape[0], e, self.top_k, self.capacity_factor)
     xc = tokens.astype(self.dtype)
+    lead = x.shape[:-1]
     y, aux["dropped_frac"] = moe_dispatch(
-        xc, expert_ids, weights, wi_gate.astype(self.dtype), wi_up.astype(self.dtype),
-        wo.astype(self.dtype), impl=self.impl, capacity=capacity)
+        xc.reshape(*lead, d), expert_ids.reshape(*lead, -1), weights.reshape(*lead, -1),
+        wi_gate.astype(self.dtype), wi_up.astype(self.dtype), wo.astype(self.dtype),
+        impl=self.impl, capacity=capacity)
+    y = y.reshape(-1, d)
 
     if self.num_shared_experts:
       sf = self.num_shared_experts * f

@@ -1,24 +1,75 @@
-"""Device meshes and the data-parallel layout.
+"""Device meshes and batch placement.
 
-Plain data parallelism: one mesh axis ``data`` over every device, the batch split along
-its leading dimension, parameters and optimizer state replicated. XLA inserts the
-gradient all-reduce. (The 3-D recipes extend this module with more axes.)
+The mesh has six named axes, any of which may be 1:
+
+* ``data``     — replicas (parameters replicated, batch split);
+* ``fsdp``     — batch split, parameters / gradients / optimizer state sharded (ZeRO-3);
+* ``expert``   — batch split for dense parts, routed experts sharded by expert;
+* ``sequence`` — sequence split (sequence / context parallelism);
+* ``tensor``   — Megatron-style split of attention heads and MLP width;
+* ``pipeline`` — layer stages.
+
+``config.mesh`` gives each axis a size; ``-1`` (at most one axis) takes what the others
+leave. The batch dimension is split over ``BATCH_AXES`` and the sequence dimension over
+``sequence``. Batches are placed with ``jax.make_array_from_callback``, so every process of
+a multi-host job builds the same global batch and keeps only its own devices' shards.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from omni_jax.config import ConfigError
+
+MESH_AXES = ("data", "fsdp", "expert", "sequence", "tensor", "pipeline")
+BATCH_AXES = ("data", "fsdp", "expert")
 DATA_AXIS = "data"
 
 
-def data_parallel_mesh(devices: list | None = None) -> jax.sharding.Mesh:
+def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int) -> dict[str, int]:
+  """Validated axis sizes whose product is ``num_devices`` (one -1 axis is inferred)."""
+  unknown = sorted(set(mesh_cfg) - set(MESH_AXES))
+  if unknown:
+    raise ConfigError(f"unknown mesh axes {unknown} in config.mesh; allowed: {list(MESH_AXES)}")
+  sizes = {a: int(mesh_cfg.get(a, 1)) for a in MESH_AXES}
+  bad = {a: s for a, s in sizes.items() if s == 0 or s < -1}
+  if bad:
+    raise ConfigError(f"config.mesh sizes must be >= 1 or -1 (fill), got {bad}")
+  fill = [a for a, s in sizes.items() if s == -1]
+  if len(fill) > 1:
+    raise ConfigError(f"config.mesh: only one axis may be -1, got {fill}")
+  known = math.prod(s for s in sizes.values() if s != -1)
+  if fill:
+    if num_devices % known:
+      raise ConfigError(f"config.mesh: the fixed axes {_fmt(sizes)} multiply to {known}, which "
+                        f"does not divide the {num_devices} devices")
+    sizes[fill[0]] = num_devices // known
+  if math.prod(sizes.values()) != num_devices:
+    raise ConfigError(f"config.mesh {_fmt(sizes)} has {math.prod(sizes.values())} devices but "
+                      f"{num_devices} are available; the product of the axes must equal it")
+  return sizes
+
+
+def _fmt(sizes: Mapping[str, int]) -> str:
+  return " x ".join(f"{a}={s}" for a, s in sizes.items() if s != 1) or "all 1"
+
+
+def make_mesh(mesh_cfg: Mapping[str, int] | None = None, devices=None) -> jax.sharding.Mesh:
+  """A 6-axis mesh from ``config.mesh`` (default: every device on ``data``)."""
   devices = devices or jax.devices()
-  return jax.make_mesh((len(devices),), (DATA_AXIS,), axis_types=(AxisType.Auto,),
-                       devices=devices)
+  sizes = mesh_shape(mesh_cfg if mesh_cfg is not None else {"data": -1}, len(devices))
+  return jax.make_mesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES,
+                       axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+def data_parallel_mesh(devices=None) -> jax.sharding.Mesh:
+  return make_mesh({"data": -1}, devices)
 
 
 def replicated(mesh, tree):
@@ -26,18 +77,35 @@ def replicated(mesh, tree):
   return jax.tree.map(lambda _: NamedSharding(mesh, P()), tree)
 
 
-def batch_sharding(mesh) -> NamedSharding:
-  return NamedSharding(mesh, P(DATA_AXIS))
+def batch_spec(ndim: int, sequence: bool) -> P:
+  """Batch dim over the batch axes; dim 1 over ``sequence`` for token arrays."""
+  batch = tuple(a for a in BATCH_AXES)
+  if sequence and ndim >= 2:
+    return P(batch, "sequence")
+  return P(batch)
+
+
+def batch_divisor(mesh) -> int:
+  return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+SEQUENCE_FIELDS = ("tokens", "targets", "target_head")
 
 
 def put_batch(mesh, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-  """Places a host batch on the mesh, split along the leading (batch) dimension."""
-  n = mesh.shape[DATA_AXIS]
-  sh = batch_sharding(mesh)
+  """Places a host batch (the same global batch on every process) on the mesh."""
+  n = batch_divisor(mesh)
+  s = mesh.shape["sequence"]
   out = {}
   for k, v in batch.items():
     if v.shape[0] % n:
       raise ValueError(f"batch field {k!r} has leading size {v.shape[0]}, not divisible by the "
-                       f"{n} devices of mesh axis {DATA_AXIS!r}; make data.batch_size a multiple")
-    out[k] = jax.device_put(v, sh)
+                       f"{n} devices of the batch axes {BATCH_AXES}; make data.batch_size a "
+                       "multiple")
+    seq = k in SEQUENCE_FIELDS
+    if seq and v.shape[1] % s:
+      raise ValueError(f"batch field {k!r} has length {v.shape[1]}, not divisible by mesh "
+                       f"axis sequence={s}; make data.seq_len a multiple")
+    sh = NamedSharding(mesh, batch_spec(v.ndim, seq))
+    out[k] = jax.make_array_from_callback(v.shape, sh, lambda idx, v=v: v[idx])
   return out

@@ -17,20 +17,21 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from omni_jax.config import check_keys, to_dict
+from omni_jax.config import ConfigError, check_keys, to_dict
 from omni_jax.data.sequences import TASK_TEXT
 from omni_jax.data.stream import OmniStream
 from omni_jax.models import named_ops
 from omni_jax.models.flops import train_flops_per_step
 from omni_jax.models.omni import OmniModel, OmniSpec, build_spec, count_params, omni_loss
-from omni_jax.parallel import data_parallel
+from omni_jax.parallel import data_parallel, recipes
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.train.loop import FitResult, LoopConfig, fit
 from omni_jax.train.metrics import plot_curves, write_json_atomic
 from omni_jax.train.optim import make_optimizer
 from omni_jax.train.perf import measure_matmul_flops
 
-TOP_KEYS = ("model", "data", "optim", "train")
+TOP_KEYS = ("model", "data", "optim", "train", "mesh")
+REQUIRED_KEYS = ("model", "data", "optim", "train")
 
 
 def _task_head(spec: OmniSpec, task: str) -> int:
@@ -91,9 +92,29 @@ def nested_eval(spec: OmniSpec, flat: dict[str, float]) -> dict[str, dict[str, f
   return dict(out)
 
 
+def make_layout_mesh(config):
+  """The mesh of ``config.mesh`` (all devices on ``data`` when absent)."""
+  mesh_cfg = dict(config.mesh) if "mesh" in config else {"data": -1}
+  if int(mesh_cfg.get("pipeline", 1)) != 1:
+    raise ConfigError("config.mesh.pipeline > 1: the pipeline schedule is not implemented "
+                      "yet; use data / fsdp / expert / sequence / tensor")
+  return mesh_lib.make_mesh(mesh_cfg)
+
+
+def check_batch_fits_mesh(stream: OmniStream, mesh) -> None:
+  n = mesh_lib.batch_divisor(mesh)
+  if stream.batch_size % n:
+    raise ConfigError(f"config.data.batch_size = {stream.batch_size} must be a multiple of the "
+                      f"{n} devices on the batch axes {mesh_lib.BATCH_AXES}")
+  s = mesh.shape["sequence"]
+  if stream.seq_len % s:
+    raise ConfigError(f"config.data.seq_len = {stream.seq_len} must be a multiple of "
+                      f"mesh.sequence = {s}")
+
+
 def validate(config) -> tuple[OmniSpec, OmniStream, LoopConfig]:
   """Every config check, before any compile."""
-  check_keys(config, TOP_KEYS, "", required=TOP_KEYS)
+  check_keys(config, TOP_KEYS, "", required=REQUIRED_KEYS)
   spec = build_spec(config.model)
   loop = LoopConfig.from_config(config.train)
   make_optimizer(config.optim, loop.steps)
@@ -105,10 +126,8 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   """Trains (or resumes) the omni model; returns and writes the run's summary."""
   os.makedirs(workdir, exist_ok=True)
   spec, stream, loop = validate(config)
-  mesh = mesh or mesh_lib.data_parallel_mesh()
-  if stream.batch_size % mesh.size:
-    raise ValueError(f"config.data.batch_size = {stream.batch_size} must be a multiple of the "
-                     f"{mesh.size} devices")
+  mesh = mesh or make_layout_mesh(config)
+  check_batch_fits_mesh(stream, mesh)
   model = OmniModel(spec)
   tx = make_optimizer(config.optim, loop.steps)
   example = stream.batch(0)
@@ -122,6 +141,13 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
     with named_ops.override(**layout_ops):  # active whenever the step is traced
       logits, aux = model.apply({"params": params}, batch)
     return omni_loss(spec, logits, aux, batch)
+
+  def param_sharding(abstract_state):
+    shardings, notes = recipes.resolve(recipes.RECIPES.get("omni"), abstract_state, mesh)
+    for note in notes:
+      if note.startswith("params/"):  # the optimizer moments repeat the same notes
+        logging.info("recipe: %s", note)
+    return shardings
 
   abstract_params = jax.eval_shape(init_params, jax.random.PRNGKey(0))
   params_total, params_active = count_params(spec, abstract_params)
@@ -137,7 +163,7 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   result: FitResult = fit(
       workdir=workdir, loop=loop, init_params=init_params, loss_fn=loss_fn, tx=tx,
       get_batch=stream.batch, put_batch=lambda b: mesh_lib.put_batch(mesh, b),
-      param_sharding=lambda tree: mesh_lib.replicated(mesh, tree), eval_fn=eval_fn,
+      param_sharding=param_sharding, eval_fn=eval_fn,
       tokens_per_step=tokens_per_step, flops_per_step=flops)
   summary = make_summary(spec, config, result, params_total, params_active, flops, loop)
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)

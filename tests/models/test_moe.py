@@ -279,7 +279,7 @@ def test_dispatch_goes_through_named_op():
   params = _init(m, x)
   with override(moe_dispatch=fake):
     y, aux = m.apply(params, x)  # eager: a cached jit trace would not consult the override
-  assert seen == {"impl": "capacity", "capacity": 5, "ids": (10, 2)}
+  assert seen == {"impl": "capacity", "capacity": 5, "ids": (2, 5, 2)}  # leading axes kept
   assert np.all(np.asarray(y) == 0.0) and float(aux["dropped_frac"]) == 0.25
 
 
