@@ -138,9 +138,14 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   if resumed is not None:
     state = ckpt.restore(resumed, abstract_like(state))
     logging.info("resumed from checkpoint step %d in %s", resumed, ckpt.directory)
-  log = MetricsLog(f"{workdir}/metrics.jsonl", resume_step=resumed)
+  log = MetricsLog(f"{workdir}/metrics.jsonl", resume_step=resumed,
+                   writer=jax.process_index() == 0)
+  # Metrics come back replicated, so every process of a multi-host job can read them.
+  named = [s for s in jax.tree.leaves(shardings) if isinstance(s, jax.sharding.NamedSharding)]
+  replicated = jax.sharding.NamedSharding(named[0].mesh, jax.sharding.PartitionSpec()) \
+      if named else None
   step_fn = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0,
-                    out_shardings=(shardings, None))
+                    out_shardings=(shardings, replicated))
   start = int(jax.device_get(state.step))
   if start >= loop.steps:
     logging.info("checkpoint is at step %d >= train.steps = %d: nothing to train", start,

@@ -47,11 +47,17 @@ class MetricsLog:
   """Appends one JSON object per call to ``metrics.jsonl``; resumes cleanly.
 
   On resume from step ``s``, records with ``step > s`` (written after the checkpoint the
-  run restarts from) are dropped so the file never holds a step twice.
+  run restarts from) are dropped so the file never holds a step twice. Only the writing
+  process (process 0 of a multi-process job) touches the file; the others keep their
+  records in memory.
   """
 
-  def __init__(self, path: str, resume_step: int | None = None):
+  def __init__(self, path: str, resume_step: int | None = None, writer: bool = True):
     self.path = path
+    self.writer = writer
+    self._memory: list[dict] = []
+    if not writer:
+      return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     keep = [r for r in self.read() if resume_step is not None and r.get("step", 0) <= resume_step]
     with open(path + ".tmp", "w") as f:
@@ -60,12 +66,17 @@ class MetricsLog:
     os.replace(path + ".tmp", path)
 
   def read(self) -> list[dict]:
+    if not self.writer:
+      return list(self._memory)
     if not os.path.exists(self.path):
       return []
     with open(self.path) as f:
       return [json.loads(line) for line in f if line.strip()]
 
   def write(self, record: Mapping[str, Any]) -> None:
+    if not self.writer:
+      self._memory.append(json.loads(json.dumps(to_jsonable(record))))
+      return
     with open(self.path, "a") as f:
       f.write(json.dumps(to_jsonable(record)) + "\n")
       f.flush()

@@ -8,6 +8,7 @@ All config errors surface before anything is compiled.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import defaultdict
 from typing import Any
@@ -43,7 +44,7 @@ def _task_head(spec: OmniSpec, task: str) -> int:
 def make_eval_fn(spec: OmniSpec, model: OmniModel, stream: OmniStream, num_batches: int, mesh,
                  layout_ops: dict):
   """Held-out next-token accuracy and loss, per task (``text``, ``<m>:understand``, ...)."""
-  @jax.jit
+  @functools.partial(jax.jit, out_shardings=mesh_lib.replicated(mesh, (0, 0)))
   def per_position(params, batch):
     with named_ops.override(**layout_ops):
       logits, _ = model.apply({"params": params}, batch)
@@ -166,6 +167,8 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
       param_sharding=param_sharding, eval_fn=eval_fn,
       tokens_per_step=tokens_per_step, flops_per_step=flops)
   summary = make_summary(spec, config, result, params_total, params_active, flops, loop)
+  if jax.process_index() != 0:  # process 0 writes the records of a multi-process job
+    return summary
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)
   plot_curves(result.records, ["loss"] + [f"loss/{h.name}" for h in spec.heads],
               os.path.join(workdir, "loss.png"), "omni MoE training loss")
