@@ -159,3 +159,22 @@ def test_config_errors_come_before_compile(tmp_path):
   cfg.train.checkpoint_every = 0
   with pytest.raises(ConfigError, match="train.checkpoint_every"):
     train_omni(cfg, str(tmp_path))
+
+
+def test_checkpoint_restores_under_another_layout(tmp_path, monkeypatch):
+  cfg = get_config("micro")
+  cfg.mesh.update(data=1, fsdp=8)
+  straight = train_omni(cfg, str(tmp_path / "straight"))
+  real_batch = OmniStream.batch
+  def crash_at_step_3(self, step):
+    if step == 2:
+      raise KeyboardInterrupt("simulated crash")
+    return real_batch(self, step)
+  monkeypatch.setattr(OmniStream, "batch", crash_at_step_3)
+  with pytest.raises(KeyboardInterrupt):
+    train_omni(cfg, str(tmp_path / "moved"))
+  monkeypatch.setattr(OmniStream, "batch", real_batch)
+  cfg.mesh.update(fsdp=4, expert=2)  # saved under fsdp=8, restored under expert=2 x fsdp=4
+  moved = train_omni(cfg, str(tmp_path / "moved"))
+  assert moved["resumed_from_step"] == 2
+  assert moved["final_loss"] == pytest.approx(straight["final_loss"], rel=1e-5)
