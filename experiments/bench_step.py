@@ -101,7 +101,7 @@ def main(argv):
   from omni_jax.models import named_ops
   from omni_jax.models.flops import train_flops_per_step
   from omni_jax.models.omni import OmniModel, omni_loss
-  from omni_jax.parallel import data_parallel
+  from omni_jax.parallel import layout
   from omni_jax.parallel import mesh as mesh_lib
   from omni_jax.train.loop import create_state, make_train_step
   from omni_jax.train.metrics import write_json_atomic
@@ -117,7 +117,7 @@ def main(argv):
   tx = make_optimizer(config.optim, loop.steps)
   host_batch = stream.batch(0)
   batch = mesh_lib.put_batch(mesh, host_batch)
-  layout = data_parallel.ops(mesh)
+  layout = layout.ops(mesh)
 
   def loss_fn(params, b):
     with named_ops.override(**layout):

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from omni_jax.config import ConfigError, check_keys, nonneg_float, positive_int, require
-from omni_jax.models.layers import RMSNorm, SwiGLU, attention
+from omni_jax.models.layers import RMSNorm, SwiGLU, encoder_attention
 from omni_jax.registry import Registry
 
 # Fields every modality has, whatever its kind.
@@ -109,7 +109,7 @@ class EncoderStack(nn.Module):
       y = RMSNorm(dtype=self.dtype, name=f"ln_attn_{i}")(h)
       qkv = nn.DenseGeneral((3, self.heads, hd), use_bias=False, dtype=self.dtype,
                             name=f"qkv_{i}")(y)
-      a = attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=False)
+      a = encoder_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=False)
       h = h + nn.DenseGeneral(self.dim, axis=(-2, -1), use_bias=False, dtype=self.dtype,
                               name=f"o_{i}")(a)
       h = h + SwiGLU(4 * self.dim, dtype=self.dtype, name=f"mlp_{i}")(

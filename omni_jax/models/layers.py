@@ -58,6 +58,14 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True) 
   return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
 
 
+@named_op("encoder_attention")
+def encoder_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                      causal: bool = False) -> jax.Array:
+  """Attention inside modality encoders (same maths as :func:`attention`). A separate named
+  op, so a layout that splits the backbone's sequence leaves the encoders' tokens alone."""
+  return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+
+
 class Attention(nn.Module):
   """Causal grouped-query self-attention with rotary embeddings."""
   num_heads: int

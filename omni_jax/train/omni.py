@@ -24,7 +24,7 @@ from omni_jax.data.stream import OmniStream
 from omni_jax.models import named_ops
 from omni_jax.models.flops import train_flops_per_step
 from omni_jax.models.omni import OmniModel, OmniSpec, build_spec, count_params, omni_loss
-from omni_jax.parallel import data_parallel, recipes
+from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.train.loop import FitResult, LoopConfig, fit
 from omni_jax.train.metrics import plot_curves, write_json_atomic
@@ -136,7 +136,7 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   def init_params(key):
     return model.init(key, example)["params"]
 
-  layout_ops = data_parallel.ops(mesh)
+  layout_ops = layout.ops(mesh)
 
   def loss_fn(params, batch):
     with named_ops.override(**layout_ops):  # active whenever the step is traced

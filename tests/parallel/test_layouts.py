@@ -12,7 +12,7 @@ from omni_jax.config import ConfigError
 from omni_jax.data.stream import OmniStream
 from omni_jax.models import named_ops
 from omni_jax.models.omni import OmniModel, build_spec, omni_loss
-from omni_jax.parallel import data_parallel, recipes
+from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
 
 LAYOUTS = {  # name -> (mesh, MoE impl)
@@ -56,7 +56,7 @@ def test_layout_matches_one_device(name):
   loss, params, batch, (l1, g1) = reference(impl)
   mesh = mesh_lib.make_mesh(mesh_cfg)
   shardings, _ = recipes.resolve(recipes.RECIPES.get("omni"), params, mesh)
-  ops = data_parallel.ops(mesh)
+  ops = layout.ops(mesh)
   f = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, ops)), out_shardings=(None, shardings))
   l8, g8 = f(jax.device_put(params, shardings), mesh_lib.put_batch(mesh, batch))
   assert abs(float(l8) - float(l1)) <= 1e-5 * abs(float(l1))

@@ -43,6 +43,3 @@ def local_moe_dispatch(mesh) -> Callable:
   return dispatch
 
 
-def ops(mesh) -> dict[str, Callable]:
-  """Named-op implementations for plain data parallelism over ``mesh``."""
-  return {"moe_dispatch": local_moe_dispatch(mesh)}

@@ -1,0 +1,47 @@
+"""Ulysses sequence parallelism: all-to-all between sequence and heads around attention.
+
+Activations arrive split over mesh axis ``sequence`` (each device holds T/n positions of
+every head). One all-to-all per tensor regroups q, k, v so each device holds the *whole*
+sequence for H/n heads, plain attention runs locally, and a second all-to-all restores the
+sequence split (DeepSpeed-Ulysses, as used by VeOmni). Communication per layer: 4
+all-to-alls of the activations, independent of n, instead of gathering K and V.
+
+Grouped-query attention: when the key/value heads do not split n ways they are repeated
+to one per query head first (numerically the same attention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from omni_jax.models.layers import attention
+from omni_jax.parallel.mesh import BATCH_AXES
+
+SEQ = "sequence"
+
+
+def ulysses_attention(mesh) -> Callable:
+  """An ``attention`` named-op implementation for ``mesh`` (sequence axis > 1)."""
+  n = mesh.shape[SEQ]
+
+  def impl(q, k, v, *, causal):
+    h, kv = q.shape[2], k.shape[2]
+    if h % n:
+      raise ValueError(f"Ulysses attention splits heads over sequence={n}, but num_heads={h} "
+                       f"is not a multiple; choose mesh.sequence dividing the heads")
+    if q.shape[1] % n:
+      raise ValueError(f"sequence length {q.shape[1]} is not a multiple of sequence={n}")
+    if kv % n:
+      k, v = jnp.repeat(k, h // kv, axis=2), jnp.repeat(v, h // kv, axis=2)
+    spec = P(BATCH_AXES, SEQ, None, None)
+
+    def body(q, k, v):  # [b, t/n, H, Dh] -> [b, t, H/n, Dh] -> attention -> back
+      to_heads = lambda x: jax.lax.all_to_all(x, SEQ, split_axis=2, concat_axis=1, tiled=True)
+      out = attention.default(to_heads(q), to_heads(k), to_heads(v), causal=causal)
+      return jax.lax.all_to_all(out, SEQ, split_axis=1, concat_axis=2, tiled=True)
+    return jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)(q, k, v)
+  return impl
