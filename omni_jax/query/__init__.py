@@ -1,0 +1,9 @@
+"""DeepStore-style intelligent queries over SSD-resident feature stores.
+
+Modules: ``store`` (sharded memory-mapped feature store with manifest, checksums, atomic
+appends and snapshot readers), ``featurize`` (flax image CNN and 1-D audio conv net),
+``engines`` (host baseline, near-storage channel workers, int8 coarse + exact re-rank,
+in-memory), ``cache`` (similarity query cache and Zipf query streams), ``model`` (GPU+SSD
+vs in-storage timing model), ``datasets`` (synthetic clustered embeddings, image crops),
+``plots`` and ``cli`` (ingest / query / show).
+"""
