@@ -98,14 +98,12 @@ def main(argv):
   common.setup_devices()
   import jax
 
-  from omni_jax.models import named_ops
   from omni_jax.models.flops import train_flops_per_step
-  from omni_jax.models.omni import OmniModel, omni_loss
-  from omni_jax.parallel import layout
+  from omni_jax.models.omni import OmniModel
   from omni_jax.parallel import mesh as mesh_lib
   from omni_jax.train.loop import create_state, make_train_step
   from omni_jax.train.metrics import write_json_atomic
-  from omni_jax.train.omni import validate
+  from omni_jax.train.omni import make_loss_fn, state_sharding, validate
   from omni_jax.train.optim import make_optimizer
   from omni_jax.train.perf import measure_matmul_flops
 
@@ -117,15 +115,9 @@ def main(argv):
   tx = make_optimizer(config.optim, loop.steps)
   host_batch = stream.batch(0)
   batch = mesh_lib.put_batch(mesh, host_batch)
-  layout = layout.ops(mesh)
-
-  def loss_fn(params, b):
-    with named_ops.override(**layout):
-      logits, aux = model.apply({"params": params}, b)
-    return omni_loss(spec, logits, aux, b)
-
+  loss_fn = make_loss_fn(spec, model, mesh)
   state, shardings = create_state(lambda k: model.init(k, host_batch)["params"], tx, 0,
-                                  lambda t: mesh_lib.replicated(mesh, t))
+                                  state_sharding(mesh))
   flops = train_flops_per_step(spec, state.params, stream.batch_size, stream.seq_len)
   step = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0, out_shardings=(shardings, None))
   holder = {"state": state}

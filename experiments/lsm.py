@@ -42,18 +42,40 @@ def write_json(path: Path, obj) -> None:
   os.replace(tmp, path)
 
 
+def parse_precision(spec) -> tuple[int, int, int]:
+  """(membrane, weight, calcium) widths of a config.bits entry: ``b`` or ``"m/w/c"``."""
+  if isinstance(spec, int) and not isinstance(spec, bool):
+    widths = (spec, spec, spec)
+  elif isinstance(spec, str) and spec.count("/") == 2 and all(
+      p.strip().isdigit() for p in spec.split("/")):
+    widths = tuple(int(p) for p in spec.split("/"))
+  else:
+    raise ValueError(f"config.bits contains {spec!r}: an integer width or a "
+                     f"'membrane/weight/calcium' string such as '12/8/8' allowed")
+  if not all(fxp.MIN_BITS <= b <= fxp.MAX_BITS for b in widths):
+    raise ValueError(f"config.bits contains {spec!r}: widths in "
+                     f"[{fxp.MIN_BITS}, {fxp.MAX_BITS}] allowed")
+  return widths
+
+
 def validate(cfg) -> None:
   """Clear errors for bad config values, before any work."""
   for b in cfg.bits:
-    if not isinstance(b, int) or not fxp.MIN_BITS <= b <= fxp.MAX_BITS:
-      raise ValueError(f"config.bits contains {b!r}: integers in [2, 32] allowed")
-  if cfg.reference_bits not in cfg.bits:
+    parse_precision(b)
+  if len({str(b) for b in cfg.bits}) != len(cfg.bits):
+    raise ValueError(f"config.bits = {tuple(cfg.bits)} repeats an entry")
+  if not isinstance(cfg.reference_bits, int) or cfg.reference_bits not in cfg.bits:
     raise ValueError(f"config.reference_bits = {cfg.reference_bits} must be one of "
                      f"config.bits = {tuple(cfg.bits)}")
   if not isinstance(cfg.folds, int) or cfg.folds < 2:
     raise ValueError(f"config.folds = {cfg.folds!r}: an integer >= 2 allowed")
   if cfg.readout.epochs < 1:
     raise ValueError(f"config.readout.epochs = {cfg.readout.epochs}: at least 1")
+  if not isinstance(cfg.readout.eval_every, int) or cfg.readout.eval_every < 1:
+    raise ValueError(f"config.readout.eval_every = {cfg.readout.eval_every!r}: an integer "
+                     f">= 1 allowed")
+  if not 0 < cfg.readout.dw_decay <= 1:
+    raise ValueError(f"config.readout.dw_decay = {cfg.readout.dw_decay}: in (0, 1] allowed")
 
 
 # ---------------------------------------------------------------- data
@@ -128,13 +150,16 @@ def lif_params(cfg):
                                 refractory=r.refractory)
   rule = readout.RuleParams(c_th=o.c_th, dc=o.dc, p_plus=o.p_plus, p_minus=o.p_minus,
                             dw=o.dw, w_max=o.w_max, teacher_plus=o.teacher_plus,
-                            teacher_minus=o.teacher_minus, calcium_shift=o.calcium_shift)
+                            teacher_minus=o.teacher_minus, calcium_shift=o.calcium_shift,
+                            v_plus=o.v_plus, v_minus=o.v_minus)
   return res_lif, out_lif, rule
 
 
-def fmt_for(cfg, bits):
-  """Fixed-point format for ``bits`` (None = float)."""
-  return fxp.make_format(bits, ranges={"membrane": cfg.reservoir.membrane_range})
+def fmt_for(cfg, spec):
+  """Fixed-point format for a config.bits entry (per-quantity widths allowed)."""
+  m, w, c = parse_precision(spec)
+  return fxp.make_format(m, w, c, ranges={"membrane": cfg.reservoir.membrane_range,
+                                          "calcium": cfg.readout.calcium_range})
 
 
 def train_folds(cfg, spikes, labels, fold, fmt, out_lif, rule, bits, metrics):
@@ -151,11 +176,17 @@ def train_folds(cfg, spikes, labels, fold, fmt, out_lif, rule, bits, metrics):
   pred_v = jax.jit(jax.vmap(readout.predict, in_axes=(0, None, None, None, None)),
                    static_argnums=(2, 3))
   preds = None
-  for epoch in range(cfg.readout.epochs):
+  epochs = cfg.readout.epochs
+  for epoch in range(epochs):
     t0 = time.time()
     order = np.stack([rng.permutation(np.flatnonzero(fold != f))[:n_train] for f in range(k)])
     keys = jax.random.split(jax.random.key(cfg.seed * 1000 + epoch), k)
-    w = train_v(keys, w, s, y, jnp.asarray(order), out_lif, rule, fmt)
+    # Annealed step: dw * dw_decay**epoch (the rule itself is unchanged).
+    rule_e = rule._replace(dw=rule.dw * cfg.readout.dw_decay ** epoch)
+    w = jax.block_until_ready(train_v(keys, w, s, y, jnp.asarray(order), out_lif, rule_e, fmt))
+    if (epoch + 1) % cfg.readout.eval_every and epoch + 1 < epochs:
+      logging.info("bits %s epoch %d/%d (%.1f s)", bits, epoch + 1, epochs, time.time() - t0)
+      continue
     all_pred = np.asarray(pred_v(w, s, out_lif, rule, fmt))       # (folds, S)
     preds = all_pred[fold, np.arange(labels.size)]
     acc = float((preds == labels).mean())
@@ -267,17 +298,21 @@ def main(argv):
       preds = train_folds(cfg, res_s, labels, fold, fmt, out_lif, rule, bits, metrics)
       acc_bits[str(bits)] = float((preds == labels).mean())
       ls_bits[str(bits)] = least_squares_cv(cfg, res_s, lengths, labels, fold)
-      energy_bits[str(bits)] = power.energy_pj(readout_counts(tot, classes), bits, bits, emodel)
+      m_bits, w_bits, _ = parse_precision(bits)
+      energy_bits[str(bits)] = power.energy_pj(readout_counts(tot, classes), m_bits, w_bits,
+                                               emodel)
       if bits == cfg.reference_bits:
         ref["preds"] = preds
-      logging.info("bits %d: calcium-rule acc %.4f, least-squares acc %.4f, rate %.4f, "
+      logging.info("bits %s: calcium-rule acc %.4f, least-squares acc %.4f, rate %.4f, "
                    "energy %.3g pJ", bits, acc_bits[str(bits)], ls_bits[str(bits)],
                    rates[str(bits)], energy_bits[str(bits)])
   rb = str(cfg.reference_bits)
   base = power.energy_pj(readout_counts(ref["ungated"], classes), cfg.reference_bits,
                          cfg.reference_bits, emodel)
-  ok = [int(b) for b in acc_bits if acc_bits[b] >= acc_bits[rb] - cfg.max_accuracy_loss]
-  chosen = min(ok)
+  ok = [b for b in acc_bits if acc_bits[b] >= acc_bits[rb] - cfg.max_accuracy_loss]
+  chosen = min(ok, key=lambda b: energy_bits[b])
+  ok_ls = [b for b in ls_bits if ls_bits[b] >= ls_bits[rb] - cfg.max_accuracy_loss]
+  chosen_ls = min(ok_ls, key=lambda b: energy_bits[b])
   single, batched = time_ours(net, fmt_for(cfg, cfg.reference_bits), spikes, res_lif,
                               cfg.speed_repeats)
   b2, b2_reason = time_brian2(cfg, net, spikes, lengths, res_lif, workdir)
@@ -302,6 +337,8 @@ def main(argv):
       "sim_steps_per_sec_batched": batched,
       "accuracy_least_squares_by_bits": ls_bits,
       "chosen_bits_for_total_saving": chosen,
+      "energy_saving_total_least_squares": power.saving(energy_bits[chosen_ls], base),
+      "chosen_bits_least_squares": chosen_ls,
       "energy_pj_by_bits": energy_bits,
       "energy_pj_ungated_reference": base,
       "gated_ungated_spikes_identical": ref["identical"],

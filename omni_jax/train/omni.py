@@ -123,6 +123,28 @@ def validate(config) -> tuple[OmniSpec, OmniStream, LoopConfig]:
   return spec, stream, loop
 
 
+def make_loss_fn(spec: OmniSpec, model: OmniModel, mesh):
+  """``(params, batch) -> (loss, metrics)`` with the mesh's named-op implementations."""
+  ops = layout.ops(mesh)
+
+  def loss_fn(params, batch):
+    with named_ops.override(**ops):  # active whenever the step is traced
+      logits, aux = model.apply({"params": params}, batch)
+    return omni_loss(spec, logits, aux, batch)
+  return loss_fn
+
+
+def state_sharding(mesh, recipe: str = "omni"):
+  """``abstract_state -> shardings`` by the model's recipe; logs what it had to keep whole."""
+  def shard(abstract_state):
+    shardings, notes = recipes.resolve(recipes.RECIPES.get(recipe), abstract_state, mesh)
+    for note in notes:
+      if note.startswith("params/"):  # the optimizer moments repeat the same notes
+        logging.info("recipe: %s", note)
+    return shardings
+  return shard
+
+
 def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   """Trains (or resumes) the omni model; returns and writes the run's summary."""
   os.makedirs(workdir, exist_ok=True)
@@ -137,19 +159,8 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
     return model.init(key, example)["params"]
 
   layout_ops = layout.ops(mesh)
-
-  def loss_fn(params, batch):
-    with named_ops.override(**layout_ops):  # active whenever the step is traced
-      logits, aux = model.apply({"params": params}, batch)
-    return omni_loss(spec, logits, aux, batch)
-
-  def param_sharding(abstract_state):
-    shardings, notes = recipes.resolve(recipes.RECIPES.get("omni"), abstract_state, mesh)
-    for note in notes:
-      if note.startswith("params/"):  # the optimizer moments repeat the same notes
-        logging.info("recipe: %s", note)
-    return shardings
-
+  loss_fn = make_loss_fn(spec, model, mesh)
+  param_sharding = state_sharding(mesh)
   abstract_params = jax.eval_shape(init_params, jax.random.PRNGKey(0))
   params_total, params_active = count_params(spec, abstract_params)
   tokens_per_step = stream.batch_size * stream.seq_len

@@ -50,3 +50,16 @@ def test_bench_step_writes_its_keys(tmp_path, steps):
   assert set(s["breakdown"]) == {"attention", "router_dispatch", "experts", "rest"}
   assert sum(v["seconds"] for v in s["breakdown"].values()) >= s["step_time_s"] * 0.999
   assert os.path.getsize(tmp_path / "breakdown.png") > 1000
+
+
+def test_parallel_report_writes_layouts(tmp_path):
+  r = _run("experiments.parallel_report", "--config=configs/omni_moe.py:micro",
+           f"--workdir={tmp_path}", "--layouts=fsdp=4+sequence=2", "--steps=1")
+  assert r.returncode == 0, r.stderr[-3000:]
+  (row,) = json.load(open(tmp_path / "summary.json"))["layouts"]
+  assert {"name", "mesh", "max_rel_grad_err", "collectives", "expected_bytes", "bytes_ratio",
+          "peak_memory_bytes", "tokens_per_sec"} <= set(row)
+  assert row["mesh"]["fsdp"] == 4 and row["mesh"]["sequence"] == 2
+  assert row["max_rel_grad_err"] < 1e-5
+  kinds = {c["kind"] for c in row["collectives"]}
+  assert {"all-gather", "all-to-all"} <= kinds  # FSDP gathers, Ulysses all-to-alls

@@ -1,0 +1,156 @@
+r"""Communication, memory and equivalence report of the omni train step for each layout.
+
+  python -m experiments.parallel_report --config=configs/omni_moe.py:tiny --workdir=/tmp/report
+
+For every layout (mesh) in --layouts: lowers and compiles the train step, counts the
+collectives in the compiled HLO (kind, count, wire bytes per device per step) beside the
+analytic expectation for that layout (omni_jax/parallel/hlo_report.py), reads per-device
+memory from ``memory_analysis``, checks one step's gradients against the 1-device run and
+times a few steps. Layouts whose bytes exceed the expectation by more than 10% are
+flagged. Writes summary.json (``layouts``: name, mesh, max_rel_grad_err, collectives,
+expected_bytes, bytes_ratio, peak_memory_bytes, tokens_per_sec) and report.png.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from experiments import common
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/omni_moe.py:<variant>",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "where summary.json and report.png go")
+_LAYOUTS = flags.DEFINE_list(
+    "layouts", ["data=8", "fsdp=8", "expert=4+fsdp=2", "tensor=2+fsdp=4", "sequence=2+fsdp=4",
+                "fsdp=2+sequence=2+expert=2"],
+    "layouts to report: '+'-joined axis=size items, comma-separated")
+_STEPS = flags.DEFINE_integer("steps", 3, "timed steps per layout")
+flags.mark_flags_as_required(["config", "workdir"])
+
+FLAG_RATIO = 1.10
+
+
+def parse_layout(text: str) -> dict[str, int]:
+  out = {}
+  for item in text.split("+"):
+    axis, _, size = item.partition("=")
+    if not size.isdigit():
+      raise flags.ValidationError(f"--layouts item {item!r} is not axis=size (in {text!r})")
+    out[axis.strip()] = int(size)
+  return out
+
+
+def max_rel_err(a, b) -> float:
+  import jax
+  import numpy as np
+  return max(float(np.abs(np.asarray(x) - np.asarray(y)).max() / (np.abs(y).max() + 1e-30))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def main(argv):
+  del argv
+  common.setup_devices()
+  import jax
+
+  from omni_jax.models.omni import OmniModel
+  from omni_jax.parallel import hlo_report
+  from omni_jax.parallel import mesh as mesh_lib
+  from omni_jax.train.checkpoint import abstract_like
+  from omni_jax.train.loop import create_state, make_train_step
+  from omni_jax.train.metrics import write_json_atomic
+  from omni_jax.train.omni import check_batch_fits_mesh, make_loss_fn, state_sharding, validate
+  from omni_jax.train.optim import make_optimizer
+
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  os.makedirs(workdir, exist_ok=True)
+  spec, stream, loop = validate(config)
+  model = OmniModel(spec)
+  tx = make_optimizer(config.optim, loop.steps)
+  host_batch = stream.batch(0)
+  init = lambda k: model.init(k, host_batch)["params"]
+  params = jax.jit(init)(jax.random.PRNGKey(loop.seed))
+  one = mesh_lib.make_mesh({"data": 1}, jax.devices()[:1])
+  ref_grads = jax.jit(jax.grad(lambda p, b: make_loss_fn(spec, model, one)(p, b)[0]))(
+      params, host_batch)
+  tokens = stream.batch_size * stream.seq_len
+  bb = spec.backbone
+  rows = []
+  for text in _LAYOUTS.value:
+    mesh_cfg = parse_layout(text)
+    mesh = mesh_lib.make_mesh(mesh_cfg)
+    check_batch_fits_mesh(stream, mesh)
+    loss_fn = make_loss_fn(spec, model, mesh)
+    state, shardings = create_state(init, tx, loop.seed, state_sharding(mesh))
+    batch = mesh_lib.put_batch(mesh, host_batch)
+    step = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0,
+                   out_shardings=(shardings, None))
+    compiled = step.lower(abstract_like(state), abstract_like(batch)).compile()
+    ops = hlo_report.collectives(compiled.as_text())
+    mem = compiled.memory_analysis()
+    peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+            - mem.alias_size_in_bytes)
+    grads = jax.jit(jax.grad(lambda p, b: loss_fn(p, b)[0]),
+                    out_shardings=shardings.params)(state.params, batch)
+    err = max_rel_err(grads, ref_grads)
+    for _ in range(2):
+      state, m = compiled(state, batch)
+    jax.block_until_ready(m)
+    t0 = time.perf_counter()
+    for _ in range(_STEPS.value):
+      state, m = compiled(state, batch)
+    jax.block_until_ready(m)
+    tps = tokens * _STEPS.value / (time.perf_counter() - t0)
+    local_batch = stream.batch_size // mesh_lib.batch_divisor(mesh)
+    act = local_batch * stream.seq_len / mesh.shape["sequence"] * bb.d_model * 4
+    pb = hlo_report.sharded_bytes(state.params, shardings.params, mesh)
+    expected = hlo_report.expected_wire_bytes(pb, mesh, activation_bytes=act,
+                                              num_layers=bb.num_layers)
+    summary_ops = hlo_report.summarize(ops)
+    measured = sum(r["bytes"] for r in summary_ops)
+    ratio = measured / expected if expected else None
+    row = {"name": text, "mesh": {a: mesh.shape[a] for a in mesh_lib.MESH_AXES},
+           "max_rel_grad_err": err, "collectives": summary_ops, "bytes": measured,
+           "expected_bytes": expected, "bytes_ratio": ratio,
+           "flagged": bool(ratio is not None and ratio > FLAG_RATIO),
+           "peak_memory_bytes": int(peak), "temp_memory_bytes": int(mem.temp_size_in_bytes),
+           "tokens_per_sec": tps}
+    rows.append(row)
+    logging.info("%-28s grad err %.1e  %s  %.3g B (expected %.3g, x%.2f%s)  mem %.3g B  "
+                 "%.0f tok/s", text, err,
+                 " ".join(f"{r['kind']}x{r['count']}" for r in summary_ops), measured, expected,
+                 ratio or 0, " FLAGGED" if row["flagged"] else "", peak, tps)
+  summary = {"layouts": rows, "flag_ratio": FLAG_RATIO, "tokens_per_step": tokens,
+             "config": config.to_dict()}
+  write_json_atomic(os.path.join(workdir, "summary.json"), summary)
+  plot(rows, os.path.join(workdir, "report.png"))
+
+
+def plot(rows, path):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+  names = [r["name"] for r in rows]
+  x = np.arange(len(rows))
+  fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), dpi=110)
+  a.bar(x - 0.2, [r["bytes"] / 1e6 for r in rows], 0.4, label="measured (HLO)")
+  a.bar(x + 0.2, [r["expected_bytes"] / 1e6 for r in rows], 0.4, label="expected")
+  a.set_ylabel("MB on the wire per device per step")
+  b.bar(x, [r["peak_memory_bytes"] / 1e6 for r in rows], 0.6, color="C2")
+  b.set_ylabel("MB per device (compiled memory_analysis)")
+  for ax in (a, b):
+    ax.set_xticks(x, names, rotation=25, ha="right", fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+  a.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path + ".tmp.png")
+  plt.close(fig)
+  os.replace(path + ".tmp.png", path)
+
+
+if __name__ == "__main__":
+  app.run(main)

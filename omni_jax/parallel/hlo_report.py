@@ -1,0 +1,129 @@
+"""What a compiled program communicates: collectives read from its HLO, with ring-model wire
+bytes, beside an analytic expectation for a layout.
+
+Wire bytes per device (ring algorithms, group of n devices, S = the op's result size):
+all-reduce 2(n-1)/n S, all-gather (n-1)/n S, reduce-scatter (n-1) S (S is the shard),
+all-to-all (n-1)/n S, collective-permute S.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_DTYPE_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "s64": 8, "s32": 4, "u32": 4,
+                "s16": 2, "u16": 2, "s8": 1, "u8": 1, "pred": 1}
+_OP = re.compile(r"=\s*(?P<shape>\([^=]*?\)|\w+\[[^\]]*\](?:\{[^}]*\})?)\s+"
+                 r"(?P<op>" + "|".join(KINDS) + r")(?P<start>-start)?\(")
+_ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
+
+
+@dataclasses.dataclass
+class Collective:
+  kind: str
+  result_bytes: int
+  group: int
+
+  @property
+  def wire_bytes(self) -> float:
+    n, s = self.group, self.result_bytes
+    if n <= 1 and self.kind != "collective-permute":
+      return 0.0
+    return {"all-reduce": 2 * (n - 1) / n * s, "all-gather": (n - 1) / n * s,
+            "reduce-scatter": (n - 1) * s, "all-to-all": (n - 1) / n * s,
+            "collective-permute": s}[self.kind]
+
+
+def _bytes(shape: str) -> list[int]:
+  return [int(np.prod([int(d) for d in dims.split(",") if d] or [1])) * _DTYPE_BYTES.get(t, 4)
+          for t, dims in _ARRAY.findall(shape)]
+
+
+def _group_size(line: str) -> int:
+  m = re.search(r"replica_groups=\{\{([^}]*)\}", line)
+  if m:
+    return len([x for x in m.group(1).split(",") if x.strip()])
+  m = re.search(r"replica_groups=\[([\d,]+)\]<=", line)
+  if m:
+    return int(m.group(1).split(",")[-1])
+  m = re.search(r"replica_groups=mesh\[([^\]]*)\].*?\{((?:'[^']*',?\s*)+)\}", line)
+  if m:
+    sizes = dict((k.strip("' "), int(v)) for k, v in (kv.split("=") for kv in
+                                                      m.group(1).split(",")))
+    return math.prod(sizes[a.strip("' ")] for a in m.group(2).split(",") if a.strip())
+  return 1
+
+
+def collectives(hlo_text: str) -> list[Collective]:
+  """Every collective op of a compiled HLO module (async ``-start`` ops counted once)."""
+  out = []
+  for line in hlo_text.splitlines():
+    line = re.sub(r"/\*.*?\*/", "", line)  # drop /*index=5*/ comments inside tuple shapes
+    m = _OP.search(line)
+    if not m:
+      continue
+    sizes = _bytes(m.group("shape"))
+    if m.group("start"):  # async start: (operands..., results...) -> the results
+      sizes = sizes[len(sizes) // 2:]
+    out.append(Collective(m.group("op"), int(sum(sizes)), _group_size(line)))
+  return out
+
+
+def summarize(ops: list[Collective]) -> list[dict]:
+  """Per kind: count and wire bytes per device."""
+  rows = []
+  for kind in KINDS:
+    sel = [o for o in ops if o.kind == kind]
+    if sel:
+      rows.append({"kind": kind, "count": len(sel),
+                   "bytes": float(sum(o.wire_bytes for o in sel))})
+  return rows
+
+
+def sharded_bytes(params, shardings, mesh) -> Mapping[str, float]:
+  """Bytes per device of parameters, split by whether each is sharded over an axis."""
+  out = {"local": 0.0, "fsdp_full": 0.0, "expert_full": 0.0, "replicated_local": 0.0}
+  for leaf, sh in zip(jax.tree.leaves(params), jax.tree.leaves(shardings), strict=True):
+    full = float(np.prod(leaf.shape)) * leaf.dtype.itemsize
+    axes = [a for entry in sh.spec if entry for a in (entry if isinstance(entry, tuple)
+                                                        else (entry,))]
+    split = math.prod(mesh.shape[a] for a in axes)
+    local = full / split
+    out["local"] += local
+    if "fsdp" in axes:
+      out["fsdp_full"] += local * mesh.shape["fsdp"]
+    if "expert" in axes:
+      out["expert_full"] += local * mesh.shape["expert"]
+    if not axes:
+      out["replicated_local"] += local
+  return out
+
+
+def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: float,
+                        num_layers: int) -> float:
+  """Analytic wire bytes per device per train step for a layout.
+
+  ``pb``: :func:`sharded_bytes`; ``activation_bytes``: one layer's [B, T, D] activations per
+  device. Terms: data — gradient all-reduce of the local parameters; fsdp — all-gather of
+  the fsdp-sharded parameters for forward and backward plus a reduce-scatter of their
+  gradients (3 passes); expert — experts gathered at the local dispatch (same 3 passes);
+  expert / sequence as batch-like axes — all-reduce of the unsharded parameters' gradients;
+  sequence — Ulysses: 4 all-to-alls forward and 4 backward per layer; tensor — Megatron:
+  2 all-reduces of activations forward and 2 backward per layer.
+  """
+  frac = lambda n: (n - 1) / n
+  d, f, e = mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["expert"]
+  s, t = mesh.shape["sequence"], mesh.shape["tensor"]
+  total = 2 * frac(d) * pb["local"]
+  total += 3 * frac(f) * pb["fsdp_full"]
+  total += 3 * frac(e) * pb["expert_full"]
+  total += 2 * frac(e * s) * pb["replicated_local"] if e * s > 1 else 0.0
+  total += 8 * frac(s) * activation_bytes * num_layers
+  total += 4 * 2 * frac(t) * activation_bytes * num_layers
+  return total

@@ -1,0 +1,43 @@
+"""Collective counting from HLO text: closed forms on hand-made and compiled programs."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from omni_jax.parallel import hlo_report
+from omni_jax.parallel import mesh as mesh_lib
+
+HLO = """
+  %all-reduce.1 = (f32[4]{0}, f32[], /*index=2*/f32[2,8]{1,0}) all-reduce(%a, %b, %c), channel_id=5, replica_groups={{0,1,2,3},{4,5,6,7}}, to_apply=%add
+  %all-gather = f32[32,64]{0,1} all-gather(%bitcast), channel_id=1, replica_groups=mesh['axis_0'=1,'axis_1'=4,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_1'}, dimensions={1}
+  %rs = bf16[16]{0} reduce-scatter(%x), replica_groups=[1,8]<=[8], dimensions={0}
+  %cp = f32[10]{0} collective-permute(%y), source_target_pairs={{0,1},{1,0}}
+  %not = f32[10]{0} add(%all-reduce.1, %y)
+"""  # noqa: E501
+
+
+def test_parse_hand_written_hlo():
+  ops = hlo_report.collectives(HLO)
+  assert [(o.kind, o.result_bytes, o.group) for o in ops] == [
+      ("all-reduce", 4 * 4 + 4 + 16 * 4, 4), ("all-gather", 32 * 64 * 4, 4),
+      ("reduce-scatter", 16 * 2, 8), ("collective-permute", 40, 1)]
+  rows = {r["kind"]: r for r in hlo_report.summarize(ops)}
+  assert rows["all-reduce"]["bytes"] == pytest.approx(2 * 3 / 4 * 84)
+  assert rows["all-gather"]["bytes"] == pytest.approx(3 / 4 * 8192)
+  assert rows["reduce-scatter"]["bytes"] == pytest.approx(7 * 32)
+  assert rows["collective-permute"]["bytes"] == 40
+
+
+def test_compiled_psum_and_all_to_all():
+  mesh = mesh_lib.make_mesh({"data": 2, "fsdp": 4})
+  x = jax.device_put(jnp.ones((64, 32)), NamedSharding(mesh, P("fsdp")))
+  f = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "fsdp"), mesh=mesh, in_specs=P("fsdp"),
+                            out_specs=P()))
+  ops = hlo_report.collectives(f.lower(x).compile().as_text())
+  assert [(o.kind, o.result_bytes, o.group) for o in ops] == [("all-reduce", 16 * 32 * 4, 4)]
+  g = jax.jit(jax.shard_map(lambda x: jax.lax.all_to_all(x, "fsdp", 0, 1, tiled=True),
+                            mesh=mesh, in_specs=P("fsdp"), out_specs=P("fsdp")))
+  (row,) = hlo_report.summarize(hlo_report.collectives(g.lower(x).compile().as_text()))
+  assert row["kind"] == "all-to-all" and row["bytes"] == pytest.approx(3 / 4 * 16 * 32 * 4)
