@@ -20,6 +20,7 @@ LAYOUTS = {  # name -> (mesh, MoE impl)
     "data_capacity_path": (dict(data=8), "capacity"),
     "fsdp": (dict(fsdp=8), "dropless"),
     "expert": (dict(expert=4, fsdp=2), "dropless"),
+    "expert_capacity_path": (dict(expert=2, fsdp=4), "capacity"),
     "tensor": (dict(tensor=2, fsdp=4), "dropless"),
     "sequence": (dict(sequence=2, fsdp=4), "dropless"),
     "fsdp_sequence_expert": (dict(fsdp=2, sequence=2, expert=2), "dropless"),

@@ -1,0 +1,90 @@
+"""Expert parallelism: tokens travel to the devices that hold their experts by all-to-all.
+
+Routed experts are split by expert over mesh axis ``expert`` (E/ep per device); tokens are
+split over the batch axes (``expert`` among them: EP ranks are data-parallel ranks for the
+dense parts, as in VeOmni). Per MoE layer, inside ``jax.shard_map``:
+
+1. each (token, slot) assignment is given a slot in a send buffer ``[ep, C, D]`` keyed by
+   the device owning its expert (stable order, so priority is token order);
+2. all-to-all over ``expert``: every device receives the tokens for its own experts;
+3. the plain dispatch runs on the received tokens with local expert ids (empty slots carry
+   zero weight);
+4. all-to-all back, and each token combines its k expert outputs with its gates.
+
+``C`` per (source, destination) pair: for ``dropless`` every assignment fits (C = local
+assignments, the worst case — a ragged all-to-all would send only what is used); for
+``capacity`` it is the local share of the experts' capacity, and assignments beyond it are
+dropped (counted in ``dropped_frac``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from omni_jax.models.moe import moe_dispatch
+from omni_jax.parallel.mesh import BATCH_AXES
+
+EXPERT = "expert"
+
+
+def _slots(dest: jax.Array, num_dest: int) -> jax.Array:
+  """Rank of each assignment among those with the same destination (stable)."""
+  order = jnp.argsort(dest, stable=True)
+  counts = jnp.bincount(dest, length=num_dest)
+  starts = jnp.cumsum(counts) - counts
+  ranks = jnp.arange(dest.shape[0]) - starts[dest[order]]
+  return jnp.zeros_like(ranks).at[order].set(ranks, unique_indices=True)
+
+
+def ep_moe_dispatch(mesh) -> Callable:
+  """A ``moe_dispatch`` implementation with experts split over mesh axis ``expert``."""
+  ep = mesh.shape[EXPERT]
+  tok_axes = (*BATCH_AXES, "sequence")
+  n_shards = math.prod(mesh.shape[a] for a in tok_axes)
+  tokens = P(BATCH_AXES, "sequence")
+  experts = P(EXPERT)
+
+  def dispatch(x, expert_ids, gates, wi_gate, wi_up, wo, *, impl, capacity):
+    num_experts = wi_gate.shape[0]
+    if num_experts % ep:
+      raise ValueError(f"expert parallelism splits {num_experts} experts over expert={ep}: "
+                       "choose mesh.expert dividing model.moe.num_experts")
+    e_loc = num_experts // ep
+
+    def body(x, ids, g, wg, wu, wo_):
+      lead, d, k = x.shape[:-1], x.shape[-1], ids.shape[-1]
+      xf, idf, gf = x.reshape(-1, d), ids.reshape(-1), g.reshape(-1, k)
+      n = xf.shape[0]
+      if impl == "dropless":
+        cap = n * k
+      else:
+        cap = min(n * k, e_loc * max(1, math.ceil(capacity / n_shards)))
+      dest = idf // e_loc                                   # [n*k] owning device
+      slot = _slots(dest, ep)
+      keep = slot < cap
+      where = jnp.where(keep, dest * cap + slot, ep * cap)  # out of range: dropped
+      token = jnp.arange(n * k) // k
+      send = jnp.zeros((ep * cap, d), x.dtype).at[where].set(xf[token], mode="drop")
+      send_e = jnp.full((ep * cap,), -1, jnp.int32).at[where].set(
+          (idf % e_loc).astype(jnp.int32), mode="drop")
+      a2a = lambda v: jax.lax.all_to_all(v.reshape(ep, cap, *v.shape[1:]), EXPERT, 0, 0,
+                                         tiled=True).reshape(ep * cap, *v.shape[1:])
+      recv, recv_e = a2a(send), a2a(send_e)
+      valid = recv_e >= 0
+      y, _ = moe_dispatch.default(recv, jnp.maximum(recv_e, 0)[:, None],
+                                  valid[:, None].astype(jnp.float32), wg, wu, wo_,
+                                  impl="dropless", capacity=None)
+      back = a2a(y)                                         # outputs for what we sent
+      out = jnp.where(keep[:, None], back[jnp.where(keep, where, 0)], 0).reshape(n, k, d)
+      yt = jnp.einsum("nkd,nk->nd", out.astype(jnp.float32), gf.astype(jnp.float32))
+      dropped = jnp.mean(1.0 - keep.astype(jnp.float32))
+      return yt.astype(x.dtype).reshape(*lead, d), jax.lax.pmean(dropped, tok_axes)
+    return jax.shard_map(body, mesh=mesh, in_specs=(tokens, tokens, tokens, experts, experts,
+                                                    experts),
+                         out_specs=(tokens, P()))(x, expert_ids, gates, wi_gate, wi_up, wo)
+  return dispatch
