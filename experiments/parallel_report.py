@@ -107,8 +107,9 @@ def main(argv):
     local_batch = stream.batch_size // mesh_lib.batch_divisor(mesh)
     act = local_batch * stream.seq_len / mesh.shape["sequence"] * bb.d_model * 4
     pb = hlo_report.sharded_bytes(state.params, shardings.params, mesh)
-    expected = hlo_report.expected_wire_bytes(pb, mesh, activation_bytes=act,
-                                              num_layers=bb.num_layers)
+    expected = hlo_report.expected_wire_bytes(
+        pb, mesh, activation_bytes=act, num_layers=bb.num_layers,
+        num_moe_layers=bb.num_moe_layers, top_k=bb.top_k)
     summary_ops = hlo_report.summarize(ops)
     measured = sum(r["bytes"] for r in summary_ops)
     ratio = measured / expected if expected else None

@@ -106,13 +106,14 @@ def sharded_bytes(params, shardings, mesh) -> Mapping[str, float]:
 
 
 def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: float,
-                        num_layers: int) -> float:
+                        num_layers: int, num_moe_layers: int = 0, top_k: int = 1) -> float:
   """Analytic wire bytes per device per train step for a layout.
 
   ``pb``: :func:`sharded_bytes`; ``activation_bytes``: one layer's [B, T, D] activations per
   device. Terms: data — gradient all-reduce of the local parameters; fsdp — all-gather of
   the fsdp-sharded parameters for forward and backward plus a reduce-scatter of their
-  gradients (3 passes); expert — experts gathered at the local dispatch (same 3 passes);
+  gradients (3 passes); expert — per MoE layer 4 all-to-alls (send and return, forward and
+  backward) of the dropless send buffer, ``expert x top_k`` local activations;
   expert / sequence as batch-like axes — all-reduce of the unsharded parameters' gradients;
   sequence — Ulysses: 4 all-to-alls forward and 4 backward per layer; tensor — Megatron:
   2 all-reduces of activations forward and 2 backward per layer.
@@ -122,7 +123,7 @@ def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: floa
   s, t = mesh.shape["sequence"], mesh.shape["tensor"]
   total = 2 * frac(d) * pb["local"]
   total += 3 * frac(f) * pb["fsdp_full"]
-  total += 3 * frac(e) * pb["expert_full"]
+  total += 4 * frac(e) * e * top_k * activation_bytes * num_moe_layers
   total += 2 * frac(e * s) * pb["replicated_local"] if e * s > 1 else 0.0
   total += 8 * frac(s) * activation_bytes * num_layers
   total += 4 * 2 * frac(t) * activation_bytes * num_layers
