@@ -31,6 +31,20 @@ def _params(workdir, step):
   return restored["params"]
 
 
+def crash_after_step_2(cfg, workdir, monkeypatch):
+  """Runs train_omni until fetching step 3's batch raises (after the step-2 checkpoint)."""
+  real_batch = OmniStream.batch
+
+  def crash_at_step_3(self, step):
+    if step == 2:
+      raise KeyboardInterrupt("simulated crash")
+    return real_batch(self, step)
+  monkeypatch.setattr(OmniStream, "batch", crash_at_step_3)
+  with pytest.raises(KeyboardInterrupt):
+    train_omni(cfg, workdir)
+  monkeypatch.setattr(OmniStream, "batch", real_batch)
+
+
 def test_resume_is_bit_identical_and_summary_complete(tmp_path, monkeypatch):
   cfg = get_config("micro")
   straight = str(tmp_path / "straight")
@@ -48,15 +62,7 @@ def test_resume_is_bit_identical_and_summary_complete(tmp_path, monkeypatch):
 
   # Interrupted after the step-2 checkpoint, then the same command again.
   resumed = str(tmp_path / "resumed")
-  real_batch = OmniStream.batch
-  def crash_at_step_3(self, step):
-    if step == 2:
-      raise KeyboardInterrupt("simulated crash")
-    return real_batch(self, step)
-  monkeypatch.setattr(OmniStream, "batch", crash_at_step_3)
-  with pytest.raises(KeyboardInterrupt):
-    train_omni(cfg, resumed)
-  monkeypatch.setattr(OmniStream, "batch", real_batch)
+  crash_after_step_2(cfg, resumed, monkeypatch)
   summary2 = train_omni(cfg, resumed)
   assert summary2["resumed_from_step"] == 2
   a, b = _params(straight, 4), _params(resumed, 4)
@@ -165,15 +171,7 @@ def test_checkpoint_restores_under_another_layout(tmp_path, monkeypatch):
   cfg = get_config("micro")
   cfg.mesh.update(data=1, fsdp=8)
   straight = train_omni(cfg, str(tmp_path / "straight"))
-  real_batch = OmniStream.batch
-  def crash_at_step_3(self, step):
-    if step == 2:
-      raise KeyboardInterrupt("simulated crash")
-    return real_batch(self, step)
-  monkeypatch.setattr(OmniStream, "batch", crash_at_step_3)
-  with pytest.raises(KeyboardInterrupt):
-    train_omni(cfg, str(tmp_path / "moved"))
-  monkeypatch.setattr(OmniStream, "batch", real_batch)
+  crash_after_step_2(cfg, str(tmp_path / "moved"), monkeypatch)
   cfg.mesh.update(fsdp=4, expert=2)  # saved under fsdp=8, restored under expert=2 x fsdp=4
   moved = train_omni(cfg, str(tmp_path / "moved"))
   assert moved["resumed_from_step"] == 2
