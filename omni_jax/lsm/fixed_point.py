@@ -77,13 +77,19 @@ def quantize(x: jnp.ndarray, q: Quant, enabled: jnp.ndarray,
   return jnp.where(enabled > 0, y, x)
 
 
-def leak(x: jnp.ndarray, shift: int, q: Quant, enabled: jnp.ndarray) -> jnp.ndarray:
+def leak(x: jnp.ndarray, shift: int, q: Quant, enabled: jnp.ndarray,
+         nearest: bool = False) -> jnp.ndarray:
   """One leak step x - x / 2**shift (a right shift in hardware).
 
   In fixed point the decrement is rounded away from zero (at least one lsb), so an idle
   state decays to exactly zero in finite time: that is what lets activity gating switch a
-  quiet unit off. In float it is the exact product.
+  quiet unit off. ``nearest`` rounds the decrement to the nearest lsb instead (unbiased;
+  used for the readout calcium, whose bands a biased decay would shift at low widths). In
+  float it is the exact product.
   """
   d = x * (2.0 ** -shift)
-  d_fixed = jnp.sign(x) * jnp.ceil(jnp.abs(d) / q.lsb) * q.lsb
+  if nearest:
+    d_fixed = jnp.round(d / q.lsb) * q.lsb
+  else:
+    d_fixed = jnp.sign(x) * jnp.ceil(jnp.abs(d) / q.lsb) * q.lsb
   return x - jnp.where(enabled > 0, d_fixed, d)

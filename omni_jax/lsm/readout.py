@@ -5,9 +5,12 @@ neurons. During training a teacher current drives the desired readout neuron up 
 potentiation calcium band) and the others down; on each presynaptic spike a synapse is
 potentiated by ``dw`` with probability ``p_plus`` when its readout neuron's calcium lies in
 (c_th, c_th + dc), depressed with probability ``p_minus`` when it lies in (c_th - dc, c_th),
-and left alone otherwise (the stop-learning bands of Zhang et al. 2015). The predicted class
-is the readout neuron that fires most. The least-squares readout on spike counts is the
-reference the rule is compared against.
+and left alone otherwise (the stop-learning bands of Zhang et al. 2015). Optionally (Zhang
+et al.'s membrane condition) potentiation also needs the readout membrane above ``v_plus``
+and depression needs it below ``v_minus``; the defaults (-inf, +inf) switch it off. The
+random draws come from one xorshift32 generator per synapse (an LFSR in hardware). The
+predicted class is the readout neuron that fires most. The least-squares readout on spike
+counts is the reference the rule is compared against.
 """
 
 from __future__ import annotations
@@ -23,7 +26,11 @@ from omni_jax.lsm.reservoir import LIFParams, lif_step
 
 
 class RuleParams(NamedTuple):
-  """Calcium-modulated rule constants (calcium counts spikes, leak 2**-calcium_shift)."""
+  """Calcium-modulated rule constants (calcium counts spikes, leak 2**-calcium_shift).
+
+  The calcium leak rounds to the nearest lsb in fixed point (unbiased), so the bands mean
+  the same firing rates at every calcium width.
+  """
   c_th: float = 5.0
   dc: float = 5.0
   p_plus: float = 0.1
@@ -33,17 +40,24 @@ class RuleParams(NamedTuple):
   teacher_plus: float = 3.0
   teacher_minus: float = -3.0
   calcium_shift: int = 6
+  v_plus: float = -float("inf")   # potentiate only while the membrane is above this level
+  v_minus: float = float("inf")   # depress only while the membrane is below this level
 
 
-def plasticity_update(w, pre_spikes, calcium, u, rule: RuleParams, fmt: fxp.Format):
+def plasticity_update(w, pre_spikes, calcium, u, rule: RuleParams, fmt: fxp.Format,
+                      membrane=None):
   """Apply the calcium-band rule once.
 
   ``w`` (N, K) synapses, ``pre_spikes`` (N,) 0/1, ``calcium`` (K,) readout calcium,
-  ``u`` (N, K) uniform [0, 1) draws. Returns the new weights, on the weight grid and
-  clipped to [-w_max, w_max].
+  ``u`` (N, K) uniform [0, 1) draws, ``membrane`` (K,) readout membrane potentials (only
+  needed when the rule's membrane condition ``v_plus`` / ``v_minus`` is set). Returns the new
+  weights, on the weight grid and clipped to [-w_max, w_max].
   """
   pot = (calcium > rule.c_th) & (calcium < rule.c_th + rule.dc)
   dep = (calcium > rule.c_th - rule.dc) & (calcium < rule.c_th)
+  if membrane is not None:
+    pot = pot & (membrane > rule.v_plus)
+    dep = dep & (membrane < rule.v_minus)
   pre = pre_spikes[:, None] > 0
   # In fixed point a step smaller than one lsb would round away: take one-lsb steps with
   # the probability scaled by dw / lsb (same expected change, i.e. stochastic rounding).
@@ -57,12 +71,30 @@ def plasticity_update(w, pre_spikes, calcium, u, rule: RuleParams, fmt: fxp.Form
 
 
 def _readout_step(state, s_t, w, teacher, lif, rule, fmt):
-  """Readout neurons' LIF + calcium step; returns new state and spikes."""
+  """Readout neurons' LIF + calcium step; returns new state, spikes and the membrane seen
+  by the rule (the threshold on a spiking step, else the potential after the update)."""
   v, ref, c = state
   v, ref, spike = lif_step(v, ref, s_t @ w + teacher, lif, fmt)
-  c = fxp.quantize(fxp.leak(c, rule.calcium_shift, fmt.calcium, fmt.enabled)
+  c = fxp.quantize(fxp.leak(c, rule.calcium_shift, fmt.calcium, fmt.enabled, nearest=True)
                    + spike.astype(jnp.float32), fmt.calcium, fmt.enabled)
-  return (v, ref, c), spike
+  return (v, ref, c), spike, jnp.where(spike, lif.threshold, v)
+
+
+def xorshift_uniform(x):
+  """Advance per-synapse 32-bit xorshift generators ``x`` (uint32); new state and U[0, 1).
+
+  One cheap generator per synapse, as an FPGA would use an LFSR; drawing the same numbers
+  with jax.random at every time step costs about ten times the rest of the update on CPU.
+  """
+  x = x ^ (x << 13)
+  x = x ^ (x >> 17)
+  x = x ^ (x << 5)
+  return x, (x >> 8).astype(jnp.float32) * jnp.float32(2.0 ** -24)
+
+
+def rng_state(key, shape):
+  """Nonzero xorshift seeds for ``shape`` synapses from a JAX key."""
+  return jax.random.bits(key, shape, jnp.uint32) | jnp.uint32(1)
 
 
 def train_sample(w, key, spikes, label, lif: LIFParams, rule: RuleParams, fmt: fxp.Format):
@@ -71,17 +103,15 @@ def train_sample(w, key, spikes, label, lif: LIFParams, rule: RuleParams, fmt: f
   teacher = jnp.where(jnp.arange(k) == label, rule.teacher_plus, rule.teacher_minus)
   zeros = jnp.zeros(k, jnp.float32)
 
-  def step(carry, inp):
-    w, state = carry
-    s_t, key_t = inp
-    state, _ = _readout_step(state, s_t, w, teacher, lif, rule, fmt)
-    u = jax.random.uniform(key_t, w.shape)
-    w = plasticity_update(w, s_t, state[2], u, rule, fmt)
-    return (w, state), None
+  def step(carry, s_t):
+    w, state, x = carry
+    state, _, v_rule = _readout_step(state, s_t, w, teacher, lif, rule, fmt)
+    x, u = xorshift_uniform(x)
+    w = plasticity_update(w, s_t, state[2], u, rule, fmt, membrane=v_rule)
+    return (w, state, x), None
 
-  keys = jax.random.split(key, spikes.shape[0])
-  init = (w, (zeros, jnp.zeros(k, jnp.int32), zeros))
-  (w, _), _ = jax.lax.scan(step, init, (spikes.astype(jnp.float32), keys))
+  init = (w, (zeros, jnp.zeros(k, jnp.int32), zeros), rng_state(key, w.shape))
+  (w, _, _), _ = jax.lax.scan(step, init, spikes.astype(jnp.float32))
   return w
 
 
@@ -104,7 +134,7 @@ def readout_scores(w, spikes, lif: LIFParams, rule: RuleParams, fmt: fxp.Format)
   teacher = jnp.zeros(k, jnp.float32)
 
   def step(state, s_t):
-    state, spike = _readout_step(state, s_t, w, teacher, lif, rule, fmt)
+    state, spike, _ = _readout_step(state, s_t, w, teacher, lif, rule, fmt)
     return state, spike.astype(jnp.float32)
 
   s = spikes.astype(jnp.float32)
