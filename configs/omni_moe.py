@@ -65,11 +65,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.train.update(steps=2000, eval_every=250, checkpoint_every=250)
   elif arg == "bench":
     # Sized so matmuls dominate: wide layers, long rows, few modality tokens per row.
-    c.model.update(d_model=512, num_layers=4, num_heads=8, num_kv_heads=4, d_ff=2048,
+    c.model.update(d_model=768, num_layers=4, num_heads=12, num_kv_heads=4, d_ff=3072,
                    modalities=modalities(enc_dim=256))
-    c.model.moe.update(num_experts=8, top_k=2, d_ff=1024, every=2, impl="capacity",
+    c.model.moe.update(num_experts=8, top_k=2, d_ff=1536, every=2, impl="capacity",
                        capacity_factor=1.0)
-    c.data.update(seq_len=256, batch_size=16)
+    c.data.update(seq_len=128, batch_size=32)
     c.optim.update(warmup_steps=2)
     c.train.update(steps=12, log_every=4, eval_every=0, checkpoint_every=1000)
   else:
