@@ -13,6 +13,7 @@ expected_bytes, bytes_ratio, peak_memory_bytes, tokens_per_sec) and report.png.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -29,6 +30,8 @@ _LAYOUTS = flags.DEFINE_list(
                 "fsdp=2+sequence=2+expert=2"],
     "layouts to report: '+'-joined axis=size items, comma-separated")
 _STEPS = flags.DEFINE_integer("steps", 3, "timed steps per layout")
+_MEMORY_SEQ = flags.DEFINE_integer(
+    "memory_seq_len", 4096, "sequence length of the sequence-parallel memory check (0 = skip)")
 flags.mark_flags_as_required(["config", "workdir"])
 
 FLAG_RATIO = 1.10
@@ -126,8 +129,50 @@ def main(argv):
                  ratio or 0, " FLAGGED" if row["flagged"] else "", peak, tps)
   summary = {"layouts": rows, "flag_ratio": FLAG_RATIO, "tokens_per_step": tokens,
              "config": config.to_dict()}
+  if _MEMORY_SEQ.value:
+    summary["sequence_memory"] = sequence_memory_check(config, _MEMORY_SEQ.value)
+    logging.info("sequence-parallel memory check: %s", summary["sequence_memory"])
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)
   plot(rows, os.path.join(workdir, "report.png"))
+
+
+def sequence_memory_check(config, seq_len: int, n: int = 8) -> dict:
+  """Per-device activation (temp) memory of one long sequence: 1 device vs sequence=n.
+
+  Compile-only (nothing runs): the train step of the config's model with batch 1 and
+  ``seq_len`` tokens, on one device and with the sequence split n ways (Ulysses)."""
+  import jax
+
+  from omni_jax.models.omni import OmniModel
+  from omni_jax.parallel import mesh as mesh_lib
+  from omni_jax.train.checkpoint import abstract_like
+  from omni_jax.train.loop import create_state, make_train_step
+  from omni_jax.train.omni import make_loss_fn, state_sharding, validate
+  from omni_jax.train.optim import make_optimizer
+
+  cfg = config.copy_and_resolve_references()
+  with cfg.unlocked():
+    cfg.data.seq_len, cfg.data.batch_size = seq_len, 1
+    heads = cfg.model.num_heads
+    cfg.model.num_heads = heads * n // math.gcd(heads, n)  # divisible by n
+  spec, stream, loop = validate(cfg)
+  model = OmniModel(spec)
+  tx = make_optimizer(cfg.optim, loop.steps)
+  host_batch = stream.batch(0)
+  out = {"seq_len": seq_len, "num_heads": cfg.model.num_heads, "devices": n}
+  for name, mesh in (("sequence_1", mesh_lib.make_mesh({"data": 1}, jax.devices()[:1])),
+                     (f"sequence_{n}", mesh_lib.make_mesh({"sequence": n},
+                                                         jax.devices()[:n]))):
+    state, shardings = create_state(lambda k: model.init(k, host_batch)["params"], tx, 0,
+                                    state_sharding(mesh))
+    batch = mesh_lib.put_batch(mesh, host_batch)
+    step = jax.jit(make_train_step(make_loss_fn(spec, model, mesh), tx), donate_argnums=0,
+                   out_shardings=(shardings, None))
+    mem = step.lower(abstract_like(state), abstract_like(batch)).compile().memory_analysis()
+    out[f"{name}_temp_bytes"] = int(mem.temp_size_in_bytes)
+  out["ratio"] = out[f"sequence_{n}_temp_bytes"] / out["sequence_1_temp_bytes"]
+  out["meets_one_fifth"] = out["ratio"] <= 0.2
+  return out
 
 
 def plot(rows, path):

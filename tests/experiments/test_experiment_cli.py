@@ -54,7 +54,8 @@ def test_bench_step_writes_its_keys(tmp_path, steps):
 
 def test_parallel_report_writes_layouts(tmp_path):
   r = _run("experiments.parallel_report", "--config=configs/omni_moe.py:micro",
-           f"--workdir={tmp_path}", "--layouts=fsdp=4+sequence=2", "--steps=1")
+           f"--workdir={tmp_path}", "--layouts=fsdp=4+sequence=2", "--steps=1",
+           "--memory_seq_len=1024")
   assert r.returncode == 0, r.stderr[-3000:]
   (row,) = json.load(open(tmp_path / "summary.json"))["layouts"]
   assert {"name", "mesh", "max_rel_grad_err", "collectives", "expected_bytes", "bytes_ratio",
@@ -63,3 +64,7 @@ def test_parallel_report_writes_layouts(tmp_path):
   assert row["max_rel_grad_err"] < 1e-5
   kinds = {c["kind"] for c in row["collectives"]}
   assert {"all-gather", "all-to-all"} <= kinds  # FSDP gathers, Ulysses all-to-alls
+  mem = json.load(open(tmp_path / "summary.json"))["sequence_memory"]
+  assert mem["seq_len"] == 1024 and mem["sequence_8_temp_bytes"] < mem["sequence_1_temp_bytes"]
+  assert mem["ratio"] == pytest.approx(mem["sequence_8_temp_bytes"] / mem["sequence_1_temp_bytes"])
+  assert mem["ratio"] <= 0.2  # issue 3: sequence=8 needs at most 1/5 of the activation memory
