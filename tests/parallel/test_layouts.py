@@ -1,6 +1,7 @@
 """Recipe layouts on 8 devices give the 1-device loss and gradients (f32)."""
 
 import functools
+import json
 
 import jax
 import numpy as np
@@ -98,3 +99,17 @@ def test_put_batch_rejects_indivisible_batch():
   mesh = mesh_lib.data_parallel_mesh()
   with pytest.raises(ValueError, match="not divisible by the 8 devices"):
     mesh_lib.put_batch(mesh, {"tokens": np.zeros((6, 4), np.int32)})
+
+
+def test_twenty_steps_of_3d_layout_follow_the_one_device_curve(tmp_path):
+  from omni_jax.train.omni import train_omni
+  cfg = get_config("micro")
+  cfg.train.update(steps=20, log_every=1, checkpoint_every=20)
+  curves = {}
+  for name, mesh in (("one", mesh_lib.make_mesh({"data": 1}, jax.devices()[:1])),
+                     ("3d", mesh_lib.make_mesh(dict(fsdp=2, sequence=2, expert=2)))):
+    train_omni(cfg, str(tmp_path / name), mesh=mesh)
+    recs = [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
+    curves[name] = np.array([r["loss"] for r in recs if "loss" in r])
+  assert len(curves["one"]) == 20
+  np.testing.assert_allclose(curves["3d"], curves["one"], rtol=1e-4)
