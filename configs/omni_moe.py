@@ -33,6 +33,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
       moe=dict(num_experts=4, top_k=2, d_ff=128, every=1, renormalize=True, impl="dropless",
                capacity_factor=1.25, shared_experts=0, lb_coef=0.01, z_coef=1e-3),
       remat="none", dtype="float32", text_loss_weight=1.0,
+      attention_block=0,  # > 0: blockwise attention over key blocks (long context)
       modalities=modalities(),
   )
   c.data = dict(source="synthetic", seq_len=64, batch_size=32, seed=0, text_weight=1.0,

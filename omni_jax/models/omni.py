@@ -32,7 +32,7 @@ from omni_jax.models.layers import RMSNorm
 from omni_jax.models.transformer import REMAT_POLICIES, Backbone, BackboneSpec
 
 MODEL_KEYS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "rope_theta", "moe",
-              "remat", "dtype", "text_loss_weight", "modalities")
+              "remat", "dtype", "text_loss_weight", "modalities", "attention_block")
 MOE_KEYS = ("num_experts", "top_k", "d_ff", "every", "renormalize", "impl", "capacity_factor",
             "shared_experts", "lb_coef", "z_coef")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -80,6 +80,9 @@ def build_spec(model_cfg) -> OmniSpec:
           f"head_dim = d_model / num_heads = {d // nh} must be even for rotary embeddings")
   require(nh % nkv == 0, p + "num_kv_heads", nkv, f"must divide num_heads={nh}")
   one_of(model_cfg, "remat", REMAT_POLICIES, p)
+  ab = model_cfg["attention_block"]
+  require(isinstance(ab, int) and ab >= 0, p + "attention_block", ab,
+          "must be an integer >= 0 (0 = dense attention, n = blockwise over n-key blocks)")
   one_of(model_cfg, "dtype", DTYPES, p)
   nonneg_float(model_cfg, "text_loss_weight", p)
   require(float(model_cfg["rope_theta"]) > 0, p + "rope_theta", model_cfg["rope_theta"],
@@ -113,7 +116,8 @@ def build_spec(model_cfg) -> OmniSpec:
       num_experts=e if moe["every"] else 0, top_k=moe["top_k"], moe_d_ff=moe["d_ff"],
       moe_every=moe["every"], renormalize=bool(moe["renormalize"]), moe_impl=moe["impl"],
       capacity_factor=float(moe["capacity_factor"]), shared_experts=moe["shared_experts"],
-      remat=model_cfg["remat"], dtype=DTYPES[model_cfg["dtype"]])
+      remat=model_cfg["remat"], dtype=DTYPES[model_cfg["dtype"]],
+      attention_block=model_cfg["attention_block"])
 
   raw_mods = model_cfg["modalities"]
   mods = tuple((name, resolve_spec(name, raw_mods[name])) for name in sorted(raw_mods))

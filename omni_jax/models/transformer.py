@@ -47,6 +47,7 @@ class BackboneSpec:
   shared_experts: int = 0
   remat: str = "none"
   dtype: Any = jnp.float32
+  attention_block: int = 0    # > 0: blockwise attention (long context)
 
   @property
   def unit_size(self) -> int:
@@ -76,7 +77,7 @@ class Block(nn.Module):
     s = self.spec
     h = RMSNorm(dtype=s.dtype, name="ln_attn")(x)
     x = x + Attention(s.num_heads, s.num_kv_heads, s.head_dim, s.rope_theta, s.dtype,
-                      name="attn")(h, positions)
+                      s.attention_block, name="attn")(h, positions)
     h = RMSNorm(dtype=s.dtype, name="ln_mlp")(x)
     if self.use_moe:
       y, aux = MoE(d_model=s.d_model, d_ff=s.moe_d_ff, num_experts=s.num_experts, top_k=s.top_k,

@@ -28,7 +28,7 @@ def ulysses_attention(mesh) -> Callable:
   """An ``attention`` named-op implementation for ``mesh`` (sequence axis > 1)."""
   n = mesh.shape[SEQ]
 
-  def impl(q, k, v, *, causal):
+  def impl(q, k, v, *, causal, block=0):
     h, kv = q.shape[2], k.shape[2]
     if h % n:
       raise ValueError(f"Ulysses attention splits heads over sequence={n}, but num_heads={h} "
@@ -41,7 +41,8 @@ def ulysses_attention(mesh) -> Callable:
 
     def body(q, k, v):  # [b, t/n, H, Dh] -> [b, t, H/n, Dh] -> attention -> back
       to_heads = lambda x: jax.lax.all_to_all(x, SEQ, split_axis=2, concat_axis=1, tiled=True)
-      out = attention.default(to_heads(q), to_heads(k), to_heads(v), causal=causal)
+      out = attention.default(to_heads(q), to_heads(k), to_heads(v), causal=causal,
+                              block=block)
       return jax.lax.all_to_all(out, SEQ, split_axis=1, concat_axis=2, tiled=True)
     return jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)(q, k, v)
   return impl

@@ -107,6 +107,10 @@ def check_batch_fits_mesh(stream: OmniStream, mesh) -> None:
   if stream.batch_size % n:
     raise ConfigError(f"config.data.batch_size = {stream.batch_size} must be a multiple of the "
                       f"{n} devices on the batch axes {mesh_lib.BATCH_AXES}")
+  block = stream.spec.backbone.attention_block
+  if block and stream.seq_len % block:
+    raise ConfigError(f"config.model.attention_block = {block} must divide data.seq_len = "
+                      f"{stream.seq_len}")
   s = mesh.shape["sequence"]
   if stream.seq_len % s:
     raise ConfigError(f"config.data.seq_len = {stream.seq_len} must be a multiple of "

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from omni_jax.models import named_ops
-from omni_jax.models.layers import RMSNorm, attention, rope
+from omni_jax.models.layers import RMSNorm, attention, blockwise_attention, rope
 
 
 def test_attention_matches_reference_gqa():
@@ -51,9 +51,28 @@ def test_rmsnorm_closed_form():
 
 def test_named_op_override_and_unknown():
   q = jnp.ones((1, 2, 2, 4))
-  with named_ops.override(attention=lambda q, k, v, causal: q * 0 + 7.0):
+  with named_ops.override(attention=lambda q, k, v, causal, block=0: q * 0 + 7.0):
     assert float(attention(q, q, q, causal=True).mean()) == 7.0
   assert float(attention(q, q, q, causal=True).mean()) == 1.0
   with pytest.raises(KeyError, match="unknown named ops"):
     with named_ops.override(no_such_op=lambda: None):
       pass
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_blockwise_attention_equals_dense_values_and_grads(causal):
+  key = jax.random.PRNGKey(3)
+  b, t, h, kv, dh = 2, 32, 4, 2, 8
+  q = jax.random.normal(key, (b, t, h, dh))
+  k = jax.random.normal(jax.random.fold_in(key, 1), (b, t, kv, dh))
+  v = jax.random.normal(jax.random.fold_in(key, 2), (b, t, kv, dh))
+  dense = lambda q, k, v: attention(q, k, v, causal=causal)
+  blocks = lambda q, k, v: blockwise_attention(q, k, v, causal=causal, block=8)
+  np.testing.assert_allclose(blocks(q, k, v), dense(q, k, v), rtol=1e-5, atol=1e-5)
+  loss = lambda f: (lambda q, k, v: (f(q, k, v) * jnp.cos(q)).sum())
+  ga = jax.grad(loss(dense), argnums=(0, 1, 2))(q, k, v)
+  gb = jax.grad(loss(blocks), argnums=(0, 1, 2))(q, k, v)
+  for x, y in zip(ga, gb, strict=True):
+    np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match="not a multiple of block=5"):
+    blockwise_attention(q, k, v, causal=causal, block=5)

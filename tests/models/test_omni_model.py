@@ -122,3 +122,15 @@ def test_train_flops_match_traced_matmuls(moe_every, modalities):
   # What the count leaves out: the router's input gradient is counted, the stems' input
   # gradients (not needed) and the conv subsampler at its finer resolution are not.
   assert ours == pytest.approx(traced, rel=0.03 if modalities else 0.01), (ours, traced)
+
+
+def test_blockwise_attention_model_matches_dense(micro):
+  params, batch = micro[4], micro[5]
+  cfg = get_config("micro")
+  cfg.model.attention_block = 16
+  spec_b = build_spec(cfg.model)
+  spec_d = build_spec(get_config("micro").model)
+  out_b, _ = OmniModel(spec_b).apply({"params": params}, batch)
+  out_d, _ = OmniModel(spec_d).apply({"params": params}, batch)
+  for h in out_d:
+    np.testing.assert_allclose(out_b[h], out_d[h], rtol=1e-4, atol=1e-4)
