@@ -97,7 +97,7 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: boo
                                                                   vb[:, i])
     return (m_new, norm, acc), None
 
-  # Initial state derived from q, so it carries q's sharding type inside shard_map.
+  # Initial state derived from q, so it carries q's sharding type under a parallel layout.
   acc0 = jnp.zeros_like(qg)
   row0 = jnp.moveaxis(acc0[..., 0], 1, -1)               # [b, kv, g, t]
   init = (row0 + neg, row0, acc0)
