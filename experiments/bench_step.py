@@ -170,10 +170,8 @@ def plot_breakdown(summary, path):
   ax.set_title(f"train step: MFU {summary['mfu_vs_measured_peak']:.2f} of the measured "
                f"{summary['peak_flops_per_sec'] / 1e9:.0f} GFLOP/s matmul peak")
   ax.legend(ncol=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.45))
-  fig.tight_layout()
-  fig.savefig(path + ".tmp.png")
-  plt.close(fig)
-  os.replace(path + ".tmp.png", path)
+  from omni_jax.train.metrics import save_figure
+  save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -197,10 +197,8 @@ def plot(rows, path):
     ax.set_xticks(x, names, rotation=25, ha="right", fontsize=7)
     ax.grid(alpha=0.3, axis="y")
   a.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path + ".tmp.png")
-  plt.close(fig)
-  os.replace(path + ".tmp.png", path)
+  from omni_jax.train.metrics import save_figure
+  save_figure(fig, path)
 
 
 if __name__ == "__main__":

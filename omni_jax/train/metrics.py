@@ -82,6 +82,15 @@ class MetricsLog:
       f.flush()
 
 
+def save_figure(fig, path: str) -> None:
+  """Writes a matplotlib figure as PNG atomically (temporary file, then rename) and closes it."""
+  import matplotlib.pyplot as plt
+  fig.tight_layout()
+  fig.savefig(path + ".tmp.png")
+  plt.close(fig)
+  os.replace(path + ".tmp.png", path)
+
+
 def plot_curves(records: list[dict], keys: list[str], path: str, title: str,
                 log_y: bool = True, hlines: dict[str, float] | None = None) -> None:
   """Saves a PNG with one line per key present in ``records`` (x = step); ``hlines`` adds
@@ -105,7 +114,4 @@ def plot_curves(records: list[dict], keys: list[str], path: str, title: str,
   ax.set_title(title)
   ax.grid(alpha=0.3, which="both")
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path + ".tmp.png")
-  plt.close(fig)
-  os.replace(path + ".tmp.png", path)
+  save_figure(fig, path)
