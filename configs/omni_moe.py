@@ -3,7 +3,9 @@ r"""The main job: an omni-modal (text, image, audio, video) MoE LLM.
   python -m experiments.train_omni --config=configs/omni_moe.py:tiny --workdir=/tmp/omni
 
 Variants after ':' — ``micro`` (tests), ``tiny`` (the quick start: 8 emulated CPU devices,
-under 3 minutes on 2 cores), ``small`` (a longer CPU run), ``bench`` (the step benchmarked by
+under 3 minutes on 2 cores), ``small`` (a longer CPU run), ``long`` (32K-token rows, sequence
+split 8 ways by ring attention), ``omni30b`` (compile-only scale plan of
+``experiments.scale_plan``), ``bench`` (the step benchmarked by
 ``experiments.bench_step``). Override any field on the command line, e.g.
 ``--config.model.moe.num_experts=8 --config.train.steps=50``. Add a modality with
 ``--config.model.modalities.thermal='{"kind": "patch", "channels": 1, ...}'`` or in a copy of
@@ -37,11 +39,15 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
       modalities=modalities(),
   )
   c.data = dict(source="synthetic", seq_len=64, batch_size=32, seed=0, text_weight=1.0,
-                manifest="", on_error="fatal", codebook_samples=64)
+                manifest="", on_error="fatal", codebook_samples=64,
+                pack=False)  # True: fill each training row's padding with text samples
   c.optim = dict(lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.01, b1=0.9, b2=0.95,
                  eps=1e-8, clip_norm=1.0)
   # Device layout (omni_jax/parallel/mesh.py); -1 takes the devices the others leave.
   c.mesh = dict(data=-1, fsdp=1, expert=1, sequence=1, tensor=1, pipeline=1)
+  # Parallel ops of the model's recipe (omni_jax/parallel/recipes/); '' keeps its default.
+  c.parallel = dict(recipe="omni", sequence_attention="",  # 'ulysses' | 'ring'
+                    pipeline_microbatches=4)           # GPipe microbatches (mesh.pipeline > 1)
   c.train = dict(steps=300, seed=0, log_every=25, eval_every=100, eval_batches=4,
                  checkpoint_every=100, keep_checkpoints=2, peak_flops=0.0)
 
@@ -64,6 +70,36 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.model.moe.update(num_experts=8, d_ff=256)
     c.data.update(seq_len=96, batch_size=64)
     c.train.update(steps=2000, eval_every=250, checkpoint_every=250)
+  elif arg == "long":
+    # Long context on CPU: 32K-token rows (one multimodal sample + packed text), the
+    # sequence split 8 ways by ring attention, blockwise attention inside each chunk.
+    c.model.update(d_model=32, num_layers=2, num_heads=2, num_kv_heads=1, d_ff=64,
+                   attention_block=512, remat="full",
+                   modalities=modalities(image_size=16, audio_samples=1024, video_size=16,
+                                         codebook=8, enc_dim=16))
+    c.model.modalities.audio.update(n_fft=128, hop=64, n_mels=16)
+    c.model.modalities.video.update(frames=2)
+    c.model.moe.update(num_experts=4, top_k=2, d_ff=32)
+    c.data.update(seq_len=32_768, batch_size=1, pack=True, codebook_samples=16)
+    c.mesh = dict(data=1, fsdp=1, expert=1, sequence=8, tensor=1, pipeline=1)
+    c.parallel.sequence_attention = "ring"
+    c.optim.update(lr=3e-3, warmup_steps=2)
+    c.train.update(steps=16, log_every=2, eval_every=0, checkpoint_every=8)
+  elif arg == "omni30b":
+    # experiments.scale_plan only (compile, never run): ~30B total / ~3B active omni MoE at
+    # 160K tokens of context on 128 devices (the seed's setting).
+    c.model.update(d_model=2048, num_layers=48, num_heads=32, num_kv_heads=4, d_ff=6144,
+                   remat="full", dtype="bfloat16", attention_block=2048,
+                   modalities=modalities(image_size=224, audio_samples=160_000, video_size=112,
+                                         codebook=8192, enc_dim=1024, enc_layers=4))
+    c.model.modalities.image.update(patch=14)
+    c.model.modalities.audio.update(sample_rate=16_000, n_fft=400, hop=160, n_mels=128)
+    c.model.modalities.video.update(frames=8, patch=14)
+    c.model.moe.update(num_experts=64, top_k=6, d_ff=1536, every=1, impl="capacity",
+                       capacity_factor=1.25)
+    c.data.update(seq_len=163_840, batch_size=16)
+    c.mesh = dict(data=1, fsdp=16, expert=1, sequence=8, tensor=1, pipeline=1)
+    c.train.update(steps=1000, peak_flops=989e12)  # H100 SXM dense bf16
   elif arg == "bench":
     # Sized so matmuls dominate: wide layers, long rows, few modality tokens per row.
     c.model.update(d_model=768, num_layers=4, num_heads=12, num_kv_heads=4, d_ff=3072,
@@ -75,5 +111,5 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.train.update(steps=12, log_every=4, eval_every=0, checkpoint_every=1000)
   else:
     raise ValueError(f"unknown variant {arg!r} of configs/omni_moe.py; choose tiny, micro, "
-                     "small or bench")
+                     "small, long, omni30b or bench")
   return c

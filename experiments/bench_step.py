@@ -103,7 +103,7 @@ def main(argv):
   from omni_jax.parallel import mesh as mesh_lib
   from omni_jax.train.loop import create_state, make_train_step
   from omni_jax.train.metrics import write_json_atomic
-  from omni_jax.train.omni import make_loss_fn, state_sharding, validate
+  from omni_jax.train.omni import make_loss_fn, parallel_op_names, state_sharding, validate
   from omni_jax.train.optim import make_optimizer
   from omni_jax.train.perf import measure_matmul_flops
 
@@ -115,7 +115,7 @@ def main(argv):
   tx = make_optimizer(config.optim, loop.steps)
   host_batch = stream.batch(0)
   batch = mesh_lib.put_batch(mesh, host_batch)
-  loss_fn = make_loss_fn(spec, model, mesh)
+  loss_fn = make_loss_fn(spec, model, mesh, parallel_op_names(config))
   state, shardings = create_state(lambda k: model.init(k, host_batch)["params"], tx, 0,
                                   state_sharding(mesh))
   flops = train_flops_per_step(spec, state.params, stream.batch_size, stream.seq_len)

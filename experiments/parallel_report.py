@@ -27,8 +27,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/omni_moe.py:<
 _WORKDIR = flags.DEFINE_string("workdir", None, "where summary.json and report.png go")
 _LAYOUTS = flags.DEFINE_list(
     "layouts", ["data=8", "fsdp=8", "expert=4+fsdp=2", "tensor=2+fsdp=4", "sequence=2+fsdp=4",
-                "fsdp=2+sequence=2+expert=2"],
-    "layouts to report: '+'-joined axis=size items, comma-separated")
+                "sequence=2+fsdp=4@ring", "fsdp=2+sequence=2+expert=2"],
+    "layouts to report: '+'-joined axis=size items, optionally '@ring' (ring attention "
+    "instead of Ulysses), comma-separated")
 _STEPS = flags.DEFINE_integer("steps", 3, "timed steps per layout")
 _MEMORY_SEQ = flags.DEFINE_integer(
     "memory_seq_len", 4096, "sequence length of the sequence-parallel memory check (0 = skip)")
@@ -37,14 +38,17 @@ flags.mark_flags_as_required(["config", "workdir"])
 FLAG_RATIO = 1.10
 
 
-def parse_layout(text: str) -> dict[str, int]:
+def parse_layout(text: str) -> tuple[dict[str, int], dict[str, str]]:
+  """'sequence=2+fsdp=4@ring' -> ({'sequence': 2, 'fsdp': 4}, {'sequence_attention': 'ring'})."""
+  text, _, op = text.partition("@")
+  ops = {"sequence_attention": op} if op else {}
   out = {}
   for item in text.split("+"):
     axis, _, size = item.partition("=")
     if not size.isdigit():
       raise flags.ValidationError(f"--layouts item {item!r} is not axis=size (in {text!r})")
     out[axis.strip()] = int(size)
-  return out
+  return out, ops
 
 
 def max_rel_err(a, b) -> float:
@@ -60,12 +64,18 @@ def main(argv):
   import jax
 
   from omni_jax.models.omni import OmniModel
-  from omni_jax.parallel import hlo_report
+  from omni_jax.parallel import hlo_report, layout
   from omni_jax.parallel import mesh as mesh_lib
   from omni_jax.train.checkpoint import abstract_like
   from omni_jax.train.loop import create_state, make_train_step
   from omni_jax.train.metrics import write_json_atomic
-  from omni_jax.train.omni import check_batch_fits_mesh, make_loss_fn, state_sharding, validate
+  from omni_jax.train.omni import (
+    check_batch_fits_mesh,
+    make_loss_fn,
+    parallel_op_names,
+    state_sharding,
+    validate,
+  )
   from omni_jax.train.optim import make_optimizer
 
   config, workdir = _CONFIG.value, _WORKDIR.value
@@ -83,10 +93,12 @@ def main(argv):
   bb = spec.backbone
   rows = []
   for text in _LAYOUTS.value:
-    mesh_cfg = parse_layout(text)
+    mesh_cfg, op_override = parse_layout(text)
+    op_names = {**parallel_op_names(config), **op_override}
+    layout.op_names("omni", op_names)  # validates the override
     mesh = mesh_lib.make_mesh(mesh_cfg)
     check_batch_fits_mesh(stream, mesh)
-    loss_fn = make_loss_fn(spec, model, mesh)
+    loss_fn = make_loss_fn(spec, model, mesh, op_names)
     state, shardings = create_state(init, tx, loop.seed, state_sharding(mesh))
     batch = mesh_lib.put_batch(mesh, host_batch)
     step = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0,
@@ -112,7 +124,9 @@ def main(argv):
     pb = hlo_report.sharded_bytes(state.params, shardings.params, mesh)
     expected = hlo_report.expected_wire_bytes(
         pb, mesh, activation_bytes=act, num_layers=bb.num_layers,
-        num_moe_layers=bb.num_moe_layers, top_k=bb.top_k)
+        num_moe_layers=bb.num_moe_layers, top_k=bb.top_k,
+        sequence_op=op_names["sequence_attention"],
+        kv_fraction=bb.num_kv_heads * bb.head_dim / bb.d_model)
     summary_ops = hlo_report.summarize(ops)
     measured = sum(r["bytes"] for r in summary_ops)
     ratio = measured / expected if expected else None
@@ -148,7 +162,7 @@ def sequence_memory_check(config, seq_len: int, n: int = 8, block: int = 256) ->
   from omni_jax.parallel import mesh as mesh_lib
   from omni_jax.train.checkpoint import abstract_like
   from omni_jax.train.loop import create_state, make_train_step
-  from omni_jax.train.omni import make_loss_fn, state_sharding, validate
+  from omni_jax.train.omni import make_loss_fn, parallel_op_names, state_sharding, validate
   from omni_jax.train.optim import make_optimizer
 
   cfg = config.copy_and_resolve_references()
@@ -171,7 +185,8 @@ def sequence_memory_check(config, seq_len: int, n: int = 8, block: int = 256) ->
       state, shardings = create_state(lambda k: model.init(k, host_batch)["params"], tx, 0,
                                       state_sharding(mesh))
       batch = mesh_lib.put_batch(mesh, host_batch)
-      step = jax.jit(make_train_step(make_loss_fn(spec, model, mesh), tx), donate_argnums=0,
+      step = jax.jit(make_train_step(make_loss_fn(spec, model, mesh, parallel_op_names(cfg)),
+                                     tx), donate_argnums=0,
                      out_shardings=(shardings, None))
       mem = step.lower(abstract_like(state), abstract_like(batch)).compile().memory_analysis()
       out[f"{name}{suffix}_temp_bytes"] = int(mem.temp_size_in_bytes)

@@ -103,6 +103,24 @@ class RowBuilder:
     self._eos(ids, heads, local)
     return self._finish(ids, heads, local, {})
 
+  def pack_text(self, row: Row, texts) -> Row:
+    """``row`` with the padding after its sample filled by whole text samples from the
+    iterator ``texts`` (each ``<bos> text <eos>``, carrying loss) — long rows without
+    wasted positions. Tokens attend across the packed samples (no document mask)."""
+    tokens, targets, heads = row.tokens.copy(), row.targets.copy(), row.target_head.copy()
+    used = int(np.nonzero(tokens != self.tok.pad_id)[0].max()) + 1
+    while True:
+      ids, hd, local = [self.tok.bos_id], [0], [0]
+      self._text(next(texts), ids, hd, local)
+      self._eos(ids, hd, local)
+      if used + len(ids) > self.seq_len:
+        break
+      tokens[used:used + len(ids)] = ids
+      targets[used:used + len(ids) - 1] = local[1:]
+      heads[used:used + len(ids) - 1] = hd[1:]
+      used += len(ids)
+    return Row(tokens, targets, heads, row.slots)
+
   def text(self, text: str) -> Row:
     ids, heads, local = [self.tok.bos_id], [0], [0]
     self._text(text, ids, heads, local)
@@ -137,3 +155,17 @@ def collate(spec: OmniSpec, rows: list[Row], inputs: list[dict[str, np.ndarray]]
         mask[i] = True
     batch[name], batch[f"{name}_pos"], batch[f"{name}_mask"] = x, pos, mask
   return batch
+
+
+def batch_shapes(spec: OmniSpec, batch_size: int, seq_len: int) -> dict[str, tuple]:
+  """``{field: (shape, dtype)}`` of a :func:`collate` batch, without building one (for
+  compile-only plans at sizes no host could generate)."""
+  b = batch_size
+  out = {k: ((b, seq_len), np.int32) for k in ("tokens", "targets", "target_head")}
+  out["task"] = ((b,), np.int32)
+  for name, ms in spec.modalities:
+    kind = MODALITY_KINDS.get(ms["kind"])
+    out[name] = ((b, *kind.input_shape(ms)), kind.input_dtype)
+    out[f"{name}_pos"] = ((b, kind.num_tokens(ms)), np.int32)
+    out[f"{name}_mask"] = ((b,), np.bool_)
+  return out

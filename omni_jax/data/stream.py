@@ -31,15 +31,23 @@ def _rng(*key: int) -> np.random.Generator:
   return np.random.default_rng([int(k) for k in key])
 
 
+def _arithmetic(rng: np.random.Generator):
+  """Endless ``a+b=c`` text samples (the synthetic text task)."""
+  while True:
+    a, c = rng.integers(0, 100, 2)
+    yield f"{a}+{c}={a + c}"
+
+
 class OmniStream:
   """Deterministic batches for an :class:`OmniSpec` from ``config.data``."""
 
   def __init__(self, spec: OmniSpec, data_cfg):
-    check_keys(data_cfg, DATA_KEYS, "data.", required=DATA_KEYS)
+    check_keys(data_cfg, (*DATA_KEYS, "pack"), "data.", required=DATA_KEYS)
     self.source = one_of(data_cfg, "source", ("synthetic", "manifest"), "data.")
     self.seq_len = positive_int(data_cfg, "seq_len", "data.")
     self.batch_size = positive_int(data_cfg, "batch_size", "data.")
     self.seed = int(data_cfg["seed"])
+    self.pack = bool(data_cfg.get("pack", False))  # fill training rows with text samples
     tw = data_cfg["text_weight"]
     require(isinstance(tw, int | float) and tw >= 0, "data.text_weight", tw, "must be >= 0")
     self.spec = spec
@@ -92,8 +100,8 @@ class OmniStream:
     self.builder.text("99+99=198")
 
   # ---------------------------------------------------------------- synthetic
-  def _synthetic_batch(self, rng: np.random.Generator,
-                       task_ids: np.ndarray | None = None) -> dict[str, np.ndarray]:
+  def _synthetic_batch(self, rng: np.random.Generator, task_ids: np.ndarray | None = None,
+                       pack: bool = False) -> dict[str, np.ndarray]:
     b = self.batch_size
     if task_ids is None:
       task_ids = rng.choice(len(self.tasks), size=b, p=self.task_probs)
@@ -101,8 +109,7 @@ class OmniStream:
     for t in task_ids:
       task = self.tasks[t]
       if task == TASK_TEXT:
-        a, c = rng.integers(0, 100, 2)
-        plans.append((task, None, f"{a}+{c}={a + c}", None))
+        plans.append((task, None, next(_arithmetic(rng)), None))
         continue
       m = task.split(":")[0]
       ms, kind = self.mods[m], self.kinds[m]
@@ -125,6 +132,8 @@ class OmniStream:
       else:
         rows.append(self.builder.generate(m, caption, codes[m][i]))
         inputs.append({})
+    if pack:
+      rows = [self.builder.pack_text(r, _arithmetic(rng)) for r in rows]
     return collate(self.spec, rows, inputs, list(task_ids))
 
   # ---------------------------------------------------------------- manifest
@@ -195,7 +204,7 @@ class OmniStream:
   def batch(self, step: int) -> dict[str, np.ndarray]:
     """The training batch of ``step`` (a pure function of seed and step)."""
     if self.source == "synthetic":
-      return self._synthetic_batch(_rng(self.seed, step))
+      return self._synthetic_batch(_rng(self.seed, step), pack=self.pack)
     return self._manifest_batch(self.train_rows, step * self.batch_size, (self.seed,))
 
   def eval_batch(self, i: int) -> dict[str, np.ndarray]:

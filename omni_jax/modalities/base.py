@@ -112,7 +112,7 @@ class EncoderStack(nn.Module):
       a = encoder_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=False)
       h = h + nn.DenseGeneral(self.dim, axis=(-2, -1), use_bias=False, dtype=self.dtype,
                               name=f"o_{i}")(a)
-      h = h + SwiGLU(4 * self.dim, dtype=self.dtype, name=f"mlp_{i}")(
+      h = h + SwiGLU(4 * self.dim, dtype=self.dtype, seam=False, name=f"mlp_{i}")(
           RMSNorm(dtype=self.dtype, name=f"ln_mlp_{i}")(h))
     h = RMSNorm(dtype=self.dtype, name="ln_out")(h)
     h = nn.gelu(nn.Dense(self.d_model, dtype=self.dtype, name="proj_in")(h))

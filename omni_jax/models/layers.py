@@ -2,8 +2,9 @@
 
 Parameter names are a public interface: parallel recipes match them by path
 (``attn/q``, ``attn/k``, ``attn/v``, ``attn/o``, ``mlp/wi_gate``, ``mlp/wi_up``, ``mlp/wo``).
-Attention itself goes through the named op ``attention`` so a recipe can swap in a
-sequence-parallel implementation without touching this file.
+Three named ops are the seams for parallel layouts: ``attention`` (the softmax core:
+sequence parallelism swaps it), ``self_attention`` and ``dense_mlp`` (whole sublayers:
+tensor parallelism splits their heads / width). Models never name a mesh axis.
 """
 
 from __future__ import annotations
@@ -62,48 +63,85 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True,
   return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
 
 
-def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
-                        block: int) -> jax.Array:
-  """Attention over key/value blocks with an online softmax (flash-attention order).
+NEG_INF = -1e30
 
-  A ``lax.scan`` over the S / block key blocks keeps a running max, normaliser and output;
-  each step is rematerialised in the backward pass, so no [T, S] score matrix is ever
-  stored. Same result as :func:`attention` with ``block=0`` up to float rounding.
+
+def softmax_init(qg: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Online-softmax state (running max, normaliser, output) for grouped queries ``qg``
+  [b, t, kv, g, dh]. Built from ``qg`` so it carries its sharding under a parallel layout."""
+  acc = jnp.zeros_like(qg)
+  row = jnp.moveaxis(acc[..., 0], 1, -1)                  # [b, kv, g, t]
+  return row + NEG_INF, row, acc
+
+
+def attend_blocks(state, qg: jax.Array, k: jax.Array, v: jax.Array, *, q_pos: jax.Array,
+                  k_pos: jax.Array, causal: bool, block: int):
+  """Folds keys/values ``k, v`` [b, S, kv, dh] into the online-softmax ``state``.
+
+  A ``lax.scan`` over S / block key blocks (flash-attention order); each step is
+  rematerialised in the backward pass, so no [t, S] score matrix is stored. ``q_pos`` [t]
+  and ``k_pos`` [S] are global positions, so a caller holding one chunk of a longer
+  sequence (ring attention) masks causally in global terms.
   """
-  b, t, h, dh = q.shape
-  s, kv = k.shape[1], k.shape[2]
+  b, s, kv, dh = k.shape
   if s % block:
     raise ValueError(f"blockwise attention: key length {s} is not a multiple of block={block}")
-  g, nb = h // kv, s // block
-  qg = (q.astype(jnp.float32) * dh ** -0.5).reshape(b, t, kv, g, dh)
+  nb = s // block
   kb = k.reshape(b, nb, block, kv, dh).astype(jnp.float32)
   vb = v.reshape(b, nb, block, kv, dh).astype(jnp.float32)
-  neg = jnp.float32(-1e30)
+  kp = k_pos.reshape(nb, block)
+
+  def step(carry, i):
+    if not causal:
+      return update(carry, i), None
+    # Blocks wholly in the future of every query are skipped (half the work when causal).
+    seen = q_pos.max() >= kp[i].min()
+    return jax.lax.cond(seen, update, lambda c, i: c, carry, i), None
 
   @jax.checkpoint
-  def step(carry, i):
+  def update(carry, i):
     m, norm, acc = carry                               # [b,kv,g,t], [b,kv,g,t], [b,t,kv,g,dh]
     sc = jnp.einsum("btkgd,bskd->bkgts", qg, kb[:, i])
     if causal:
-      visible = jnp.arange(t)[:, None] >= i * block + jnp.arange(block)[None, :]
+      visible = q_pos[:, None] >= kp[i][None, :]
     else:
-      visible = jnp.ones((t, block), bool)
-    sc = jnp.where(visible, sc, neg)
+      visible = jnp.ones((q_pos.shape[0], block), bool)
+    sc = jnp.where(visible, sc, NEG_INF)
     m_new = jnp.maximum(m, sc.max(-1))
     p = jnp.where(visible, jnp.exp(sc - m_new[..., None]), 0.0)
     corr = jnp.exp(m - m_new)
     norm = norm * corr + p.sum(-1)
     acc = acc * jnp.moveaxis(corr, -1, 1)[..., None] + jnp.einsum("bkgts,bskd->btkgd", p,
                                                                   vb[:, i])
-    return (m_new, norm, acc), None
+    return m_new, norm, acc
 
-  # Initial state derived from q, so it carries q's sharding type under a parallel layout.
-  acc0 = jnp.zeros_like(qg)
-  row0 = jnp.moveaxis(acc0[..., 0], 1, -1)               # [b, kv, g, t]
-  init = (row0 + neg, row0, acc0)
-  (_, norm, acc), _ = jax.lax.scan(step, init, jnp.arange(nb))
+  state, _ = jax.lax.scan(step, state, jnp.arange(nb))
+  return state
+
+
+def softmax_finish(state, dtype) -> jax.Array:
+  """Normalised output [b, t, H, dh] of an online-softmax state."""
+  _, norm, acc = state
   out = acc / jnp.maximum(jnp.moveaxis(norm, -1, 1)[..., None], 1e-30)
-  return out.reshape(b, t, h, dh).astype(q.dtype)
+  b, t, kv, g, dh = acc.shape
+  return out.reshape(b, t, kv * g, dh).astype(dtype)
+
+
+def group_queries(q: jax.Array, kv: int) -> jax.Array:
+  """q [b, t, H, dh] -> scaled float32 [b, t, kv, H/kv, dh] (GQA groups)."""
+  b, t, h, dh = q.shape
+  return (q.astype(jnp.float32) * dh ** -0.5).reshape(b, t, kv, h // kv, dh)
+
+
+def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
+                        block: int) -> jax.Array:
+  """Attention over key/value blocks with an online softmax; memory grows with t * block
+  instead of t * S. Same result as :func:`attention` with ``block=0`` up to rounding."""
+  t, s = q.shape[1], k.shape[1]
+  qg = group_queries(q, k.shape[2])
+  state = attend_blocks(softmax_init(qg), qg, k, v, q_pos=jnp.arange(t), k_pos=jnp.arange(s),
+                        causal=causal, block=block)
+  return softmax_finish(state, q.dtype)
 
 
 @named_op("encoder_attention")
@@ -112,6 +150,49 @@ def encoder_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   """Attention inside modality encoders (same maths as :func:`attention`). A separate named
   op, so a layout that splits the backbone's sequence leaves the encoders' tokens alone."""
   return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+
+
+def attention_sublayer(x, positions, wq, wk, wv, wo, *, rope_theta: float, block: int,
+                       attend) -> jax.Array:
+  """Projections, rotary embeddings, ``attend(q, k, v, causal=, block=)``, output projection.
+
+  ``wq`` [D, H, Dh], ``wk``/``wv`` [D, KV, Dh], ``wo`` [H, Dh, D]. Shared by the plain op
+  and by sharded implementations that call it on their local heads.
+  """
+  proj = lambda w: jnp.einsum("btd,dhk->bthk", x, w)
+  q = rope(proj(wq), positions, rope_theta)
+  k = rope(proj(wk), positions, rope_theta)
+  out = attend(q, k, proj(wv), causal=True, block=block)
+  return jnp.einsum("bthk,hkd->btd", out, wo)
+
+
+@named_op("self_attention")
+def self_attention(x, positions, wq, wk, wv, wo, *, rope_theta: float = 10_000.0,
+                   block: int = 0) -> jax.Array:
+  """Causal GQA self-attention sublayer (a named op so tensor parallelism can split it)."""
+  return attention_sublayer(x, positions, wq, wk, wv, wo, rope_theta=rope_theta, block=block,
+                            attend=attention)
+
+
+@named_op("dense_mlp")
+def dense_mlp(x, w_gate, w_up, w_out) -> jax.Array:
+  """SwiGLU: silu(x W_gate) * (x W_up) W_out (a named op so tensor parallelism can split it)."""
+  return (nn.silu(x @ w_gate) * (x @ w_up)) @ w_out
+
+
+class Kernel(nn.Module):
+  """One weight named ``kernel`` (so parameter paths read ``attn/q/kernel`` as recipes
+  expect), LeCun-normal over its ``fan_in_dims`` leading dimensions, cast to ``dtype``."""
+  shape: tuple[int, ...]
+  fan_in_dims: int = 1
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self):
+    n = len(self.shape)
+    init = nn.initializers.lecun_normal(in_axis=tuple(range(self.fan_in_dims)),
+                                        out_axis=tuple(range(self.fan_in_dims, n)))
+    return self.param("kernel", init, self.shape, jnp.float32).astype(self.dtype)
 
 
 class Attention(nn.Module):
@@ -125,28 +206,28 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x, positions):
-    init = nn.initializers.lecun_normal()
-    dense = lambda name, heads: nn.DenseGeneral(
-        (heads, self.head_dim), use_bias=False, dtype=self.dtype, kernel_init=init, name=name)
-    q = rope(dense("q", self.num_heads)(x), positions, self.rope_theta)
-    k = rope(dense("k", self.num_kv_heads)(x), positions, self.rope_theta)
-    v = dense("v", self.num_kv_heads)(x)
-    out = attention(q, k, v, causal=True, block=self.block)
-    return nn.DenseGeneral(x.shape[-1], axis=(-2, -1), use_bias=False, dtype=self.dtype,
-                           kernel_init=init, name="o")(out)
+    d, dh = x.shape[-1], self.head_dim
+    w = lambda name, shape, fan_in=1: Kernel(shape, fan_in, self.dtype, name=name)()
+    return self_attention(x.astype(self.dtype), positions, w("q", (d, self.num_heads, dh)),
+                          w("k", (d, self.num_kv_heads, dh)), w("v", (d, self.num_kv_heads, dh)),
+                          w("o", (self.num_heads, dh, d), 2), rope_theta=self.rope_theta,
+                          block=self.block)
 
 
 class SwiGLU(nn.Module):
-  """Dense gated MLP: silu(x W_gate) * (x W_up) W_out."""
+  """Dense gated MLP: silu(x W_gate) * (x W_up) W_out.
+
+  ``seam=False`` (modality encoders) computes it plainly instead of through the
+  ``dense_mlp`` named op, so the backbone's tensor-parallel split leaves encoders alone.
+  """
   d_ff: int
   dtype: Dtype = jnp.float32
+  seam: bool = True
 
   @nn.compact
   def __call__(self, x):
-    init = nn.initializers.lecun_normal()
     d = x.shape[-1]
-    gate = nn.Dense(self.d_ff, use_bias=False, dtype=self.dtype, kernel_init=init,
-                    name="wi_gate")(x)
-    up = nn.Dense(self.d_ff, use_bias=False, dtype=self.dtype, kernel_init=init, name="wi_up")(x)
-    return nn.Dense(d, use_bias=False, dtype=self.dtype, kernel_init=init,
-                    name="wo")(nn.silu(gate) * up)
+    w = lambda name, shape: Kernel(shape, 1, self.dtype, name=name)()
+    mlp = dense_mlp if self.seam else dense_mlp.default
+    return mlp(x.astype(self.dtype), w("wi_gate", (d, self.d_ff)),
+                     w("wi_up", (d, self.d_ff)), w("wo", (self.d_ff, d)))

@@ -3,7 +3,8 @@
 Layers come in *units* of ``moe_every`` layers (the last one MoE, the others dense; one
 dense layer per unit when ``moe_every == 0``). Units are stacked with ``nn.scan``, so
 parameters carry a leading ``[num_units]`` axis and compile time does not grow with
-depth; ``remat`` wraps each unit in activation checkpointing.
+depth; ``remat`` wraps each unit in activation checkpointing. The units run through the
+``layer_stack`` named op (a ``lax.scan``), which a pipeline layout replaces.
 
 MoE auxiliary outputs (load-balancing loss, z-loss, per-expert load, dropped fraction)
 are averaged over the MoE layers and returned beside the hidden states.
@@ -12,6 +13,7 @@ are averaged over the MoE layers and returned beside the hidden states.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -20,6 +22,7 @@ import jax.numpy as jnp
 
 from omni_jax.models.layers import Attention, RMSNorm, SwiGLU
 from omni_jax.models.moe import MoE
+from omni_jax.models.named_ops import named_op
 
 REMAT_POLICIES = {
     "none": None,
@@ -105,18 +108,40 @@ class Unit(nn.Module):
     return (x, acc), None
 
 
+@named_op("layer_stack")
+def layer_stack(apply_unit: Callable, unit_params, carry, positions):
+  """Runs the units in order: ``carry = apply_unit(params_u, carry, positions)`` for each
+  slice ``params_u`` of the leading ``[num_units]`` axis of ``unit_params``. A named op, so a
+  pipeline schedule can split the units into stages."""
+  def body(c, p):
+    return apply_unit(p, c, positions), None
+  return jax.lax.scan(body, carry, unit_params)[0]
+
+
 class Backbone(nn.Module):
-  """Stack of units over ``x`` [B, T, D]; returns (hidden [B, T, D], averaged MoE aux)."""
+  """Stack of units over ``x`` [B, T, D]; returns (hidden [B, T, D], averaged MoE aux).
+
+  Parameters are created by ``nn.scan`` (leading ``[num_units]`` axis under ``units``);
+  applying runs them through the :func:`layer_stack` named op.
+  """
   spec: BackboneSpec
 
   @nn.compact
   def __call__(self, x, positions):
     s = self.spec
-    unit = Unit
-    if REMAT_POLICIES[s.remat] is not None:
-      unit = nn.remat(Unit, policy=REMAT_POLICIES[s.remat], prevent_cse=False)
-    scanned = nn.scan(unit, variable_axes={"params": 0}, split_rngs={"params": True},
-                      in_axes=nn.broadcast, length=s.num_units)
-    (x, acc), _ = scanned(s, name="units")((x, s.zero_aux()), positions)
+    policy = REMAT_POLICIES[s.remat]
+    carry = (x, s.zero_aux())
+    if self.is_initializing():
+      scanned = nn.scan(Unit, variable_axes={"params": 0}, split_rngs={"params": True},
+                        in_axes=nn.broadcast, length=s.num_units)
+      (x, acc), _ = scanned(s, name="units")(carry, positions)
+    else:
+      unit = Unit(s, parent=None)
+
+      def apply_unit(p, c, pos):
+        return unit.apply({"params": p}, c, pos)[0]
+      if policy is not None:
+        apply_unit = jax.checkpoint(apply_unit, policy=policy, prevent_cse=False)
+      x, acc = layer_stack(apply_unit, self.variables["params"]["units"], carry, positions)
     n = max(s.num_moe_layers, 1)
     return x, {k: v / n for k, v in acc.items()}

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from omni_jax.models.moe import moe_dispatch
-from omni_jax.parallel.mesh import BATCH_AXES
+from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
 
 EXPERT = "expert"
 
@@ -84,7 +84,7 @@ def ep_moe_dispatch(mesh) -> Callable:
       yt = jnp.einsum("nkd,nk->nd", out.astype(jnp.float32), gf.astype(jnp.float32))
       dropped = jnp.mean(1.0 - keep.astype(jnp.float32))
       return yt.astype(x.dtype).reshape(*lead, d), jax.lax.pmean(dropped, tok_axes)
-    return jax.shard_map(body, mesh=mesh, in_specs=(tokens, tokens, tokens, experts, experts,
-                                                    experts),
+    return jax.shard_map(body, mesh=context_mesh(mesh),
+                         in_specs=(tokens, tokens, tokens, experts, experts, experts),
                          out_specs=(tokens, P()))(x, expert_ids, gates, wi_gate, wi_up, wo)
   return dispatch

@@ -106,7 +106,8 @@ def sharded_bytes(params, shardings, mesh) -> Mapping[str, float]:
 
 
 def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: float,
-                        num_layers: int, num_moe_layers: int = 0, top_k: int = 1) -> float:
+                        num_layers: int, num_moe_layers: int = 0, top_k: int = 1,
+                        sequence_op: str = "ulysses", kv_fraction: float = 1.0) -> float:
   """Analytic wire bytes per device per train step for a layout.
 
   ``pb``: :func:`sharded_bytes`; ``activation_bytes``: one layer's [B, T, D] activations per
@@ -115,8 +116,10 @@ def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: floa
   gradients (3 passes); expert — per MoE layer 4 all-to-alls (send and return, forward and
   backward) of the dropless send buffer, ``expert x top_k`` local activations;
   expert / sequence as batch-like axes — all-reduce of the unsharded parameters' gradients;
-  sequence — Ulysses: 4 all-to-alls forward and 4 backward per layer; tensor — Megatron:
-  2 all-reduces of activations forward and 2 backward per layer.
+  sequence — Ulysses: 4 all-to-alls forward and 4 backward per layer; ring: each device
+  passes its K and V chunks (``kv_fraction`` of an activation each) n-1 hops forward and
+  their gradients n-1 hops backward; tensor — Megatron: 2 all-reduces of activations
+  forward and 2 backward per layer.
   """
   frac = lambda n: (n - 1) / n
   d, f, e = mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["expert"]
@@ -125,6 +128,9 @@ def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: floa
   total += 3 * frac(f) * pb["fsdp_full"]
   total += 4 * frac(e) * e * top_k * activation_bytes * num_moe_layers
   total += 2 * frac(e * s) * pb["replicated_local"] if e * s > 1 else 0.0
-  total += 8 * frac(s) * activation_bytes * num_layers
+  if sequence_op == "ring":
+    total += 4 * (s - 1) * kv_fraction * activation_bytes * num_layers
+  else:
+    total += 8 * frac(s) * activation_bytes * num_layers
   total += 4 * 2 * frac(t) * activation_bytes * num_layers
   return total

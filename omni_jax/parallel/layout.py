@@ -1,25 +1,61 @@
 """Named-op implementations for a mesh: what a layout swaps into the model while tracing.
 
+The recipe names an op per seam (:data:`omni_jax.parallel.recipes.OP_CHOICES`); this
+module maps those names onto implementations for the axes that are > 1:
+
 * ``moe_dispatch``: expert parallelism by all-to-all when ``expert > 1``
   (:mod:`omni_jax.parallel.expert_parallel`), else shard-local dispatch over the batch and
   sequence axes (:mod:`omni_jax.parallel.moe_local`);
-* ``attention``: Ulysses all-to-all attention when ``sequence > 1``
-  (:mod:`omni_jax.parallel.ulysses`); otherwise the plain op, with heads split by the
-  compiler where ``tensor > 1``.
+* ``sequence > 1``: Ulysses (:mod:`omni_jax.parallel.ulysses`) or ring attention
+  (:mod:`omni_jax.parallel.ring_attention`) replaces the ``attention`` core;
+* ``tensor > 1``: Megatron ``self_attention`` and ``dense_mlp``
+  (:mod:`omni_jax.parallel.tensor_parallel`), which then run the sequence body themselves;
+* ``pipeline > 1``: GPipe ``layer_stack`` (:mod:`omni_jax.parallel.pipeline`), with the
+  plain ops inside the stages (pipeline composes with ``data`` and ``fsdp``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from omni_jax.parallel.expert_parallel import ep_moe_dispatch
 from omni_jax.parallel.moe_local import local_moe_dispatch
-from omni_jax.parallel.ulysses import ulysses_attention
+from omni_jax.parallel.pipeline import gpipe
+from omni_jax.parallel.recipes import OP_CHOICES, RECIPES
+from omni_jax.parallel.ring_attention import ring_attention, ring_body
+from omni_jax.parallel.tensor_parallel import megatron_attention, megatron_mlp
+from omni_jax.parallel.ulysses import ulysses_attention, ulysses_body
+
+SEQUENCE_OPS = {"ulysses": (ulysses_attention, ulysses_body), "ring": (ring_attention, ring_body)}
 
 
-def ops(mesh) -> dict[str, Callable]:
+def op_names(recipe: str = "omni", overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+  """The op per seam of ``recipe`` with ``overrides`` (config.parallel) applied."""
+  names = RECIPES.get(recipe).op_names(dict(overrides or {}))
+  assert set(names) <= set(OP_CHOICES)
+  return names
+
+
+def ops(mesh, names: Mapping[str, str] | None = None,
+        pipeline_microbatches: int = 4) -> dict[str, Callable]:
+  """Named-op overrides for ``mesh``; ``names`` from :func:`op_names` (default: omni)."""
+  names = dict(names) if names is not None else op_names()
+  if mesh.shape["pipeline"] > 1:
+    others = {a: mesh.shape[a] for a in ("expert", "sequence", "tensor") if mesh.shape[a] > 1}
+    if others:
+      raise ValueError(f"mesh.pipeline > 1 composes with data and fsdp only, not {others}: "
+                       "the explicit ops would nest shard_maps inside the stages, which the "
+                       "XLA partitioner of jax 0.10 rejects")
+    # Inside the stages the plain ops run; the compiler splits them over data / fsdp.
+    return {"layer_stack": gpipe(mesh, pipeline_microbatches)}
   ep = mesh.shape["expert"] > 1
   out = {"moe_dispatch": ep_moe_dispatch(mesh) if ep else local_moe_dispatch(mesh)}
-  if mesh.shape["sequence"] > 1:
-    out["attention"] = ulysses_attention(mesh)
+  seq_op, seq_body = SEQUENCE_OPS[names.get("sequence_attention", "ulysses")]
+  if mesh.shape["tensor"] > 1:
+    out["self_attention"] = megatron_attention(mesh, seq_body)
+    out["dense_mlp"] = megatron_mlp(mesh)
+  elif mesh.shape["sequence"] > 1:
+    out["attention"] = seq_op(mesh)
+  if mesh.shape["pipeline"] > 1:
+    out["layer_stack"] = gpipe(mesh, pipeline_microbatches)
   return out

@@ -109,3 +109,12 @@ def put_batch(mesh, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     sh = NamedSharding(mesh, batch_spec(v.ndim, seq))
     out[k] = jax.make_array_from_callback(v.shape, sh, lambda idx, v=v: v[idx])
   return out
+
+
+def context_mesh(mesh):
+  """The mesh a ``shard_map`` should name: the abstract context mesh when called inside an
+  enclosing partially-manual ``shard_map`` (e.g. a pipeline stage), else ``mesh``."""
+  am = jax.sharding.get_abstract_mesh()
+  if not am.empty and any(t == AxisType.Manual for t in am.axis_types):
+    return am
+  return mesh

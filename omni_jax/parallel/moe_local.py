@@ -19,7 +19,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from omni_jax.models.moe import moe_dispatch
-from omni_jax.parallel.mesh import BATCH_AXES
+from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
 
 
 def local_moe_dispatch(mesh) -> Callable:
@@ -37,8 +37,8 @@ def local_moe_dispatch(mesh) -> Callable:
     def body(x, ids, g, wg, wu, wo_):
       y, dropped = moe_dispatch.default(x, ids, g, wg, wu, wo_, impl=impl, capacity=local_cap)
       return y, jax.lax.pmean(dropped, axes)
-    return jax.shard_map(body, mesh=mesh, in_specs=(tokens, tokens, tokens, weights, weights,
-                                                    weights),
+    return jax.shard_map(body, mesh=context_mesh(mesh),
+                         in_specs=(tokens, tokens, tokens, weights, weights, weights),
                          out_specs=(tokens, P()))(x, expert_ids, gates, wi_gate, wi_up, wo)
   return dispatch
 

@@ -19,9 +19,26 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from omni_jax.models.layers import attention
-from omni_jax.parallel.mesh import BATCH_AXES
+from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
 
 SEQ = "sequence"
+
+
+def ulysses_body(q, k, v, *, causal: bool, block: int = 0, axis: str = SEQ):
+  """Attention of local chunks [b, T/n, H, Dh] over the whole sequence; call inside a
+  ``shard_map`` in which ``axis`` is manual."""
+  n = jax.lax.axis_size(axis)
+  h, kv = q.shape[2], k.shape[2]
+  if h % n:
+    raise ValueError(f"Ulysses attention splits heads over sequence={n}, but there are {h} "
+                     f"heads here; choose mesh.sequence dividing the heads (per tensor shard) "
+                     f"or config.parallel.sequence_attention='ring'")
+  if kv % n:
+    k, v = jnp.repeat(k, h // kv, axis=2), jnp.repeat(v, h // kv, axis=2)
+  # [b, t/n, H, Dh] -> [b, t, H/n, Dh] -> attention -> back
+  to_heads = lambda x: jax.lax.all_to_all(x, axis, split_axis=2, concat_axis=1, tiled=True)
+  out = attention.default(to_heads(q), to_heads(k), to_heads(v), causal=causal, block=block)
+  return jax.lax.all_to_all(out, axis, split_axis=1, concat_axis=2, tiled=True)
 
 
 def ulysses_attention(mesh) -> Callable:
@@ -29,20 +46,10 @@ def ulysses_attention(mesh) -> Callable:
   n = mesh.shape[SEQ]
 
   def impl(q, k, v, *, causal, block=0):
-    h, kv = q.shape[2], k.shape[2]
-    if h % n:
-      raise ValueError(f"Ulysses attention splits heads over sequence={n}, but num_heads={h} "
-                       f"is not a multiple; choose mesh.sequence dividing the heads")
     if q.shape[1] % n:
       raise ValueError(f"sequence length {q.shape[1]} is not a multiple of sequence={n}")
-    if kv % n:
-      k, v = jnp.repeat(k, h // kv, axis=2), jnp.repeat(v, h // kv, axis=2)
     spec = P(BATCH_AXES, SEQ, None, None)
-
-    def body(q, k, v):  # [b, t/n, H, Dh] -> [b, t, H/n, Dh] -> attention -> back
-      to_heads = lambda x: jax.lax.all_to_all(x, SEQ, split_axis=2, concat_axis=1, tiled=True)
-      out = attention.default(to_heads(q), to_heads(k), to_heads(v), causal=causal,
-                              block=block)
-      return jax.lax.all_to_all(out, SEQ, split_axis=1, concat_axis=2, tiled=True)
-    return jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)(q, k, v)
+    body = lambda q, k, v: ulysses_body(q, k, v, causal=causal, block=block)
+    return jax.shard_map(body, mesh=context_mesh(mesh), in_specs=(spec, spec, spec),
+                         out_specs=spec)(q, k, v)
   return impl

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from omni_jax.config import ConfigError, check_keys, to_dict
+from omni_jax.config import ConfigError, check_keys, require, to_dict
 from omni_jax.data.sequences import TASK_TEXT
 from omni_jax.data.stream import OmniStream
 from omni_jax.models import named_ops
@@ -31,7 +31,8 @@ from omni_jax.train.metrics import plot_curves, write_json_atomic
 from omni_jax.train.optim import make_optimizer
 from omni_jax.train.perf import measure_matmul_flops
 
-TOP_KEYS = ("model", "data", "optim", "train", "mesh")
+TOP_KEYS = ("model", "data", "optim", "train", "mesh", "parallel")
+PARALLEL_KEYS = ("recipe", "sequence_attention", "pipeline_microbatches")
 REQUIRED_KEYS = ("model", "data", "optim", "train")
 
 
@@ -96,17 +97,25 @@ def nested_eval(spec: OmniSpec, flat: dict[str, float]) -> dict[str, dict[str, f
 def make_layout_mesh(config):
   """The mesh of ``config.mesh`` (all devices on ``data`` when absent)."""
   mesh_cfg = dict(config.mesh) if "mesh" in config else {"data": -1}
-  if int(mesh_cfg.get("pipeline", 1)) != 1:
-    raise ConfigError("config.mesh.pipeline > 1: the pipeline schedule is not implemented "
-                      "yet; use data / fsdp / expert / sequence / tensor")
   return mesh_lib.make_mesh(mesh_cfg)
 
 
-def check_batch_fits_mesh(stream: OmniStream, mesh) -> None:
+def check_batch_fits_mesh(stream: OmniStream, mesh, microbatches: int = 4) -> None:
+  """Batch, sequence and pipeline divisibility, as config errors before any compile."""
   n = mesh_lib.batch_divisor(mesh)
   if stream.batch_size % n:
     raise ConfigError(f"config.data.batch_size = {stream.batch_size} must be a multiple of the "
                       f"{n} devices on the batch axes {mesh_lib.BATCH_AXES}")
+  p = mesh.shape["pipeline"]
+  if p > 1:
+    units = stream.spec.backbone.num_units
+    if units % p:
+      raise ConfigError(f"config.mesh.pipeline = {p} must divide the backbone's {units} units "
+                        "(model.num_layers / model.moe.every)")
+    if stream.batch_size % (n * microbatches):
+      raise ConfigError(f"config.data.batch_size = {stream.batch_size} must be a multiple of "
+                        f"parallel.pipeline_microbatches ({microbatches}) x the {n} devices on "
+                        "the batch axes")
   block = stream.spec.backbone.attention_block
   if block and stream.seq_len % block:
     raise ConfigError(f"config.model.attention_block = {block} must divide data.seq_len = "
@@ -124,12 +133,39 @@ def validate(config) -> tuple[OmniSpec, OmniStream, LoopConfig]:
   loop = LoopConfig.from_config(config.train)
   make_optimizer(config.optim, loop.steps)
   stream = OmniStream(spec, config.data)
+  parallel_op_names(config)
+  pipeline_microbatches(config)
   return spec, stream, loop
 
 
-def make_loss_fn(spec: OmniSpec, model: OmniModel, mesh):
+def parallel_op_names(config) -> dict[str, str]:
+  """The recipe's parallel op per seam, with ``config.parallel`` overrides (validated)."""
+  par = dict(config.parallel) if "parallel" in config else {}
+  check_keys(par, PARALLEL_KEYS, "parallel.")
+  recipe = par.pop("recipe", "omni")
+  par.pop("pipeline_microbatches", None)
+  if recipe not in recipes.RECIPES:
+    raise ConfigError(f"config.parallel.recipe = {recipe!r}; registered recipes: "
+                      f"{recipes.RECIPES.names()}")
+  try:
+    return layout.op_names(recipe, {k: v for k, v in par.items() if v})
+  except ValueError as e:
+    raise ConfigError(f"config.parallel: {e}") from None
+
+
+def pipeline_microbatches(config) -> int:
+  """``config.parallel.pipeline_microbatches`` (GPipe microbatches; default 4)."""
+  par = dict(config.parallel) if "parallel" in config else {}
+  m = par.get("pipeline_microbatches", 4)
+  require(isinstance(m, int) and not isinstance(m, bool) and m >= 1,
+          "parallel.pipeline_microbatches", m, "must be an integer >= 1")
+  return m
+
+
+def make_loss_fn(spec: OmniSpec, model: OmniModel, mesh, op_names: dict | None = None,
+                 microbatches: int = 4):
   """``(params, batch) -> (loss, metrics)`` with the mesh's named-op implementations."""
-  ops = layout.ops(mesh)
+  ops = layout.ops(mesh, op_names, microbatches)
 
   def loss_fn(params, batch):
     with named_ops.override(**ops):  # active whenever the step is traced
@@ -154,7 +190,8 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   os.makedirs(workdir, exist_ok=True)
   spec, stream, loop = validate(config)
   mesh = mesh or make_layout_mesh(config)
-  check_batch_fits_mesh(stream, mesh)
+  micro = pipeline_microbatches(config)
+  check_batch_fits_mesh(stream, mesh, micro)
   model = OmniModel(spec)
   tx = make_optimizer(config.optim, loop.steps)
   example = stream.batch(0)
@@ -162,8 +199,9 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   def init_params(key):
     return model.init(key, example)["params"]
 
-  layout_ops = layout.ops(mesh)
-  loss_fn = make_loss_fn(spec, model, mesh)
+  op_names = parallel_op_names(config)
+  layout_ops = layout.ops(mesh, op_names, micro)
+  loss_fn = make_loss_fn(spec, model, mesh, op_names, micro)
   param_sharding = state_sharding(mesh)
   abstract_params = jax.eval_shape(init_params, jax.random.PRNGKey(0))
   params_total, params_active = count_params(spec, abstract_params)

@@ -1,7 +1,10 @@
-"""Model-centric parallel recipes: parameter-path patterns -> placements on the mesh.
+"""Model-centric parallel recipes: parameter placements and the parallel ops, per model family.
 
-A recipe is an ordered list of :class:`Rule` (first match wins), one list per model family
-(``RECIPES``). A rule gives, for every dimension of the matching parameter, the mesh axis
+A :class:`Recipe` (one per model family, in ``RECIPES``) holds an ordered list of
+:class:`Rule` (first match wins) and names the parallel op for each seam of the model:
+``sequence_attention`` (``ulysses`` or ``ring``), ``moe_dispatch`` (``all_to_all``),
+``tensor`` (``megatron``) and ``pipeline`` (``gpipe``); ``config.parallel`` may override
+an op by name. A rule gives, for every dimension of the matching parameter, the mesh axis
 it is split over (or ``None``), or one of two shorthands: ``FSDP`` (split the largest
 dimension divisible by the ``fsdp`` axis) and ``REPLICATE``. The same rules place the
 optimizer state (its moments mirror the parameter paths) — MaxText's logical-axis rules and
@@ -38,7 +41,34 @@ class Rule:
     return re.search(self.pattern, path) is not None
 
 
-RECIPES: Registry[list[Rule]] = Registry("parallel recipe")
+# The parallel ops a recipe may name, per seam (implementations in omni_jax.parallel.layout).
+OP_CHOICES = {
+    "sequence_attention": ("ulysses", "ring"),
+    "moe_dispatch": ("all_to_all",),
+    "tensor": ("megatron",),
+    "pipeline": ("gpipe",),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  rules: tuple[Rule, ...]
+  ops: tuple[tuple[str, str], ...]      # (seam, op name) pairs, see OP_CHOICES
+
+  def op_names(self, overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """The recipe's op per seam, with ``overrides`` (e.g. from config.parallel) applied."""
+    out = dict(self.ops)
+    for seam, name in (overrides or {}).items():
+      if seam not in OP_CHOICES:
+        raise ValueError(f"unknown parallel seam {seam!r}; allowed: {sorted(OP_CHOICES)}")
+      if name not in OP_CHOICES[seam]:
+        raise ValueError(f"parallel op {seam}={name!r} is not available; allowed: "
+                         f"{list(OP_CHOICES[seam])}")
+      out[seam] = name
+    return out
+
+
+RECIPES: Registry[Recipe] = Registry("parallel recipe")
 
 
 def path_str(path) -> str:
@@ -77,8 +107,11 @@ def _spec(rule: Rule, path: str, shape: tuple[int, ...], mesh, notes: list[str])
   return P(*out)
 
 
-def resolve(rules: list[Rule], tree: Any, mesh) -> tuple[Any, list[str]]:
-  """``NamedSharding`` per leaf of ``tree`` (arrays or ShapeDtypeStructs) + notes."""
+def resolve(rules, tree: Any, mesh) -> tuple[Any, list[str]]:
+  """``NamedSharding`` per leaf of ``tree`` (arrays or ShapeDtypeStructs) + notes.
+
+  ``rules`` is a :class:`Recipe` or a sequence of :class:`Rule`."""
+  rules = rules.rules if isinstance(rules, Recipe) else rules
   notes: list[str] = []
 
   def place(path, leaf):

@@ -9,29 +9,42 @@ Shapes (``U`` = scanned units): attention ``q/k/v`` kernels ``[U, D, H, Dh]``, `
 * attention and dense MLP: Megatron tensor parallelism — heads / width over ``tensor``
   (column-parallel in, row-parallel out) — with the model dimension over ``fsdp``;
 * embeddings and heads: vocabulary over ``tensor``, model dimension over ``fsdp``;
+* the backbone's leading unit axis: over ``pipeline`` (each stage holds its units);
 * encoders, norms, the rest: FSDP on the largest divisible dimension.
+
+Ops: Ulysses attention over ``sequence`` (``ring`` selectable), all-to-all expert
+dispatch over ``expert``, Megatron attention / MLP over ``tensor``, GPipe over
+``pipeline``.
 """
 
 from __future__ import annotations
 
-from omni_jax.parallel.recipes import FSDP, RECIPES, REPLICATE, Rule
+from omni_jax.parallel.recipes import FSDP, RECIPES, REPLICATE, Recipe, Rule
 
 UNIT = r"backbone/units/layer_\d+"
 
 OMNI_RULES = [
-    Rule(rf"{UNIT}/moe/(wi_gate|wi_up)$", (None, "expert", "fsdp", "tensor")),
-    Rule(rf"{UNIT}/moe/wo$", (None, "expert", "tensor", "fsdp")),
-    Rule(rf"{UNIT}/moe/router$", (None, "fsdp", None)),
-    Rule(rf"{UNIT}/moe/shared_(wi_gate|wi_up)$", (None, "fsdp", "tensor")),
-    Rule(rf"{UNIT}/moe/shared_wo$", (None, "tensor", "fsdp")),
-    Rule(rf"{UNIT}/attn/(q|k|v)/kernel$", (None, "fsdp", "tensor", None)),
-    Rule(rf"{UNIT}/attn/o/kernel$", (None, "tensor", None, "fsdp")),
-    Rule(rf"{UNIT}/mlp/(wi_gate|wi_up)/kernel$", (None, "fsdp", "tensor")),
-    Rule(rf"{UNIT}/mlp/wo/kernel$", (None, "tensor", "fsdp")),
+    Rule(rf"{UNIT}/moe/(wi_gate|wi_up)$", ("pipeline", "expert", "fsdp", "tensor")),
+    Rule(rf"{UNIT}/moe/wo$", ("pipeline", "expert", "tensor", "fsdp")),
+    Rule(rf"{UNIT}/moe/router$", ("pipeline", "fsdp", None)),
+    Rule(rf"{UNIT}/moe/shared_(wi_gate|wi_up)$", ("pipeline", "fsdp", "tensor")),
+    Rule(rf"{UNIT}/moe/shared_wo$", ("pipeline", "tensor", "fsdp")),
+    Rule(rf"{UNIT}/attn/(q|k|v)/kernel$", ("pipeline", "fsdp", "tensor", None)),
+    Rule(rf"{UNIT}/attn/o/kernel$", ("pipeline", "tensor", None, "fsdp")),
+    Rule(rf"{UNIT}/mlp/(wi_gate|wi_up)/kernel$", ("pipeline", "fsdp", "tensor")),
+    Rule(rf"{UNIT}/mlp/wo/kernel$", ("pipeline", "tensor", "fsdp")),
+    Rule(rf"{UNIT}/.*/scale$", ("pipeline", None)),
     Rule(r"(^|/)embed/embedding$", ("tensor", "fsdp")),
     Rule(r"(^|/)head_\w+/kernel$", ("fsdp", "tensor")),
     Rule(r"/scale$", REPLICATE),
     Rule(r".*", FSDP),
 ]
 
-RECIPES.add("omni", OMNI_RULES)
+OMNI_OPS = (
+    ("sequence_attention", "ulysses"),   # 'ring' for very long sequences / few heads
+    ("moe_dispatch", "all_to_all"),
+    ("tensor", "megatron"),
+    ("pipeline", "gpipe"),
+)
+
+RECIPES.add("omni", Recipe(tuple(OMNI_RULES), OMNI_OPS))

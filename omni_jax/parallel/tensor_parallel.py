@@ -1,0 +1,77 @@
+"""Megatron-style tensor parallelism of the attention and dense-MLP sublayers.
+
+Inside ``jax.shard_map`` over mesh axis ``tensor`` (t devices), each device holds H/t
+attention heads and F/t MLP columns: the input projections are column-parallel (no
+communication: every device has the whole activation), the output projections are
+row-parallel and produce partial sums that one ``psum`` over ``tensor`` completes — one
+all-reduce of the activations per sublayer forward, one more in the backward pass
+(Shoeybi et al., Megatron-LM). Parameters sharded over ``fsdp`` are all-gathered at the
+``shard_map`` boundary, so tensor parallelism composes with FSDP; with ``sequence > 1``
+the local heads go through the Ulysses or ring body over ``sequence`` in the same
+``shard_map``.
+
+Grouped-query attention: when the key/value heads do not split t ways, their kernels are
+repeated to one per query head first (numerically the same attention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from omni_jax.models.layers import attention, attention_sublayer, dense_mlp
+from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
+
+TENSOR = "tensor"
+TOKENS = P(BATCH_AXES, "sequence", None)
+POSITIONS = P(BATCH_AXES, "sequence")
+
+
+def _check(what: str, size: int, t: int) -> None:
+  if size % t:
+    raise ValueError(f"tensor parallelism splits {what} = {size} over tensor={t}: choose "
+                     f"mesh.tensor dividing it")
+
+
+def megatron_mlp(mesh) -> Callable:
+  """A ``dense_mlp`` implementation: width split over ``tensor``, one psum out."""
+  t = mesh.shape[TENSOR]
+
+  def impl(x, w_gate, w_up, w_out):
+    _check("the MLP width", w_gate.shape[1], t)
+
+    def body(x, wg, wu, wo):
+      return jax.lax.psum(dense_mlp.default(x, wg, wu, wo), TENSOR)
+    col, row = P(None, TENSOR), P(TENSOR, None)
+    return jax.shard_map(body, mesh=context_mesh(mesh), in_specs=(TOKENS, col, col, row),
+                         out_specs=TOKENS)(x, w_gate, w_up, w_out)
+  return impl
+
+
+def megatron_attention(mesh, sequence_body: Callable | None = None) -> Callable:
+  """A ``self_attention`` implementation: heads split over ``tensor``, one psum out.
+
+  ``sequence_body`` (Ulysses or ring body) runs the local heads' attention across the
+  ``sequence`` axis when it is > 1; otherwise attention is local.
+  """
+  t = mesh.shape[TENSOR]
+  attend = sequence_body if mesh.shape["sequence"] > 1 else attention.default
+
+  def impl(x, positions, wq, wk, wv, wo, *, rope_theta=10_000.0, block=0):
+    h, kv = wq.shape[1], wk.shape[1]
+    _check("num_heads", h, t)
+    if kv % t:
+      wk, wv = jnp.repeat(wk, h // kv, axis=1), jnp.repeat(wv, h // kv, axis=1)
+
+    def body(x, pos, wq, wk, wv, wo):
+      y = attention_sublayer(x, pos, wq, wk, wv, wo, rope_theta=rope_theta, block=block,
+                             attend=attend)
+      return jax.lax.psum(y, TENSOR)
+    heads = P(None, TENSOR, None)
+    return jax.shard_map(body, mesh=context_mesh(mesh),
+                         in_specs=(TOKENS, POSITIONS, heads, heads, heads, P(TENSOR, None, None)),
+                         out_specs=TOKENS)(x, positions, wq, wk, wv, wo)
+  return impl
