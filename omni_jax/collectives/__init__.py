@@ -1,0 +1,3 @@
+"""Data-parallel gradient communication: a ppermute ring all-reduce with a codec on every hop,
+gradient codecs (``codecs/``), aggregators by codec name (``aggregate``), Pipe-SGD
+(``pipesgd``) and the alpha-beta cluster timing model (``timing``)."""

@@ -1,0 +1,233 @@
+"""Alpha-beta timing model of gradient aggregation on a small cluster.
+
+Why: INCEPTIONN, GradiVeQ, Pipe-SGD and iSwitch all argue with a cost model of the same
+shape -- per-message latency (alpha), link bandwidth (beta = 1/bandwidth), cluster size,
+codec throughput and compute time. This module is that model, so the compression and RL
+experiments can predict iteration times for a real network from quantities measured here
+(compute time per step, codec encode/decode throughput, gradient bytes).
+
+Topology: ``N`` workers hang off one top-of-rack switch with full-duplex links of
+``bandwidth_bytes_per_s``. ``latency_s`` is the latency of ONE hop (host -> switch or
+switch -> host, NIC and host stack included), so a worker-to-worker message costs two hops.
+This gives iSwitch's hop counts per aggregation: parameter server 4, ring 4N - 4,
+in-switch 2.
+
+With ``n`` raw gradient bytes, codec ratio ``r`` (wire bytes / raw bytes, so the wire size is
+``w = r * n``), encode/decode throughputs ``E`` / ``D`` (raw bytes per second, ``inf`` for
+no codec), ``B`` the link bandwidth and ``a`` the hop latency:
+
+* ring all-reduce (reduce-scatter then all-gather, 2(N-1) steps of a 1/N chunk; every hop
+  encodes on send and decodes on receive, as INCEPTIONN's decode-add-re-encode ring does)::
+
+      T_ring = 2(N-1) * (2a + w/(N B) + n/(N E) + n/(N D))
+
+  and for a linear codec (``per_hop=False``: compressed values add, one encode and one
+  decode per aggregation): ``T_ring = 2(N-1) * (2a + w/(N B)) + n/E + n/D``.
+
+* parameter server (a dedicated server; every worker pushes, the server sums, every worker
+  pulls; incast: the server's link carries N*w each way, serialised)::
+
+      T_ps = 2 * (2a + N w / B) + n/E + N n/D + n/E + n/D
+
+  (workers encode in parallel, the server decodes N pushes, encodes the sum once, workers
+  decode it in parallel).
+
+* in-network aggregation (iSwitch): each worker sends its gradient once and receives the
+  aggregate once. The switch sums packet by packet and broadcasts a packet's aggregate as
+  soon as all N copies arrived, so upload and download overlap on the full-duplex links;
+  the pipeline fill costs one packet's store-and-forward time plus the switch's
+  aggregation latency::
+
+      T_switch = 2a + w/B + min(w, P)/B + s + n/E + n/D
+
+  with ``P`` = ``packet_bytes`` and ``s`` = ``switch_latency_s``. (For a non-linear codec
+  the switch is assumed to decode/encode at line rate.)
+
+With one worker there is nothing to aggregate: every method costs 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+METHODS = ("ring", "ps", "switch")
+MODES = ("sync", "pipelined", "async")
+
+
+def _check_number(name: str, value, *, positive: bool, allow_inf: bool = False) -> float:
+  """``value`` as a float, or a ValueError/TypeError naming ``name`` and what is allowed."""
+  if isinstance(value, bool) or not isinstance(value, int | float):
+    raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+  v = float(value)
+  if math.isnan(v) or (math.isinf(v) and not allow_inf):
+    raise ValueError(f"{name} must be finite, got {value!r}")
+  if positive and not v > 0:
+    raise ValueError(f"{name} must be > 0, got {value!r}")
+  if not positive and v < 0:
+    raise ValueError(f"{name} must be >= 0, got {value!r}")
+  return v
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+  """A star cluster: ``workers`` hosts on one switch.
+
+  Defaults are the papers' testbed: 4 nodes on 10 GbE (1.25e9 bytes/s). ``latency_s`` is per
+  hop (host <-> switch): 12.5 us, i.e. 25 us host-to-host, typical of kernel TCP on 10 GbE.
+  ``switch_latency_s`` is the in-switch aggregation latency of one packet (iSwitch-style, about
+  1 us), ``packet_bytes`` the MTU (1500).
+  """
+
+  workers: int = 4
+  bandwidth_bytes_per_s: float = 10e9 / 8
+  latency_s: float = 12.5e-6
+  switch_latency_s: float = 1e-6
+  packet_bytes: int = 1500
+
+  def __post_init__(self):
+    if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+      raise ValueError(f"Cluster.workers must be an integer >= 1, got {self.workers!r}")
+    _check_number("Cluster.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s, positive=True)
+    _check_number("Cluster.latency_s", self.latency_s, positive=False)
+    _check_number("Cluster.switch_latency_s", self.switch_latency_s, positive=False)
+    if (isinstance(self.packet_bytes, bool) or not isinstance(self.packet_bytes, int)
+        or self.packet_bytes < 1):
+      raise ValueError(f"Cluster.packet_bytes must be an integer >= 1, got {self.packet_bytes!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CodecCost:
+  """What a codec costs on the wire and in time.
+
+  ``ratio`` = wire bytes / raw bytes (1.0: no compression; may exceed 1 for a codec that
+  expands), ``encode_bytes_per_s`` / ``decode_bytes_per_s`` = raw bytes processed per second
+  (``inf``: free, e.g. a line-rate NIC codec). Throughputs are measured by the caller.
+  ``per_hop`` True: the ring encodes and decodes on every hop (INCEPTIONN, QSGD); False: a
+  linear codec whose compressed values add inside the ring (GradiVeQ, PowerSGD) encodes the
+  whole gradient once and decodes the sum once, ``+ n/E + n/D`` on top of the ring.
+  """
+
+  ratio: float = 1.0
+  encode_bytes_per_s: float = math.inf
+  decode_bytes_per_s: float = math.inf
+  per_hop: bool = True
+
+  def __post_init__(self):
+    if not isinstance(self.per_hop, bool):
+      raise TypeError(f"CodecCost.per_hop must be a bool, got {self.per_hop!r}")
+    _check_number("CodecCost.ratio", self.ratio, positive=True)
+    _check_number("CodecCost.encode_bytes_per_s", self.encode_bytes_per_s, positive=True,
+                  allow_inf=True)
+    _check_number("CodecCost.decode_bytes_per_s", self.decode_bytes_per_s, positive=True,
+                  allow_inf=True)
+
+  def encode_s(self, raw_bytes: float) -> float:
+    """Seconds to encode ``raw_bytes``."""
+    return raw_bytes / self.encode_bytes_per_s
+
+  def decode_s(self, raw_bytes: float) -> float:
+    """Seconds to decode back to ``raw_bytes``."""
+    return raw_bytes / self.decode_bytes_per_s
+
+
+NO_CODEC = CodecCost()
+
+
+def _check_method(method: str) -> None:
+  if method not in METHODS:
+    raise ValueError(f"aggregation method must be one of {list(METHODS)}, got {method!r}")
+
+
+def aggregation_time(nbytes: float, cluster: Cluster, method: str,
+                     codec: CodecCost | None = None) -> float:
+  """Seconds to all-reduce ``nbytes`` raw gradient bytes with ``method``.
+
+  ``method`` is "ring", "ps" or "switch"; formulas in the module docstring. ``codec`` None
+  means uncompressed and free.
+  """
+  n = _check_number("nbytes", nbytes, positive=False)
+  _check_method(method)
+  if not isinstance(cluster, Cluster):
+    raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
+  codec = NO_CODEC if codec is None else codec
+  if not isinstance(codec, CodecCost):
+    raise TypeError(f"codec must be a CodecCost or None, got {type(codec).__name__}")
+  N, a, B = cluster.workers, cluster.latency_s, cluster.bandwidth_bytes_per_s
+  if N == 1 or n == 0:
+    return 0.0
+  w = codec.ratio * n
+  if method == "ring":
+    if not codec.per_hop:
+      return 2 * (N - 1) * (2 * a + w / (N * B)) + codec.encode_s(n) + codec.decode_s(n)
+    step = 2 * a + w / (N * B) + codec.encode_s(n / N) + codec.decode_s(n / N)
+    return 2 * (N - 1) * step
+  if method == "ps":
+    network = 2 * (2 * a + N * w / B)
+    return (network + codec.encode_s(n) + codec.decode_s(N * n) + codec.encode_s(n)
+            + codec.decode_s(n))
+  fill = min(w, cluster.packet_bytes) / B + cluster.switch_latency_s
+  return 2 * a + w / B + fill + codec.encode_s(n) + codec.decode_s(n)
+
+
+def hops_per_aggregation(cluster: Cluster, method: str) -> int:
+  """Link traversals on the critical path: ps 4, ring 4N - 4, switch 2 (iSwitch's counts)."""
+  _check_method(method)
+  if cluster.workers == 1:
+    return 0
+  return {"ring": 4 * cluster.workers - 4, "ps": 4, "switch": 2}[method]
+
+
+@dataclasses.dataclass(frozen=True)
+class IterationTime:
+  """One training iteration: total, its compute part, and the aggregation time (which in a
+  pipelined/async mode overlaps compute and is only partly exposed)."""
+
+  iteration_s: float
+  compute_s: float
+  comm_s: float
+
+  @property
+  def comm_fraction(self) -> float:
+    """``comm_s / iteration_s`` (0 for an empty iteration); 1 - this is the compute share
+    in sync mode. In sync mode this is the "aggregation share of iteration time"."""
+    return self.comm_s / self.iteration_s if self.iteration_s > 0 else 0.0
+
+  @property
+  def exposed_comm_s(self) -> float:
+    """Communication time not hidden behind compute."""
+    return max(self.iteration_s - self.compute_s, 0.0)
+
+
+def iteration_time(compute_s: float, nbytes: float, cluster: Cluster, method: str = "ring",
+                   codec: CodecCost | None = None, mode: str = "sync",
+                   update_s: float = 0.0) -> IterationTime:
+  """Predicted seconds per iteration.
+
+  * ``sync``: ``compute + comm + update`` (all-reduce after backward, then apply).
+  * ``pipelined`` (Pipe-SGD width 2): step t's all-reduce runs on the communication thread
+    while step t+1 computes (it applies step t's aggregate), so
+    ``max(compute, comm) + update``.
+  * ``async`` (iSwitch asynchronous): workers never wait for the aggregate;
+    ``max(compute, comm) + update`` as well -- the steady state is bound by the slower of
+    the two threads.
+
+  ``update_s`` is the non-overlappable part (applying the update; 0 by default, the
+  optimizer step of a data-parallel worker is small next to backward). Codec encode/decode
+  is counted inside ``comm`` (done on the communication path: INCEPTIONN's NIC, Pipe-SGD's
+  communication thread).
+  """
+  c = _check_number("compute_s", compute_s, positive=False)
+  u = _check_number("update_s", update_s, positive=False)
+  if mode not in MODES:
+    raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+  comm = aggregation_time(nbytes, cluster, method, codec)
+  total = c + comm + u if mode == "sync" else max(c, comm) + u
+  return IterationTime(iteration_s=total, compute_s=c, comm_s=comm)
+
+
+def speedup(baseline: IterationTime, other: IterationTime) -> float:
+  """``baseline.iteration_s / other.iteration_s`` (how many times faster ``other`` is)."""
+  if other.iteration_s <= 0:
+    raise ValueError(f"cannot compare against a zero-time iteration {other}")
+  return baseline.iteration_s / other.iteration_s
