@@ -1,0 +1,92 @@
+"""Distributed RL with sync / async gradient aggregation (iSwitch, issue 5).
+
+Run:
+  python -m experiments.rl --config=configs/rl.py:ppo_cartpole --workdir=/tmp/rl_ppo_cartpole
+  python -m experiments.rl --config=configs/rl.py:tiny --workdir=/tmp/rl_tiny
+Variants: ``ppo_cartpole``, ``ppo_acrobot``, ``ppo_breakout``, ``a2c_cartpole``,
+``dqn_cartpole``, ``ddpg_pendulum`` and ``tiny`` (PPO on CartPole, a few seconds; tests).
+Overrides: ``--config.aggregation=ps|allreduce|switch|async|none``,
+``--config.staleness=2`` (async), ``--config.threshold=6`` (switch H; 0 means H = workers),
+``--config.workers=4``, ``--config.seeds=3`` (vmapped seeds).
+``total_env_steps`` counts every worker's steps (per seed); each worker runs
+``hp.num_envs`` environments, so the global batch is ``workers * hp.num_envs``.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+VARIANTS = ("ppo_cartpole", "ppo_acrobot", "ppo_breakout", "a2c_cartpole", "dqn_cartpole",
+            "ddpg_pendulum", "tiny")
+ALGOS = ("ppo", "a2c", "dqn", "ddpg")
+
+
+def hyperparameters(algo: str) -> ml_collections.ConfigDict:
+  """Per-algorithm defaults (per worker) for the reference envs."""
+  if algo == "ppo":
+    hp = dict(num_envs=4, num_steps=16, epochs=4, num_minibatches=4, lr=2.5e-4, anneal_lr=True,
+              gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01, vf_coef=0.5,
+              max_grad_norm=0.5, hidden=(64, 64), activation="tanh")
+  elif algo == "a2c":
+    hp = dict(num_envs=4, num_steps=8, lr=1e-3, anneal_lr=True, gamma=0.99, gae_lambda=1.0,
+              ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, hidden=(64, 64),
+              activation="tanh")
+  elif algo == "dqn":
+    hp = dict(num_envs=1, train_interval=2, buffer_size=10_000, batch_size=64, lr=5e-4,
+              max_grad_norm=10.0, gamma=0.99, eps_start=1.0, eps_end=0.05,
+              eps_decay_steps=10_000, learning_starts=500, target_every=250, hidden=(120, 84))
+  elif algo == "ddpg":
+    hp = dict(num_envs=1, train_interval=1, buffer_size=20_000, batch_size=64, actor_lr=1e-3,
+              critic_lr=1e-3, max_grad_norm=0.0, gamma=0.99, tau=0.005, noise=0.1,
+              learning_starts=500, hidden=(128, 128))
+  else:
+    raise ValueError(f"unknown RL algorithm {algo!r}; allowed: {list(ALGOS)}")
+  return ml_collections.ConfigDict(hp)
+
+
+def get_config(arg: str = "ppo_cartpole") -> ml_collections.ConfigDict:
+  """Config for ``experiments.rl``; ``arg`` picks a variant."""
+  if arg not in VARIANTS:
+    raise ValueError(f"unknown variant {arg!r} of configs/rl.py; allowed: {list(VARIANTS)}")
+  algo, env_key = ("ppo", "cartpole") if arg == "tiny" else arg.split("_")
+  env = {"cartpole": "CartPole-v1", "acrobot": "Acrobot-v1", "breakout": "Breakout-MinAtar",
+         "pendulum": "Pendulum-v1"}[env_key]
+  c = ml_collections.ConfigDict()
+  c.variant = arg
+  c.algo = algo
+  c.env = env
+  c.seed = 0
+  c.seeds = 1                   # independent runs vmapped inside every worker
+  c.workers = 8                 # devices on the worker mesh axis
+  c.aggregation = "switch"      # none | allreduce | ps | switch | async
+  c.threshold = 0               # switch threshold H (0 = workers: synchronous)
+  c.segment_size = 256          # floats per switch segment (one counter each)
+  c.staleness = 0               # async bound S (0 = synchronous)
+  c.codec = ""                  # name of a compressed-collectives codec ("" = none)
+  c.total_env_steps = 500_000   # all workers together, per seed
+  c.chunk_iterations = 0        # iterations per jitted chunk / checkpoint (0 = ~10 chunks)
+  c.final_window = 0.1          # final_return: episodes ending in the last 10% of iterations
+  c.timing_iterations = 0       # extra iterations timed without communication (0 = a chunk)
+  c.hp = hyperparameters(algo)
+  # Cluster of the timing model (iSwitch's testbed: 10 GbE, per-hop latency).
+  c.cluster = ml_collections.ConfigDict(dict(
+      workers=0,                # 0 = config.workers
+      bandwidth_bytes_per_s=1.25e9, latency_s=12.5e-6, switch_latency_s=1e-6))
+  if algo == "a2c":
+    c.total_env_steps = 500_000
+  elif algo == "dqn":
+    c.total_env_steps = 200_000
+  elif algo == "ddpg":
+    c.total_env_steps = 40_000
+  if arg == "ppo_acrobot":
+    c.total_env_steps = 500_000
+  if arg == "ppo_breakout":
+    c.total_env_steps = 2_000_000
+    c.hp.num_steps = 32
+    c.hp.lr = 5e-4
+    c.hp.hidden = (128, 128)
+  if arg == "tiny":
+    c.workers = 2
+    c.total_env_steps = 8_192
+    c.chunk_iterations = 16
+  return c

@@ -1,0 +1,7 @@
+"""Distributed RL (iSwitch, issue 5): envs, one file per algorithm, runner, predictions.
+
+``envs`` (protocol, gymnax wrappers, registry), ``ppo`` / ``a2c`` / ``dqn`` / ``ddpg``
+(PureJaxRL-style pure training functions), ``runner`` (config -> workers on a mesh axis,
+jitted chunks), ``predict`` (timing-model iteration times). Gradient aggregation lives in
+``omni_jax.parallel.rl_aggregation``.
+"""

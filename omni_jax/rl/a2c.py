@@ -1,0 +1,98 @@
+"""A2C (synchronous advantage actor-critic) for discrete actions, PureJaxRL style.
+
+One iteration: ROLLOUT ``num_steps`` steps of ``num_envs`` environments, n-step / GAE
+RETURNS bootstrapped from the last value, and ONE aggregated gradient step on
+policy-gradient + value + entropy loss. Many small iterations: the latency-critical regime.
+
+Reference setting (``configs/rl.py:a2c_cartpole``); measured returns in WORKSPACE.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from omni_jax.rl import core
+from omni_jax.rl.envs import Discrete
+from omni_jax.rl.networks import ActorCritic
+
+
+class A2CState(NamedTuple):
+  params: Any
+  opt_state: Any
+  agg_state: Any
+  env_state: Any
+  obs: jax.Array
+  key: jax.Array
+
+
+def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
+  """A2C on ``env`` with hyperparameters ``cfg`` (see ``configs/rl.py``)."""
+  if not isinstance(env.action_space, Discrete):
+    raise ValueError(f"A2C here needs a Discrete action space, got {env.action_space}")
+  n_env, n_steps = cfg.num_envs, cfg.num_steps
+  obs_shape = env.observation_space.shape
+  net = ActorCritic(env.action_space.n, tuple(cfg.hidden), cfg.activation,
+                    obs_shape if len(obs_shape) > 1 else ())
+  lr = core.linear_decay(cfg.lr, num_iterations) if cfg.anneal_lr else cfg.lr
+  tx = core.adam(lr, cfg.max_grad_norm)
+  reset, step = jax.vmap(env.reset), jax.vmap(env.step)
+
+  def init(key, worker=0):
+    params = net.init(key, jnp.zeros((1, *obs_shape)))
+    k_env, key = jax.random.split(jax.random.fold_in(key, worker + 1))
+    obs, env_state = reset(jax.random.split(k_env, n_env))
+    return A2CState(params, tx.init(params), aggregator.init(params), env_state, obs, key)
+
+  def loss_fn(params, obs, actions, returns):
+    logits, value = net.apply(params, obs)
+    adv = jax.lax.stop_gradient(returns - value)
+    pg = -(core.categorical_log_prob(logits, actions) * adv).mean()
+    v_loss = 0.5 * ((returns - value) ** 2).mean()
+    return pg + cfg.vf_coef * v_loss - cfg.ent_coef * core.categorical_entropy(logits).mean()
+
+  def iteration(state: A2CState, _):
+    # ROLLOUT
+    def env_step(carry, _):
+      st, acc = carry
+      key, k_act, k_env = jax.random.split(st.key, 3)
+      logits, value = net.apply(st.params, st.obs)
+      action = core.categorical_sample(k_act, logits)
+      obs, env_state, reward, term, trunc, info = step(jax.random.split(k_env, n_env),
+                                                       st.env_state, action)
+      done = jnp.logical_or(term, trunc).astype(jnp.float32)
+      acc = jax.tree.map(jnp.add, acc, core.episode_metrics(info))
+      return (st._replace(env_state=env_state, obs=obs, key=key), acc), (
+          st.obs, action, reward, done, value)
+
+    zero = {"return_sum": jnp.zeros(()), "episodes": jnp.zeros((), jnp.int32)}
+    (state, metrics), (obs, actions, rewards, dones, values) = jax.lax.scan(
+        env_step, (state, zero), None, n_steps)
+    # RETURNS (GAE with lambda; lambda = 1 gives n-step returns)
+    _, last_value = net.apply(state.params, state.obs)
+
+    def back(carry, x):
+      adv, next_value = carry
+      r, d, v = x
+      delta = r + cfg.gamma * next_value * (1 - d) - v
+      adv = delta + cfg.gamma * cfg.gae_lambda * (1 - d) * adv
+      return (adv, v), adv
+    _, advs = jax.lax.scan(back, (jnp.zeros_like(last_value), last_value),
+                           (rewards, dones, values), reverse=True)
+    returns = advs + values
+    # ONE AGGREGATED GRADIENT STEP
+    flat = lambda x: x.reshape(n_steps * n_env, *x.shape[2:])  # noqa: E731
+    loss, grads = jax.value_and_grad(loss_fn)(state.params, flat(obs), flat(actions),
+                                              flat(returns))
+    params, opt_state, agg_state = aggregator.apply(tx, grads, state.params, state.opt_state,
+                                                    state.agg_state)
+    state = state._replace(params=params, opt_state=opt_state, agg_state=agg_state)
+    return state, dict(metrics, loss=loss)
+
+  def run(state, n: int):
+    return jax.lax.scan(iteration, state, None, n)
+
+  params = jax.eval_shape(init, jax.random.PRNGKey(0)).params
+  return core.Algorithm("a2c", init, run, n_env * n_steps, 1, core.param_count(params))

@@ -1,0 +1,141 @@
+"""DQN (replay buffer, target network, linear epsilon schedule), PureJaxRL style.
+
+One iteration: ACT epsilon-greedily for ``train_interval`` steps of ``num_envs``
+environments, STORE the transitions in this worker's circular replay buffer, then ONE
+aggregated gradient step on a sampled batch (Huber TD error against the target network,
+bootstrapping only through true terminations) once the buffer holds ``learning_starts``
+transitions; the TARGET network copies the online one every ``target_every`` updates.
+Each worker keeps its own buffer (its own experience); only gradients are aggregated.
+
+Reference setting (``configs/rl.py:dqn_cartpole``); measured returns in WORKSPACE.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from omni_jax.rl import core
+from omni_jax.rl.envs import Discrete
+from omni_jax.rl.networks import QNetwork
+
+
+class Buffer(NamedTuple):
+  obs: jax.Array
+  action: jax.Array
+  reward: jax.Array
+  next_obs: jax.Array
+  terminated: jax.Array
+  pos: jax.Array       # next slot to write
+  size: jax.Array      # filled slots
+
+
+class DQNState(NamedTuple):
+  params: Any
+  target: Any
+  opt_state: Any
+  agg_state: Any
+  buffer: Buffer
+  env_state: Any
+  obs: jax.Array
+  key: jax.Array
+  env_steps: jax.Array
+  updates: jax.Array
+
+
+def buffer_add(buf: Buffer, obs, action, reward, next_obs, terminated) -> Buffer:
+  """Writes a batch of transitions at the circular position (oldest overwritten)."""
+  cap, n = buf.obs.shape[0], obs.shape[0]
+  idx = (buf.pos + jnp.arange(n)) % cap
+  return Buffer(buf.obs.at[idx].set(obs), buf.action.at[idx].set(action),
+                buf.reward.at[idx].set(reward), buf.next_obs.at[idx].set(next_obs),
+                buf.terminated.at[idx].set(terminated), (buf.pos + n) % cap,
+                jnp.minimum(buf.size + n, cap))
+
+
+def buffer_sample(buf: Buffer, key, batch: int):
+  """Uniform sample (with replacement) among the filled slots."""
+  idx = jax.random.randint(key, (batch,), 0, jnp.maximum(buf.size, 1))
+  return jax.tree.map(lambda x: x[idx], (buf.obs, buf.action, buf.reward, buf.next_obs,
+                                         buf.terminated))
+
+
+def epsilon(cfg, env_steps):
+  """Linear decay from ``eps_start`` to ``eps_end`` over ``eps_decay_steps`` env steps."""
+  frac = jnp.clip(env_steps / cfg.eps_decay_steps, 0.0, 1.0)
+  return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
+
+
+def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
+  """DQN on ``env`` with hyperparameters ``cfg`` (see ``configs/rl.py``)."""
+  del num_iterations
+  if not isinstance(env.action_space, Discrete):
+    raise ValueError(f"DQN needs a Discrete action space, got {env.action_space}")
+  n_env, n_act = cfg.num_envs, env.action_space.n
+  obs_shape = env.observation_space.shape
+  net = QNetwork(n_act, tuple(cfg.hidden), obs_shape if len(obs_shape) > 1 else ())
+  tx = core.adam(cfg.lr, cfg.max_grad_norm)
+  reset, step = jax.vmap(env.reset), jax.vmap(env.step)
+
+  def init(key, worker=0):
+    params = net.init(key, jnp.zeros((1, *obs_shape)))
+    k_env, key = jax.random.split(jax.random.fold_in(key, worker + 1))
+    obs, env_state = reset(jax.random.split(k_env, n_env))
+    cap = cfg.buffer_size
+    buf = Buffer(jnp.zeros((cap, *obs_shape)), jnp.zeros((cap,), jnp.int32), jnp.zeros((cap,)),
+                 jnp.zeros((cap, *obs_shape)), jnp.zeros((cap,)), jnp.zeros((), jnp.int32),
+                 jnp.zeros((), jnp.int32))
+    return DQNState(params, params, tx.init(params), aggregator.init(params), buf, env_state,
+                    obs, key, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+
+  def loss_fn(params, target, batch):
+    obs, action, reward, next_obs, term = batch
+    q = jnp.take_along_axis(net.apply(params, obs), action[:, None], -1)[:, 0]
+    y = reward + cfg.gamma * (1.0 - term) * net.apply(target, next_obs).max(-1)
+    return optax.huber_loss(q, jax.lax.stop_gradient(y)).mean()
+
+  def iteration(state: DQNState, _):
+    # ACT AND STORE
+    def env_step(carry, _):
+      st, acc = carry
+      key, k_eps, k_rand, k_env = jax.random.split(st.key, 4)
+      greedy = net.apply(st.params, st.obs).argmax(-1)
+      rand = jax.random.randint(k_rand, (n_env,), 0, n_act)
+      explore = jax.random.uniform(k_eps, (n_env,)) < epsilon(cfg, st.env_steps)
+      action = jnp.where(explore, rand, greedy)
+      obs, env_state, reward, term, trunc, info = step(jax.random.split(k_env, n_env),
+                                                       st.env_state, action)
+      buf = buffer_add(st.buffer, st.obs, action, reward, info["final_observation"],
+                       term.astype(jnp.float32))
+      acc = jax.tree.map(jnp.add, acc, core.episode_metrics(info))
+      st = st._replace(buffer=buf, env_state=env_state, obs=obs, key=key,
+                       env_steps=st.env_steps + n_env)
+      return (st, acc), None
+
+    zero = {"return_sum": jnp.zeros(()), "episodes": jnp.zeros((), jnp.int32)}
+    (state, metrics), _ = jax.lax.scan(env_step, (state, zero), None, cfg.train_interval)
+    # ONE AGGREGATED TD UPDATE (applied once the buffer is warm)
+    key, k_batch = jax.random.split(state.key)
+    batch = buffer_sample(state.buffer, k_batch, cfg.batch_size)
+    loss, grads = jax.value_and_grad(loss_fn)(state.params, state.target, batch)
+    new = aggregator.apply(tx, grads, state.params, state.opt_state, state.agg_state)
+    learn = state.buffer.size >= cfg.learning_starts
+    params, opt_state, agg_state = jax.tree.map(lambda a, b: jnp.where(learn, a, b), new,
+                                                (state.params, state.opt_state, state.agg_state))
+    updates = state.updates + learn.astype(jnp.int32)
+    # TARGET NETWORK
+    sync = jnp.logical_and(learn, updates % cfg.target_every == 0)
+    target = jax.tree.map(lambda p, t: jnp.where(sync, p, t), params, state.target)
+    state = state._replace(params=params, target=target, opt_state=opt_state,
+                           agg_state=agg_state, key=key, updates=updates)
+    return state, dict(metrics, loss=loss)
+
+  def run(state, n: int):
+    return jax.lax.scan(iteration, state, None, n)
+
+  params = jax.eval_shape(init, jax.random.PRNGKey(0)).params
+  return core.Algorithm("dqn", init, run, n_env * cfg.train_interval, 1,
+                        core.param_count(params))

@@ -1,0 +1,212 @@
+"""Distributed RL runs from a config: validation, worker mesh, stacked state, jitted chunks.
+
+The state of a run has leading dimensions ``[workers, seeds]``: workers are laid out on the
+``data`` axis of the project mesh (one device each) and aggregate their gradients with an
+:class:`~omni_jax.parallel.rl_aggregation.Aggregator`; seeds are independent runs vmapped
+inside every worker. Training advances in chunks of ``chunk`` iterations, each one jitted
+``lax.scan``, so experiments can checkpoint and log between chunks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from omni_jax.config import ConfigError, check_keys, nonneg_float, one_of, positive_int, require
+from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.parallel.rl_aggregation import METHODS, Aggregator, run_on_workers
+from omni_jax.rl import a2c, core, ddpg, dqn, envs, ppo
+
+ALGORITHMS = {"ppo": ppo.make, "a2c": a2c.make, "dqn": dqn.make, "ddpg": ddpg.make}
+AXIS = mesh_lib.DATA_AXIS
+TOP_KEYS = ("variant", "algo", "env", "seed", "seeds", "workers", "aggregation", "threshold",
+            "segment_size", "staleness", "codec", "total_env_steps", "chunk_iterations",
+            "final_window", "timing_iterations", "hp", "cluster")
+# hop codecs of omni_jax.collectives.codecs usable by name (module, class)
+CODECS = {"identity": ("base", "Identity"), "inceptionn": ("inceptionn", "Inceptionn"),
+          "qsgd": ("qsgd", "QSGD")}
+
+
+def validate(cfg, num_devices: int | None = None) -> None:
+  """One ConfigError per bad value, before any compile."""
+  check_keys(cfg, TOP_KEYS)
+  one_of(cfg, "algo", ALGORITHMS)
+  one_of(cfg, "env", envs.ENVS.names())
+  one_of(cfg, "aggregation", METHODS)
+  for k in ("seeds", "workers", "segment_size", "total_env_steps"):
+    positive_int(cfg, k)
+  for k in ("staleness", "threshold", "chunk_iterations", "timing_iterations", "seed"):
+    require(isinstance(cfg[k], int) and cfg[k] >= 0, k, cfg[k], "must be an integer >= 0")
+  require(cfg.threshold <= cfg.workers, "threshold", cfg.threshold,
+          f"must be <= workers={cfg.workers} (0 means H = workers)")
+  require(cfg.threshold == 0 or cfg.aggregation in ("switch", "async"), "threshold",
+          cfg.threshold, f"only 'switch'/'async' use H, aggregation is {cfg.aggregation!r}")
+  require(cfg.staleness == 0 or cfg.aggregation == "async", "staleness", cfg.staleness,
+          f"needs aggregation='async', got {cfg.aggregation!r}")
+  require(cfg.codec == "" or cfg.codec in CODECS, "codec", cfg.codec,
+          f"must be '' (none) or one of {sorted(CODECS)}")
+  require(0 < nonneg_float(cfg, "final_window") <= 1, "final_window", cfg.final_window,
+          "must be in (0, 1]")
+  if num_devices is not None:
+    require(cfg.workers <= num_devices, "workers", cfg.workers,
+            f"only {num_devices} devices are available (use --cpu_devices on CPU)")
+  space = envs.ENVS.get(cfg.env)().action_space
+  discrete = isinstance(space, envs.Discrete)
+  require(discrete == (cfg.algo != "ddpg"), "algo", cfg.algo,
+          f"{cfg.env} has a {'discrete' if discrete else 'continuous'} action space; "
+          f"{'ddpg needs continuous' if cfg.algo == 'ddpg' else 'ppo/a2c/dqn need discrete'}")
+
+
+def make_codec(name: str):
+  """The named hop codec of ``omni_jax.collectives.codecs`` (defaults), or None for ''."""
+  if not name:
+    return None
+  module, cls = CODECS[name]
+  try:
+    mod = importlib.import_module(f"omni_jax.collectives.codecs.{module}")
+  except ImportError as e:
+    raise ConfigError(f"config.codec = {name!r} needs omni_jax.collectives.codecs.{module}: {e}"
+                      ) from e
+  return getattr(mod, cls)()
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything needed to advance a configured run."""
+  cfg: Any
+  algo: core.Algorithm
+  aggregator: Aggregator
+  mesh: Any
+  iterations: int          # total (a multiple of chunk)
+  chunk: int
+  env_steps_per_iteration: int   # all workers, per seed
+
+  @property
+  def total_env_steps(self) -> int:
+    return self.iterations * self.env_steps_per_iteration
+
+
+def env_steps_per_iteration(cfg) -> int:
+  """Env steps one worker takes per iteration (per seed), from the hyperparameters."""
+  hp = cfg.hp
+  return hp.num_envs * (hp.num_steps if cfg.algo in ("ppo", "a2c") else hp.train_interval)
+
+
+def plan_iterations(cfg, per_worker_steps: int) -> tuple[int, int]:
+  """(iterations rounded up to whole chunks, chunk) covering ``total_env_steps``."""
+  iters = max(1, math.ceil(cfg.total_env_steps / (per_worker_steps * cfg.workers)))
+  chunk = cfg.chunk_iterations or max(1, math.ceil(iters / 10))
+  chunk = min(chunk, iters)
+  return math.ceil(iters / chunk) * chunk, chunk
+
+
+def build(cfg, aggregation: str | None = None, devices=None) -> Run:
+  """Validated :class:`Run`; ``aggregation`` overrides ``cfg.aggregation`` (e.g. 'none')."""
+  devices = list(devices or jax.devices())
+  validate(cfg, len(devices))
+  method = aggregation or cfg.aggregation
+  env = envs.make_env(cfg.env)
+  agg = Aggregator(method=method, axis=AXIS, workers=cfg.workers,
+                   threshold=(cfg.threshold or None) if method in ("switch", "async") else None,
+                   segment_size=cfg.segment_size,
+                   staleness=cfg.staleness if method == "async" else 0,
+                   codec=make_codec(cfg.codec) if method != "none" else None, seed=cfg.seed)
+  iters, chunk = plan_iterations(cfg, env_steps_per_iteration(cfg))
+  algo = ALGORITHMS[cfg.algo](env, cfg.hp, agg, iters)
+  mesh = mesh_lib.make_mesh({"data": -1}, devices[:cfg.workers])
+  return Run(cfg, algo, agg, mesh, iters, chunk, algo.env_steps_per_iteration * cfg.workers)
+
+
+def init_state(run: Run):
+  """State with leading ``[workers, seeds]`` dims, sharded over the worker axis."""
+  keys = jax.random.split(jax.random.PRNGKey(run.cfg.seed), run.cfg.seeds)
+  per_seed = jax.vmap(run.algo.init, in_axes=(0, None))
+  stacked = jax.jit(jax.vmap(per_seed, in_axes=(None, 0)))(keys, np.arange(run.cfg.workers))
+  return jax.device_put(stacked, NamedSharding(run.mesh, P(AXIS)))
+
+
+def abstract_state(run: Run):
+  """ShapeDtypeStructs (with the worker sharding) of :func:`init_state`, without running it."""
+  keys = jax.random.split(jax.random.PRNGKey(run.cfg.seed), run.cfg.seeds)
+  per_seed = jax.vmap(run.algo.init, in_axes=(0, None))
+  shapes = jax.eval_shape(jax.vmap(per_seed, in_axes=(None, 0)), keys,
+                          np.arange(run.cfg.workers))
+  sharding = NamedSharding(run.mesh, P(AXIS))
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                      shapes)
+
+
+def chunk_fn(run: Run, n: int | None = None):
+  """Jitted ``state -> (state, metrics)`` advancing ``n`` (default: a chunk) iterations;
+  metrics have shape ``[workers, seeds, n]``."""
+  n = n or run.chunk
+  return run_on_workers(_over_seeds(lambda st: run.algo.run(st, n), run.cfg.seeds), run.mesh,
+                        AXIS)
+
+
+def _over_seeds(fn, seeds: int):
+  """``fn`` vmapped over the leading seed axis; with one seed, called on the squeezed state
+  (a size-1 vmap turns every matmul into a batched one, which is slower on CPU)."""
+  if seeds > 1:
+    return jax.vmap(fn)
+
+  def one(state):
+    out = fn(jax.tree.map(lambda x: x[0], state))
+    return jax.tree.map(lambda x: x[None], out)
+  return one
+
+
+def train_fn(run: Run, n: int | None = None):
+  """Jitted ``() -> (state, metrics)``: init and ``n`` (default: all) iterations in ONE
+  program (one compile; for tests and benchmarks that need no checkpoints)."""
+  n = n or run.iterations
+  keys = jax.random.split(jax.random.PRNGKey(run.cfg.seed), run.cfg.seeds)
+  keys = np.broadcast_to(np.asarray(keys), (run.cfg.workers, *keys.shape))
+  workers = np.arange(run.cfg.workers)
+
+  def per_worker(inp):
+    k, w = inp
+    state = jax.vmap(run.algo.init, in_axes=(0, None))(k, w)
+    return _over_seeds(lambda st: run.algo.run(st, n), run.cfg.seeds)(state)
+
+  f = run_on_workers(per_worker, run.mesh, AXIS)
+  return lambda: f((keys, workers))
+
+
+def timed(fn, state, repeats: int = 1):
+  """(result, seconds per call) after one compile-and-warm-up call."""
+  out = jax.block_until_ready(fn(state))
+  t0 = time.perf_counter()
+  for _ in range(repeats):
+    out = jax.block_until_ready(fn(state))
+  return out, (time.perf_counter() - t0) / repeats
+
+
+def summarize_returns(return_sum: np.ndarray, episodes: np.ndarray, window: float) -> float:
+  """Mean return of episodes that ended in the last ``window`` fraction of iterations
+  (arrays ``[workers, seeds, iterations]``); NaN if none ended there."""
+  n = return_sum.shape[-1]
+  lo = n - max(1, int(round(window * n)))
+  count = episodes[..., lo:].sum()
+  return float(return_sum[..., lo:].sum() / count) if count else float("nan")
+
+
+def return_curve(return_sum: np.ndarray, episodes: np.ndarray, points: int = 50):
+  """(iteration index, mean return) over ``points`` windows of iterations."""
+  n = return_sum.shape[-1]
+  edges = np.linspace(0, n, min(points, n) + 1).astype(int)
+  xs, ys = [], []
+  for a, b in zip(edges[:-1], edges[1:], strict=True):
+    c = episodes[..., a:b].sum()
+    if c:
+      xs.append(b)
+      ys.append(float(return_sum[..., a:b].sum() / c))
+  return np.array(xs), np.array(ys)

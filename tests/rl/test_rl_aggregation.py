@@ -1,0 +1,156 @@
+"""Aggregation over 8 emulated workers: equal gradients give the same update in every mode,
+the switch threshold keeps exactly H contributions per segment, the async delay line applies
+the aggregate of S steps ago, and bad settings are refused."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.parallel.rl_aggregation import Aggregator, run_on_workers
+
+N = 8
+AXIS = mesh_lib.DATA_AXIS
+
+
+def _mesh():
+  return mesh_lib.make_mesh({"data": -1}, jax.devices()[:N])
+
+
+def _run(agg: Aggregator, tx, grads_per_step, params):
+  """Applies ``grads_per_step[t][w]`` (leading dims steps, workers) on every worker."""
+  def fn(state):
+    p, o, a, g = state
+
+    def one(carry, gt):
+      p, o, a = carry
+      return agg.apply(tx, gt, p, o, a), None
+
+    (p, o, a), _ = jax.lax.scan(one, (p, o, a), g)
+    return p, o, a, g
+
+  stack = lambda x: jnp.stack([x] * N)  # noqa: E731
+  state = (jax.tree.map(stack, params), jax.tree.map(stack, tx.init(params)),
+           jax.tree.map(stack, agg.init(params)), jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1),
+                                                               grads_per_step))
+  return run_on_workers(fn, _mesh(), AXIS)(state)
+
+
+def _reference(tx, grads, params):
+  """Plain single-process optax with the same gradient every step."""
+  o = tx.init(params)
+  for g in grads:
+    u, o = tx.update(g, o, params)
+    params = optax.apply_updates(params, u)
+  return params
+
+
+def test_equal_gradients_same_update_in_every_mode():
+  """Exactly representable gradients and SGD with a power-of-two rate: every mode must give
+  the single-process update bit for bit (whatever order it sums in)."""
+  rng = np.random.default_rng(0)
+  params = {"w": jnp.asarray(rng.normal(size=(37, 5)), jnp.float32), "b": jnp.zeros(3)}
+  steps = 3
+  g = {"w": jnp.asarray(rng.integers(-8, 8, (steps, 37, 5)) / 16, jnp.float32),
+       "b": jnp.asarray(rng.integers(-8, 8, (steps, 3)) / 16, jnp.float32)}
+  per_worker = jax.tree.map(lambda x: jnp.stack([x] * N, 1), g)
+  tx = optax.sgd(0.5)
+  ref = _reference(tx, [jax.tree.map(lambda x: x[t], g) for t in range(steps)], params)
+  for method, kw in [("allreduce", {}), ("ps", {}), ("switch", {"segment_size": 16}),
+                     ("async", {"staleness": 0, "segment_size": 7})]:
+    p, _, a = _run(Aggregator(method, AXIS, N, **kw), tx, per_worker, params)[:3]
+    assert int(a["step"][0]) == steps
+    for k in ref:
+      for w in range(N):
+        np.testing.assert_array_equal(np.asarray(p[k])[w], np.asarray(ref[k]),
+                                      err_msg=f"{method} {k}")
+
+
+def test_equal_gradients_adam_close_in_every_mode():
+  """Random gradients through Adam: the same update up to float32 rounding."""
+  rng = np.random.default_rng(1)
+  params = jnp.asarray(rng.normal(size=50), jnp.float32)
+  g = jnp.asarray(rng.normal(size=(2, 50)), jnp.float32)
+  tx = optax.adam(1e-2)
+  ref = np.asarray(_reference(tx, list(g), params))
+  for method in ("allreduce", "ps", "switch"):
+    p = _run(Aggregator(method, AXIS, N), tx, jnp.stack([g] * N, 1), params)[0]
+    np.testing.assert_allclose(np.asarray(p), np.stack([ref] * N), rtol=1e-6, atol=1e-7,
+                               err_msg=method)
+
+
+def test_different_gradients_are_averaged():
+  """Worker w sends w+1: allreduce, ps and switch(H=N) all step by the mean 4.5."""
+  params = jnp.zeros(10)
+  g = jnp.broadcast_to(jnp.arange(1.0, N + 1)[None, :, None], (1, N, 10))
+  for method in ("allreduce", "ps", "switch"):
+    p = _run(Aggregator(method, AXIS, N, segment_size=4), optax.sgd(1.0), g, params)[0]
+    np.testing.assert_array_equal(np.asarray(p), np.full((N, 10), -4.5, np.float32))
+
+
+@pytest.mark.parametrize("h", [1, 5])
+def test_switch_threshold_keeps_h_contributions_per_segment(h):
+  """Worker w sends 2^w: a segment's aggregate times H has exactly H bits set."""
+  size, seg = 40, 4
+  g = jnp.broadcast_to((2.0 ** jnp.arange(N))[None, :, None], (1, N, size))
+  p1 = _run(Aggregator("switch", AXIS, N, threshold=h, segment_size=seg), optax.sgd(1.0), g,
+            jnp.zeros(size))[0]
+  sums = np.rint(-np.asarray(p1[0]) * h).astype(np.int64)
+  np.testing.assert_allclose(-np.asarray(p1[0]) * h, sums, atol=1e-4)
+  bits = np.array([bin(int(s)).count("1") for s in sums])
+  assert (bits == h).all()
+  seg_sums = sums.reshape(-1, seg)
+  assert (seg_sums == seg_sums[:, :1]).all()  # one counter per segment: whole segments agree
+  if h < N:
+    assert len(set(seg_sums[:, 0].tolist())) > 1  # arrival order differs between segments
+  np.testing.assert_array_equal(np.asarray(p1), np.stack([np.asarray(p1[0])] * N))
+
+
+def test_async_applies_the_aggregate_of_s_steps_ago():
+  """SGD(lr=1) with step-t gradient t+1 on every worker: after T steps with staleness S the
+  parameters moved by the gradients of steps 0 .. T-S-1 only."""
+  steps, s = 6, 2
+  g = jnp.broadcast_to(jnp.arange(1.0, steps + 1)[:, None, None], (steps, N, 5))
+  p, _, a = _run(Aggregator("async", AXIS, N, staleness=s), optax.sgd(1.0), g,
+                 jnp.zeros(5))[:3]
+  want = -sum(range(1, steps - s + 1))
+  np.testing.assert_array_equal(np.asarray(p), np.full((N, 5), want, np.float32))
+  assert a["delay_line"].shape == (N, s + 1, 5)
+
+
+def test_ps_keeps_optimizer_state_on_the_server_only():
+  g = jnp.ones((2, N, 4))
+  _, o, _ = _run(Aggregator("ps", AXIS, N), optax.adam(1e-2), g, jnp.zeros(4))[:3]
+  counts = np.asarray(o[0].count)
+  assert counts[0] == 2 and (counts[1:] == 0).all()
+
+
+def test_identity_codec_hook_is_exact():
+  from omni_jax.collectives.codecs.base import Identity
+  rng = np.random.default_rng(1)
+  g = jnp.asarray(rng.normal(size=(2, N, 30)), jnp.float32)
+  plain = _run(Aggregator("switch", AXIS, N, segment_size=8), optax.sgd(0.1), g, jnp.zeros(30))
+  coded = _run(Aggregator("switch", AXIS, N, segment_size=8, codec=Identity()), optax.sgd(0.1),
+               g, jnp.zeros(30))
+  np.testing.assert_array_equal(np.asarray(plain[0]), np.asarray(coded[0]))
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"method": "gossip"}, "unknown; allowed"),
+    ({"method": "switch", "threshold": 9, "workers": 8, "axis": "data"}, "H=9 must be in"),
+    ({"method": "allreduce", "threshold": 2, "workers": 8, "axis": "data"}, "only meaningful"),
+    ({"method": "switch", "staleness": 1, "workers": 8, "axis": "data"}, "needs method='async'"),
+    ({"method": "async", "staleness": -1, "workers": 8, "axis": "data"}, "S must be an int"),
+    ({"method": "ps", "workers": 8}, "needs the worker mesh axis"),
+    ({"method": "ps", "workers": 0, "axis": "data"}, "workers must be an int >= 1"),
+])
+def test_bad_aggregator_settings(kw, msg):
+  with pytest.raises(ValueError, match=msg):
+    Aggregator(**kw)
+
+
+def test_codec_without_encode_is_refused():
+  with pytest.raises(TypeError, match="needs encode"):
+    Aggregator("allreduce", AXIS, N, codec=object())

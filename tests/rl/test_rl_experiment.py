@@ -1,0 +1,65 @@
+"""experiments.rl and experiments.bench_rl run as users launch them (tiny settings)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SUMMARY_KEYS = {"algo", "env", "workers", "aggregation", "staleness", "env_steps",
+                "final_return", "env_steps_per_sec", "comm_fraction_measured", "predicted"}
+
+
+def _run(*args, timeout=600):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=timeout)
+
+
+def test_rl_tiny_writes_summary_and_resumes(tmp_path):
+  wd = str(tmp_path / "run")
+  args = ("experiments.rl", "--config=configs/rl.py:tiny", f"--workdir={wd}",
+          "--config.aggregation=async", "--config.staleness=1")
+  r = _run(*args)
+  assert r.returncode == 0, r.stderr[-3000:]
+  s = json.load(open(os.path.join(wd, "summary.json")))
+  assert set(s) == SUMMARY_KEYS
+  assert (s["algo"], s["env"], s["workers"], s["aggregation"], s["staleness"]) == (
+      "ppo", "CartPole-v1", 2, "async", 1)
+  assert s["env_steps"] == 8192 and s["env_steps_per_sec"] > 0
+  assert s["final_return"] > 30.0   # random play: 22
+  assert 0.0 < s["comm_fraction_measured"] < 1.0
+  for mode in ("sync", "async"):
+    rows = s["predicted"][mode]
+    assert set(rows) == {"ps", "allreduce", "switch"}
+    assert rows["ps"]["speedup_vs_ps"] == 1.0
+    assert rows["switch"]["speedup_vs_ps"] > 1.0   # 2 hops beat the server's 4 (and incast)
+  sync = s["predicted"]["sync"]["switch"]
+  assert sync["iteration_s"] == pytest.approx(sync["compute_s"] + sync["comm_s"])
+  records = [json.loads(line) for line in open(os.path.join(wd, "metrics.jsonl"))]
+  assert [r["step"] for r in records] == list(range(1, 65))
+  assert os.path.getsize(os.path.join(wd, "returns.png")) > 1000
+  r = _run(*args)  # the same command again: resumes from the last checkpoint
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "resumed from checkpoint step 64" in r.stderr
+  assert json.load(open(os.path.join(wd, "summary.json")))["final_return"] == s["final_return"]
+  from configs.rl import get_config
+  from experiments.rl import check_workdir
+  from omni_jax.config import ConfigError
+  with pytest.raises(ConfigError, match=r"different \['aggregation', 'staleness'\]"):
+    check_workdir(get_config("tiny"), wd)
+
+
+@pytest.mark.slow
+def test_bench_rl_tiny(tmp_path):
+  r = _run("experiments.bench_rl", f"--workdir={tmp_path}", "--tiny", "--repeats=1",
+           "--algos=ppo")
+  assert r.returncode == 0, r.stderr[-3000:]
+  s = json.load(open(tmp_path / "summary.json"))
+  tp = s["ppo_throughput"]
+  assert tp["ratio"] == pytest.approx(tp["ours_env_steps_per_sec"] / tp["plain_env_steps_per_sec"])
+  assert set(s["time_to_reward"]["ppo"]["predicted"]) == {"sync", "async"}
+  assert os.path.getsize(tmp_path / "time_to_reward.png") > 1000
