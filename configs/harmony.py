@@ -1,0 +1,71 @@
+r"""Harmony-style swap scheduling: train models larger than device memory (issue 6).
+
+  python -m experiments.harmony --config=configs/harmony.py:default --workdir=/tmp/harmony
+  python -m experiments.harmony --config=configs/harmony.py:paper --workdir=/tmp/harmony_paper
+  python -m experiments.harmony --config=configs/harmony.py:tiny --workdir=/tmp/harmony_tiny
+
+Variants: ``default`` trains a GPT-style stack for real on this machine with parameters and
+Adam state in pinned host memory (about 4.6x the device budget); ``tiny`` is the seconds-long
+smoke version; ``paper`` plans GPT-2 10B (n_embd 4096, 32 heads, 50 layers, 1024 tokens, the
+Harmony repository's gpt2-10-billion config) on 4 GPUs of 11 GB (10 GiB usable, the Harmony
+searcher's default cap) sharing 11.5 GiB/s of swap bandwidth per direction — planner and
+cost model only. On a GPU host the same command measures real host<->device transfers
+(see WORKSPACE.md).
+"""
+
+import ml_collections
+
+VARIANTS = ("default", "tiny", "paper")
+
+
+def get_config(arg: str = "default") -> ml_collections.ConfigDict:
+  """Config for experiments.harmony; ``arg`` picks a variant."""
+  if arg not in VARIANTS:
+    raise ValueError(f"unknown variant {arg!r} of configs/harmony.py; choose one of "
+                     f"{list(VARIANTS)}")
+  c = ml_collections.ConfigDict()
+  c.variant = arg
+  c.seed = 0
+  # GPT-style stack (embed, blocks, head); kind "omni" profiles the omni backbone's blocks
+  # (configs/omni_moe.py:<omni_variant>) instead of a GPT stack.
+  c.model = dict(kind="gpt", vocab=512, seq_len=64, d_model=192, num_heads=4, num_layers=16,
+                 d_ff=768, omni_variant="micro")
+  c.batch = 16                          # examples per iteration (all GPUs together)
+  c.microbatch_sizes = (1, 2, 4, 8)     # candidates of the searcher
+  c.device_budget_bytes = 16 * 2**20    # per GPU
+  c.strategies = ("greedy", "balanced_time", "balanced_memory")
+  c.baselines = ("lms", "lms_prefetch", "zero_offload")   # summary ratios use "lms"
+  c.execute = True                      # run harmony for real (planner-only if False)
+  c.execute_baseline = True             # ... and the per-microbatch swapping baseline too
+  c.steps = 5                           # real iterations each; the first includes compiling
+  c.lr = 1e-3
+  c.verify = True                       # compare the first harmony step with plain training
+  c.trace = False                       # jax.profiler trace of the last harmony step
+  c.batch_sweep = ()                    # extra global batch sizes planned (plan.json only)
+  # The machine the cost model prices. measure=True times this machine's host<->device
+  # copies, host Adam and device Adam instead of the numbers below.
+  c.profile_repeats = 5                 # timed runs per layer kind and size (best kept)
+  c.hardware = dict(measure=True, measure_bytes=32 * 2**20, n_gpus=1, swap_bw_host=11.5 * 2**30,
+                    swap_bw_gpu=11.5 * 2**30, duplex=True, host_update_params_per_s=2e9,
+                    device_update_params_per_s=2e10, flops_per_s=0.0)
+  if arg == "tiny":
+    c.model.update(vocab=64, seq_len=16, d_model=32, num_layers=4, d_ff=64)
+    c.batch = 4
+    c.microbatch_sizes = (1, 2)
+    c.device_budget_bytes = 300_000
+    c.steps = 2
+    c.profile_repeats = 2
+    c.hardware.measure_bytes = 2**20
+  elif arg == "paper":
+    c.model.update(vocab=50257, seq_len=1024, d_model=4096, num_heads=32, num_layers=50,
+                   d_ff=4 * 4096)
+    c.batch = 512
+    c.batch_sweep = (32, 128, 1024)
+    c.microbatch_sizes = (1, 2, 4)
+    c.device_budget_bytes = 10 * 2**30
+    c.execute = False
+    c.execute_baseline = False
+    c.verify = False
+    # GTX 1080 Ti-class GPUs: 11.3 TFLOP/s fp32 peak, priced at 7e12 (62% of peak).
+    c.hardware.update(measure=False, n_gpus=4, flops_per_s=7e12)
+  return c

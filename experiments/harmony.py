@@ -1,0 +1,377 @@
+"""Harmony-style swap scheduling vs virtualized-memory and ZeRO-Offload-like baselines.
+
+  python -m experiments.harmony --config=configs/harmony.py:default --workdir=/tmp/harmony
+
+Profiles the model (bytes per layer from shapes; seconds measured here, or from FLOPs and
+a device rate for the paper-scale plan), prices this machine's copies and updates (or takes
+the config's), plans Harmony and each baseline under the device budget, and — unless the
+config is planner-only — trains Harmony and the per-microbatch swapping baseline for real
+with parameters and Adam state in pinned host memory, counting every byte moved. Writes
+summary.json (the issue's keys), plan.json (packs, byte breakdowns, predicted vs measured,
+equivalence errors, batch sweep), profile.json (reused by a rerun), timeline.png (the
+predicted streams of a whole iteration) and timeline_zoom.png (its first tenth).
+
+On a GPU host run the same command: JAX's ``pinned_host`` memory is then page-locked host
+RAM and every ``device_put`` a real PCIe transfer, so the measured iteration times and the
+measured swap bandwidth (``hardware.measure``) are the real host<->device numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from experiments import common
+from omni_jax.config import ConfigError, check_keys, one_of, positive_int, require, to_dict
+from omni_jax.memory import executor as ex
+from omni_jax.memory import executor_lms as exl
+from omni_jax.memory import planner as pl
+from omni_jax.memory import profiler as pf
+from omni_jax.memory import schedules as sch
+from omni_jax.memory import seqmodel as sm
+from omni_jax.memory.costmodel import Hardware
+from omni_jax.memory.plots import plot_timelines
+from omni_jax.train.metrics import write_json_atomic
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/harmony.py:<variant>")
+_WORKDIR = flags.DEFINE_string("workdir", None, "output folder")
+
+TOP_KEYS = ("device_budget_bytes", "model_bytes", "schedules", "swap_reduction_vs_baseline",
+            "predicted_speedup_vs_baseline")
+HW_KEYS = ("measure", "measure_bytes", "n_gpus", "swap_bw_host", "swap_bw_gpu", "duplex",
+           "host_update_params_per_s", "device_update_params_per_s", "flops_per_s")
+
+
+# ---------------------------------------------------------------- config
+def validate(cfg) -> None:
+  """One clear error per bad key, before any work."""
+  check_keys(cfg, ("variant", "seed", "model", "batch", "microbatch_sizes",
+                   "device_budget_bytes", "strategies", "baselines", "execute",
+                   "execute_baseline", "steps", "lr",
+                   "verify", "trace", "batch_sweep", "profile_repeats", "hardware"))
+  check_keys(cfg.model, ("kind", "vocab", "seq_len", "d_model", "num_heads", "num_layers",
+                         "d_ff", "omni_variant"), "model.")
+  one_of(cfg.model, "kind", ("gpt", "omni"), "model.")
+  for k in ("vocab", "seq_len", "d_model", "num_heads", "num_layers", "d_ff"):
+    positive_int(cfg.model, k, "model.")
+  positive_int(cfg, "batch")
+  positive_int(cfg, "device_budget_bytes")
+  positive_int(cfg, "steps")
+  positive_int(cfg, "profile_repeats")
+  sizes = list(cfg.microbatch_sizes)
+  require(bool(sizes) and all(isinstance(u, int) and u > 0 for u in sizes),
+          "microbatch_sizes", sizes, "must be a non-empty list of positive integers")
+  bad = [s for s in cfg.strategies if s not in pl.STRATEGIES]
+  require(bool(cfg.strategies) and not bad, "strategies", list(cfg.strategies),
+          f"must be a non-empty subset of {list(pl.STRATEGIES)}")
+  bad = [b for b in cfg.baselines if b not in pl.BASELINES]
+  require("lms" in cfg.baselines and not bad, "baselines", list(cfg.baselines),
+          f"must include 'lms' and be a subset of {list(pl.BASELINES)}")
+  check_keys(cfg.hardware, HW_KEYS, "hardware.", required=HW_KEYS)
+  positive_int(cfg.hardware, "n_gpus", "hardware.")
+  require(cfg.batch % cfg.hardware.n_gpus == 0, "batch", cfg.batch,
+          f"must be a multiple of hardware.n_gpus = {cfg.hardware.n_gpus}")
+  require(not cfg.execute or cfg.hardware.n_gpus == 1, "hardware.n_gpus", cfg.hardware.n_gpus,
+          "must be 1 when execute=True (the executor runs one device)")
+  require(cfg.execute or cfg.hardware.flops_per_s > 0, "hardware.flops_per_s",
+          cfg.hardware.flops_per_s, "must be > 0 for a planner-only config (execute=False)")
+  require(cfg.model.d_model % cfg.model.num_heads == 0, "model.num_heads", cfg.model.num_heads,
+          f"must divide model.d_model = {cfg.model.d_model}")
+
+
+def build_model(cfg) -> sm.SeqModel:
+  mc = cfg.model
+  if mc.kind == "gpt":
+    return sm.gpt_stack(mc.vocab, mc.seq_len, mc.d_model, mc.num_heads, mc.num_layers, mc.d_ff)
+  from configs import omni_moe
+  from omni_jax.models.omni import build_spec
+  spec = build_spec(omni_moe.get_config(mc.omni_variant).model)
+  return sm.omni_backbone_stack(spec.backbone, mc.seq_len)
+
+
+# ---------------------------------------------------------------- profile and hardware
+def _profile_to_json(prof: pf.ModelProfile) -> dict:
+  return {"layers": [dataclasses.asdict(lp) for lp in prof.layers],
+          "target_bytes": prof.target_bytes, "microbatch_sizes": list(prof.microbatch_sizes),
+          "source": prof.source}
+
+
+def _profile_from_json(d: dict) -> pf.ModelProfile:
+  layers = []
+  for lp in d["layers"]:
+    lp = dict(lp, fwd_s={int(k): v for k, v in lp["fwd_s"].items()},
+              bwd_s={int(k): v for k, v in lp["bwd_s"].items()})
+    layers.append(pf.LayerProfile(**lp))
+  return pf.ModelProfile(tuple(layers), d["target_bytes"], tuple(d["microbatch_sizes"]),
+                         d["source"])
+
+
+def profile(cfg, model, params, workdir: str) -> pf.ModelProfile:
+  """Profiles, or reuses profile.json of an earlier run with the same model and sizes."""
+  path = os.path.join(workdir, "profile.json")
+  key = {"model": to_dict(cfg.model), "sizes": sorted(cfg.microbatch_sizes),
+         "measure": bool(cfg.execute), "flops_per_s": cfg.hardware.flops_per_s,
+         "timing": f"best of {cfg.profile_repeats}"}
+  if os.path.exists(path):
+    saved = json.load(open(path))
+    if saved.get("key") == key:
+      logging.info("reusing %s", path)
+      return _profile_from_json(saved["profile"])
+  t0 = time.time()
+  if cfg.execute:
+    prof = pf.profile_model(model, cfg.microbatch_sizes, params=params,
+                            repeats=cfg.profile_repeats)
+  else:
+    prof = pf.profile_model(model, cfg.microbatch_sizes, measure=False,
+                            flops_per_s=cfg.hardware.flops_per_s)
+  logging.info("profiled %d layers x %d microbatch sizes in %.1f s (%s)", prof.num_layers,
+               len(prof.microbatch_sizes), time.time() - t0, prof.source)
+  write_json_atomic(path, {"key": key, "profile": _profile_to_json(prof)})
+  return prof
+
+
+def _timed(fn, repeats: int = 5) -> float:
+  """Best of ``repeats`` after a warm-up: a rate's capacity on a shared machine."""
+  fn()
+  ts = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    ts.append(time.perf_counter() - t0)
+  return float(np.min(ts))
+
+
+def measure_hardware(nbytes: int = 32 * 2**20) -> dict:
+  """This machine's host->device and device->host copy rates and Adam update rates."""
+  dev, host = ex.shardings()
+  n = nbytes // 4
+  h = jax.device_put(np.ones(n, np.float32), host)
+  d = jax.device_put(np.ones(n, np.float32), dev)
+  t_in = _timed(lambda: jax.block_until_ready(jax.device_put(h, dev)).delete())
+  t_out = _timed(lambda: jax.block_until_ready(jax.device_put(d, host)).delete())
+  p = {"w": np.ones(n, np.float32)}
+  cfg = sm.AdamConfig()
+  opt = {"mu": {"w": np.zeros(n, np.float32)}, "nu": {"w": np.zeros(n, np.float32)}}
+  host_upd = ex.HarmonyExecutor._host_program(cfg)
+  hp, hg, ho = (jax.device_put(x, host) for x in (p, p, opt))
+  t_host = _timed(lambda: jax.block_until_ready(host_upd([hp], [hg], [ho], np.float32(1))))
+  dev_upd = jax.jit(lambda p, g, o, s: sm.adam_update(p, g, o, s, cfg))
+  dp, dg, do = (jax.device_put(x, dev) for x in (p, p, opt))
+  t_dev = _timed(lambda: jax.block_until_ready(dev_upd(dp, dg, do, np.float32(1))))
+  return {"swap_bw_in": nbytes / t_in, "swap_bw_out": nbytes / t_out,
+          "host_update_params_per_s": n / t_host, "device_update_params_per_s": n / t_dev}
+
+
+def hardware(cfg) -> tuple[Hardware, dict]:
+  hc = cfg.hardware
+  if not hc.measure:
+    return Hardware(hc.n_gpus, hc.swap_bw_host, hc.swap_bw_gpu, hc.duplex,
+                    hc.host_update_params_per_s, hc.device_update_params_per_s), {}
+  positive_int(hc, "measure_bytes", "hardware.")
+  m = measure_hardware(hc.measure_bytes)
+  bw = min(m["swap_bw_in"], m["swap_bw_out"])
+  logging.info("measured: swap %.2f GB/s in, %.2f GB/s out; Adam %.3g params/s host, %.3g "
+               "params/s device", m["swap_bw_in"] / 1e9, m["swap_bw_out"] / 1e9,
+               m["host_update_params_per_s"], m["device_update_params_per_s"])
+  return Hardware(hc.n_gpus, bw, bw, hc.duplex, m["host_update_params_per_s"],
+                  m["device_update_params_per_s"]), m
+
+
+# ---------------------------------------------------------------- planning
+def plan_all(cfg, prof, hw, batch: int) -> dict[str, pl.PlanResult]:
+  out = {"harmony": pl.plan_harmony(prof, hw, cfg.device_budget_bytes, batch,
+                                    cfg.microbatch_sizes, tuple(cfg.strategies))}
+  for kind in cfg.baselines:
+    out[kind] = pl.plan_baseline(kind, prof, hw, cfg.device_budget_bytes, batch,
+                                 cfg.microbatch_sizes, allow_infeasible=True)
+  return out
+
+
+def describe(r: pl.PlanResult, prof) -> dict:
+  return {"kind": r.plan.kind, "microbatch_size": r.plan.u, "microbatches_per_gpu": r.plan.m,
+          "fwd_packs": [list(p) for p in r.plan.fwd_packs],
+          "bwd_packs": [list(p) for p in r.plan.bwd_packs], "feasible": r.feasible,
+          "peak_device_bytes_planned": r.peak_bytes, "swap_bytes_planned": r.swap_bytes,
+          "traffic_per_gpu": sch.traffic(r.plan, prof), "predicted_iter_time_s": r.predicted_s,
+          "plans_costed": r.candidates}
+
+
+# ---------------------------------------------------------------- real runs
+def _rel(a, b) -> float:
+  """Largest relative L2 error over the leaves of two pytrees."""
+  errs = []
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    errs.append(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30))
+  return float(max(errs))
+
+
+def _global_rel(a, b) -> float:
+  """Relative L2 error of two pytrees as whole vectors."""
+  num = sum(float(np.sum((np.asarray(x, np.float64) - np.asarray(y, np.float64)) ** 2))
+            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+  den = sum(float(np.sum(np.asarray(y, np.float64) ** 2)) for y in jax.tree.leaves(b))
+  return float(np.sqrt(num / max(den, 1e-300)))
+
+
+def execute(cfg, kind: str, plan: sch.Plan, model, inputs, targets, workdir: str) -> dict:
+  """Trains ``cfg.steps`` real iterations of a plan; bytes, times, device peak, losses."""
+  adam = sm.AdamConfig(lr=cfg.lr)
+  mover = ex.Mover(cfg.device_budget_bytes)
+  params = ex.init_on_host(model, jax.random.key(cfg.seed), mover.host)
+  state = ex.to_host_state(params, mover.host)
+  xs = ex.split_microbatches(inputs, plan.u, mover.host)
+  ys = ex.split_microbatches(targets, plan.u, mover.host)
+  runner = (ex.HarmonyExecutor(model, plan, cfg.batch, cfg.device_budget_bytes, adam)
+            if kind == "harmony" else exl.LmsExecutor(model, plan, cfg.batch, adam))
+  times, losses, bytes_per_iter, out = [], [], None, {}
+  t_start = time.time()
+  for step in range(cfg.steps):
+    before = dict(mover.bytes)
+    last = step == cfg.steps - 1
+    t0 = time.perf_counter()
+    if last and cfg.trace and kind == "harmony":
+      with jax.profiler.trace(os.path.join(workdir, "trace")):
+        state, grads, loss = runner.step(state, xs, ys, mover)
+    else:
+      state, grads, loss = runner.step(state, xs, ys, mover)
+    times.append(time.perf_counter() - t0)
+    losses.append(loss)
+    bytes_per_iter = {k: v - before.get(k, 0) for k, v in mover.bytes.items()}
+    if step == 0 and cfg.verify and kind == "harmony":
+      ref_p, _, ref_g, ref_loss = ex.reference_step(model, jax.device_get(params),
+                                                    np.asarray(inputs), np.asarray(targets),
+                                                    1, adam)
+      out["verify"] = {"grad_rel_err_max_leaf": _rel(grads, ref_g),
+                       "param_rel_err_global": _global_rel(state.params, ref_p),
+                       "param_rel_err_max_leaf": _rel(state.params, ref_p),
+                       "loss": loss, "reference_loss": ref_loss}
+      logging.info("harmony vs plain training after step 1: %s", out["verify"])
+    done = step + 1
+    rate = done / (time.time() - t_start)
+    logging.info("%s step %d/%d: %.2f s, loss %.4f, %d bytes moved (%.2f it/s, ETA %.0f s)",
+                 kind, done, cfg.steps, times[-1], loss, sum(bytes_per_iter.values()), rate,
+                 (cfg.steps - done) / rate)
+  busy: dict[str, float] = {}
+  t_last = times[-1]
+  for stream, _, start, end in mover.events:   # busy seconds per stream in the last step
+    if end >= mover.events[-1][3] - t_last:
+      busy[stream] = busy.get(stream, 0.0) + end - start
+  steady = times[1:] or times
+  out.update(measured_iter_time_s=float(np.median(steady)), iter_times_s=times,
+             losses=losses, bytes_per_iter=bytes_per_iter,
+             swap_bytes_per_iter=int(sum(bytes_per_iter.values())),
+             busy_s_last_step=busy,
+             peak_device_bytes=int(mover.peak),
+             program_memory=_program_memory(runner))
+  stats = jax.devices()[0].memory_stats() if hasattr(jax.devices()[0], "memory_stats") else None
+  if stats and "peak_bytes_in_use" in stats:   # accelerators report the allocator's peak
+    out["allocator_peak_bytes"] = int(stats["peak_bytes_in_use"])
+  return out
+
+
+def _program_memory(runner) -> list[dict]:
+  """memory_analysis of every compiled device program (bytes on the device when it runs)."""
+  rows = []
+  for key, prog in runner.device_programs().items():
+    progs = prog if isinstance(prog, tuple) else (prog,)
+    for i, p in enumerate(progs):
+      ma = p.memory_analysis()
+      rows.append({"program": f"{key}[{i}]", "argument": ma.argument_size_in_bytes,
+                   "output": ma.output_size_in_bytes, "temp": ma.temp_size_in_bytes})
+  return rows
+
+
+# ---------------------------------------------------------------- main
+def run(cfg, workdir: str) -> dict:
+  """The whole experiment; returns the summary (also written to workdir)."""
+  validate(cfg)
+  os.makedirs(workdir, exist_ok=True)
+  model = build_model(cfg)
+  params = None
+  if cfg.execute:
+    params = [jax.jit(layer.init)(k) for layer, k in zip(
+        model.layers, jax.random.split(jax.random.key(cfg.seed), model.num_layers),
+        strict=True)]
+  prof = profile(cfg, model, params, workdir)
+  hw, measured_hw = hardware(cfg)
+  budget = cfg.device_budget_bytes
+  logging.info("model: %d layers, %.1f MB params + Adam state, budget %.1f MB (%.1fx)",
+               prof.num_layers, prof.model_bytes / 1e6, budget / 1e6, prof.model_bytes / budget)
+  t0 = time.time()
+  plans = plan_all(cfg, prof, hw, cfg.batch)
+  logging.info("planned in %.1f s: %s", time.time() - t0,
+               {k: (v.plan.u, round(v.predicted_s, 4), v.feasible) for k, v in plans.items()})
+  real = {}
+  if cfg.execute:
+    inputs, targets = model.example_batch(jax.random.key(cfg.seed + 1), cfg.batch)
+    for kind in ("harmony", "lms") if cfg.execute_baseline else ("harmony",):
+      real[kind] = execute(cfg, kind, plans[kind].plan, model, inputs, targets, workdir)
+      planned = sum(sch.traffic(plans[kind].plan, prof).values())
+      if real[kind]["swap_bytes_per_iter"] != planned:
+        raise AssertionError(f"{kind}: executor moved {real[kind]['swap_bytes_per_iter']} bytes,"
+                             f" the closed form says {planned}")
+  schedules = []
+  for kind, r in plans.items():
+    rr = real.get(kind)
+    schedules.append({
+        "name": kind,
+        "swap_bytes_per_iter": rr["swap_bytes_per_iter"] if rr else r.swap_bytes,
+        "predicted_iter_time_s": r.predicted_s if r.feasible else None,
+        "measured_iter_time_s": rr["measured_iter_time_s"] if rr else None,
+        "peak_device_bytes": rr["peak_device_bytes"] if rr else r.peak_bytes})
+  by = {s["name"]: s for s in schedules}
+  summary = {
+      "device_budget_bytes": budget, "model_bytes": prof.model_bytes, "schedules": schedules,
+      "swap_reduction_vs_baseline": by["lms"]["swap_bytes_per_iter"]
+      / by["harmony"]["swap_bytes_per_iter"],
+      # null when the baseline cannot run within the budget (its time is hypothetical)
+      "predicted_speedup_vs_baseline": plans["lms"].predicted_s / plans["harmony"].predicted_s
+      if plans["lms"].feasible else None}
+  sweep = {}
+  for b in cfg.batch_sweep:
+    t0 = time.time()
+    ps = plan_all(cfg, prof, hw, b)
+    sweep[str(b)] = {k: {"swap_bytes": v.swap_bytes, "predicted_s": v.predicted_s,
+                         "feasible": v.feasible, "u": v.plan.u} for k, v in ps.items()}
+    sweep[str(b)]["swap_reduction_vs_lms"] = ps["lms"].swap_bytes / ps["harmony"].swap_bytes
+    sweep[str(b)]["speedup_vs_lms"] = ps["lms"].predicted_s / ps["harmony"].predicted_s
+    logging.info("batch %d planned in %.1f s: %.1fx less swap, %.2fx faster than lms", b,
+                 time.time() - t0, sweep[str(b)]["swap_reduction_vs_lms"],
+                 sweep[str(b)]["speedup_vs_lms"])
+  write_json_atomic(os.path.join(workdir, "plan.json"), {
+      "config": to_dict(cfg), "hardware": dataclasses.asdict(hw), "measured_hardware":
+      measured_hw, "plans": {k: describe(v, prof) for k, v in plans.items()}, "real": real,
+      "batch_sweep": sweep, "model_to_budget": prof.model_bytes / budget})
+  panels = [(f"harmony (u={plans['harmony'].plan.u})", plans["harmony"].tasks),
+            (f"per-microbatch swapping, on demand (u={plans['lms'].plan.u})",
+             plans["lms"].tasks)]
+  plot_timelines(panels, os.path.join(workdir, "timeline.png"))
+  plot_timelines(panels, os.path.join(workdir, "timeline_zoom.png"),
+                 window=(0.0, 0.1 * plans["harmony"].predicted_s))
+  write_json_atomic(os.path.join(workdir, "summary.json"), summary)
+  return summary
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  common.setup_devices()
+  if _CONFIG.value is None or not _WORKDIR.value:
+    raise app.UsageError("--config=configs/harmony.py:<variant> and --workdir are required")
+  try:
+    summary = run(_CONFIG.value, _WORKDIR.value)
+  except (ConfigError, pl.NothingFitsError) as e:
+    raise app.UsageError(str(e)) from e
+  logging.info("summary: %s", json.dumps(summary))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,145 @@
+"""Event-driven cost model: tasks on streams, transfers sharing the host's swap bandwidth.
+
+Every GPU has three streams (``in``: host->device swaps, ``out``: device->host swaps,
+``compute``) and the host one more (``host``: optimizer updates on the CPU). A stream runs
+one task at a time, always the ready task (all dependencies finished) that comes first in
+program order. Transfers of all GPUs on the host share its swap bandwidth by processor
+sharing — k concurrent transfers in one direction each get ``min(per_gpu_bw, host_bw / k)``
+— (full duplex: swap-in and swap-out do not compete, unless ``duplex=False``); compute and
+host tasks have fixed durations. :func:`simulate` returns the timeline (start and end of
+every task), whose makespan is the predicted iteration time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+
+STREAMS = ("in", "out", "compute", "host")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+  """The machine a schedule is costed on (rates in bytes/s and parameters/s)."""
+  n_gpus: int = 1
+  swap_bw_host: float = 11.5 * 2**30     # shared by all GPUs of the host, per direction
+  swap_bw_gpu: float = 11.5 * 2**30      # one GPU's link
+  duplex: bool = True
+  host_update_params_per_s: float = 2e9  # CPU Adam
+  device_update_params_per_s: float = 2e10
+
+  def __post_init__(self):
+    if not isinstance(self.n_gpus, int) or self.n_gpus < 1:
+      raise ValueError(f"Hardware.n_gpus = {self.n_gpus!r} must be a positive integer")
+    for k in ("swap_bw_host", "swap_bw_gpu", "host_update_params_per_s",
+              "device_update_params_per_s"):
+      if not getattr(self, k) > 0:
+        raise ValueError(f"Hardware.{k} = {getattr(self, k)!r} must be > 0")
+
+
+@dataclasses.dataclass
+class Task:
+  """A unit of work: a transfer of ``nbytes`` (streams in/out) or ``duration`` seconds."""
+  id: int
+  gpu: int                 # -1 for the host stream
+  stream: str
+  label: str
+  nbytes: int = 0
+  duration: float = 0.0
+  deps: tuple[int, ...] = ()
+  prio: int = 0
+  start: float = -1.0
+  end: float = -1.0
+
+
+class TaskGraph:
+  """Builder: ``add`` tasks in program order (that order is each stream's priority)."""
+
+  def __init__(self):
+    self.tasks: list[Task] = []
+
+  def add(self, gpu: int, stream: str, label: str, nbytes: int = 0, duration: float = 0.0,
+          deps=()) -> int:
+    if stream not in STREAMS:
+      raise ValueError(f"stream {stream!r} not one of {STREAMS}")
+    tid = len(self.tasks)
+    self.tasks.append(Task(tid, gpu, stream, label, int(nbytes), float(duration),
+                           tuple(d for d in deps if d is not None), tid))
+    return tid
+
+  def bytes_moved(self, stream: str | None = None) -> int:
+    return sum(t.nbytes for t in self.tasks if stream in (None, t.stream))
+
+
+def _link(task: Task, duplex: bool) -> str | None:
+  if task.stream not in ("in", "out"):
+    return None
+  return task.stream if duplex else "io"
+
+
+def simulate(graph: TaskGraph, hw: Hardware) -> list[Task]:
+  """Runs the task graph; fills ``start``/``end`` of every task and returns the tasks."""
+  tasks = graph.tasks
+  waiting = [len(t.deps) for t in tasks]
+  users: list[list[int]] = [[] for _ in tasks]
+  for t in tasks:
+    for d in t.deps:
+      if d >= t.id:
+        raise ValueError(f"task {t.label} depends on a later task (id {d} >= {t.id})")
+      users[d].append(t.id)
+  ready: dict[tuple[int, str], list[tuple[int, int]]] = {}
+  busy: dict[tuple[int, str], int] = {}
+  remaining = {t.id: float(t.nbytes) for t in tasks}
+  now, done = 0.0, 0
+
+  def make_ready(tid):
+    t = tasks[tid]
+    heapq.heappush(ready.setdefault((t.gpu, t.stream), []), (t.prio, tid))
+
+  for t in tasks:
+    if not t.deps:
+      make_ready(t.id)
+  while done < len(tasks):
+    for res, heap in ready.items():
+      if res not in busy and heap:
+        _, tid = heapq.heappop(heap)
+        busy[res] = tid
+        tasks[tid].start = now
+    if not busy:
+      raise ValueError("task graph deadlocks: tasks wait on each other")
+    # Rates of running transfers under processor sharing of each link.
+    active: dict[str, int] = {}
+    for tid in busy.values():
+      link = _link(tasks[tid], hw.duplex)
+      if link:
+        active[link] = active.get(link, 0) + 1
+    finish = {}
+    for tid in busy.values():
+      t = tasks[tid]
+      link = _link(t, hw.duplex)
+      if link:
+        rate = min(hw.swap_bw_gpu, hw.swap_bw_host / active[link])
+        finish[tid] = now + remaining[tid] / rate
+      else:
+        finish[tid] = t.start + t.duration
+    t_next = min(finish.values())
+    for tid in busy.values():
+      link = _link(tasks[tid], hw.duplex)
+      if link:
+        rate = min(hw.swap_bw_gpu, hw.swap_bw_host / active[link])
+        remaining[tid] = max(remaining[tid] - rate * (t_next - now), 0.0)
+    now = t_next
+    for res, tid in list(busy.items()):
+      if finish[tid] <= now + 1e-15:
+        tasks[tid].end = now
+        del busy[res]
+        done += 1
+        for u in users[tid]:
+          waiting[u] -= 1
+          if waiting[u] == 0:
+            make_ready(u)
+  return tasks
+
+
+def makespan(tasks: list[Task]) -> float:
+  return max((t.end for t in tasks), default=0.0)

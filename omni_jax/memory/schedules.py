@@ -1,0 +1,340 @@
+"""The three schedules as task graphs, closed-form swap volumes and device-memory peaks.
+
+* ``harmony`` — forward packs, then backward packs in reverse; the last backward pack
+  (holding the loss) runs forward and backward in one go. Each pack swaps its weights in
+  once and runs every microbatch before the next pack (weight traffic independent of the
+  number of microbatches); pack-boundary inputs are stashed on the host in the forward and
+  recomputed from in the backward; a backward pack's gradients go to the host right after
+  its last microbatch and the host updates that pack at once. Weights are double-buffered
+  (the next pack is prefetched while this one computes), microbatch inputs and outputs too.
+* ``lms`` — virtualized memory, per microbatch and layer by layer (IBM LMS / vDNN): every
+  microbatch swaps every layer's weights in for the forward and again for the backward,
+  swaps every activation the backward needs out and back in, and pages the gradient
+  accumulator in and out; the update runs on the device with weights, gradients and Adam
+  state paged in and out. ``lms`` pages on demand (a tensor comes in when an operation
+  touches it, after the previous operation and evictions finished: no overlap on a GPU);
+  ``lms_prefetch`` moves the same bytes but prefetches one layer ahead and evicts
+  asynchronously (vDNN's overlap), a kinder baseline.
+* ``zero_offload`` — parameters stay on the device; each microbatch's gradients stream to
+  the host, which accumulates them and runs Adam; updated parameters come back once.
+
+Swap volumes here are per GPU; a data-parallel job of n GPUs moves n times that over the
+host's links (``Hardware.n_gpus``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from omni_jax.memory.costmodel import Hardware, TaskGraph
+from omni_jax.memory.profiler import ModelProfile
+
+KINDS = ("harmony", "lms", "lms_prefetch", "zero_offload")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """A schedule: kind, microbatch size u, microbatches per GPU, packs as [start, stop)."""
+  kind: str
+  u: int
+  m: int
+  fwd_packs: tuple[tuple[int, int], ...] = ()
+  bwd_packs: tuple[tuple[int, int], ...] = ()   # sorted by layer; the last holds the loss
+
+  def __post_init__(self):
+    if self.kind not in KINDS:
+      raise ValueError(f"Plan.kind = {self.kind!r} must be one of {KINDS}")
+
+
+def check_packs(plan: Plan, num_layers: int) -> None:
+  """Packs must tile the layers: bwd packs [0, L), fwd packs [0, start of the loss pack)."""
+  if plan.kind != "harmony":
+    return
+  b = plan.bwd_packs
+  if not b or b[0][0] != 0 or b[-1][1] != num_layers or any(
+      x[1] != y[0] for x, y in zip(b, b[1:], strict=False)) or any(s >= e for s, e in b):
+    raise ValueError(f"backward packs {b} must tile layers [0, {num_layers}) in order")
+  f, s_last = plan.fwd_packs, b[-1][0]
+  ok = (not f and s_last == 0) or (f and f[0][0] == 0 and f[-1][1] == s_last and all(
+      x[1] == y[0] for x, y in zip(f, f[1:], strict=False)) and all(s < e for s, e in f))
+  if not ok:
+    raise ValueError(f"forward packs {f} must tile layers [0, {s_last}) (the loss pack "
+                     f"{b[-1]} runs its own forward)")
+
+
+# ----------------------------------------------------------------------------- byte helpers
+def boundary_bytes(prof: ModelProfile, s: int) -> int:
+  """Per-example bytes of the activation entering layer s (layer 0: the model input)."""
+  return prof.layers[s].in_bytes
+
+
+def pack_param_bytes(prof: ModelProfile, pack) -> int:
+  return sum(prof.layers[i].param_bytes for i in range(*pack))
+
+
+def stash_points(plan: Plan) -> set[int]:
+  """Layer indices whose input the forward stashes on the host (backward pack starts > 0)."""
+  return {s for s, _ in plan.bwd_packs if s > 0}
+
+
+def fwd_pack_outputs(plan: Plan, pack) -> list[int]:
+  """Boundaries a forward pack [a, b) writes to the host: its output and stashes inside."""
+  a, b = pack
+  return sorted({b} | {s for s in stash_points(plan) if a < s < b})
+
+
+def harmony_traffic(plan: Plan, prof: ModelProfile) -> dict[str, int]:
+  """Closed-form bytes per GPU per iteration, by category."""
+  u, m, last = plan.u, plan.m, len(plan.bwd_packs) - 1
+  w_in = sum(pack_param_bytes(prof, p) for p in plan.fwd_packs + plan.bwd_packs)
+  act_in = act_out = 0
+  for a, b in plan.fwd_packs:
+    act_in += m * u * boundary_bytes(prof, a)
+    act_out += m * u * sum(boundary_bytes(prof, s) for s in fwd_pack_outputs(plan, (a, b)))
+  for k, (s, e) in enumerate(plan.bwd_packs):
+    dy = prof.target_bytes if k == last else boundary_bytes(prof, e)
+    act_in += m * u * (boundary_bytes(prof, s) + dy)
+    act_out += m * u * boundary_bytes(prof, s) if s > 0 else 0
+  return {"weights_in": w_in, "grads_out": prof.param_bytes, "acts_in": act_in,
+          "acts_out": act_out}
+
+
+def lms_traffic(plan: Plan, prof: ModelProfile) -> dict[str, int]:
+  u, m, w = plan.u, plan.m, prof.param_bytes
+  acts = sum(lp.act_bytes for lp in prof.layers)
+  return {"weights_in": 2 * m * w + 3 * w,      # fwd + bwd per microbatch; W, m, v to update
+          "grads_in": (m - 1) * w + w,           # accumulator paged in; once more to update
+          "grads_out": m * w,
+          "acts_in": m * u * (acts + boundary_bytes(prof, 0) + prof.target_bytes),
+          "acts_out": m * u * acts,
+          "state_out": 3 * w}                    # W, m, v after the update
+
+
+def zero_offload_traffic(plan: Plan, prof: ModelProfile) -> dict[str, int]:
+  u, m, w = plan.u, plan.m, prof.param_bytes
+  return {"weights_in": w, "grads_out": m * w,
+          "acts_in": m * u * (boundary_bytes(prof, 0) + prof.target_bytes), "acts_out": 0}
+
+
+def traffic(plan: Plan, prof: ModelProfile) -> dict[str, int]:
+  return {"harmony": harmony_traffic, "lms": lms_traffic, "lms_prefetch": lms_traffic,
+          "zero_offload": zero_offload_traffic}[plan.kind](plan, prof)
+
+
+def swap_bytes(plan: Plan, prof: ModelProfile, hw: Hardware) -> int:
+  """Bytes over the host links per iteration, all GPUs together."""
+  return hw.n_gpus * sum(traffic(plan, prof).values())
+
+
+# ----------------------------------------------------------------------------- memory peaks
+def fwd_pack_act_bytes(plan: Plan, prof: ModelProfile, pack) -> int:
+  """Device bytes of a forward pack's activations: double-buffered input and outputs, one
+  layer's intermediates at a time."""
+  a, b = pack
+  outs = sum(boundary_bytes(prof, s) for s in fwd_pack_outputs(plan, pack))
+  inner = max(prof.layers[i].act_bytes + prof.layers[i].out_bytes for i in range(a, b))
+  return plan.u * (2 * boundary_bytes(prof, a) + 2 * outs + inner)
+
+
+def bwd_pack_act_bytes(plan: Plan, prof: ModelProfile, pack, loss: bool) -> int:
+  """Device bytes of a backward pack: double-buffered x, dy and dx, the pack's recomputed
+  residuals, the widest layer output and the backward's transient cotangents (about one
+  layer's residuals and output)."""
+  s, e = pack
+  dy = prof.target_bytes if loss else boundary_bytes(prof, e)
+  resid = sum(prof.layers[i].act_bytes for i in range(s, e))
+  widest = max(prof.layers[i].out_bytes for i in range(s, e))
+  transient = max(prof.layers[i].act_bytes + prof.layers[i].out_bytes for i in range(s, e))
+  return plan.u * (2 * (2 * boundary_bytes(prof, s) + dy) + resid + 2 * widest + transient)
+
+
+def harmony_peak(plan: Plan, prof: ModelProfile) -> int:
+  """Device peak: pack k's weights (+ gradients in the backward) and activations, plus the
+  larger of the next pack's prefetched weights and the previous pack's gradients still
+  swapping out (dependencies never let both be resident)."""
+  seq = [(p, False, False) for p in plan.fwd_packs]
+  nb = len(plan.bwd_packs)
+  seq += [(plan.bwd_packs[k], True, k == nb - 1) for k in reversed(range(nb))]
+  peak = 0
+  for i, (pack, bwd, loss) in enumerate(seq):
+    w = pack_param_bytes(prof, pack)
+    nxt = pack_param_bytes(prof, seq[i + 1][0]) if i + 1 < len(seq) else 0
+    prev_g = pack_param_bytes(prof, seq[i - 1][0]) if i and seq[i - 1][1] else 0
+    act = (bwd_pack_act_bytes(plan, prof, pack, loss) if bwd
+           else fwd_pack_act_bytes(plan, prof, pack))
+    peak = max(peak, w * (2 if bwd else 1) + max(nxt, prev_g) + act)
+  return peak
+
+
+def lms_peak(plan: Plan, prof: ModelProfile) -> int:
+  """On demand, one layer at a time: the forward holds the weights, the layer's input,
+  residuals and output (and the microbatch's targets); the backward the weights, residuals,
+  dy, dx and the gradient accumulator in and out; the device update W, G, m, v in and W, m,
+  v out. ``lms_prefetch`` adds the next layer's weights, accumulator and residuals."""
+  u, t = plan.u, plan.u * prof.target_bytes
+  peak = 0
+  for lp in prof.layers:
+    w = lp.param_bytes
+    fwd = w + u * (lp.in_bytes + lp.act_bytes + lp.out_bytes) + t
+    bwd = 3 * w + u * (2 * (lp.act_bytes + lp.out_bytes) + lp.in_bytes)
+    peak = max(peak, fwd, bwd, 7 * w)
+  if plan.kind == "lms_prefetch":
+    peak += max(2 * lp.param_bytes + u * lp.act_bytes for lp in prof.layers)
+  return peak
+
+
+def zero_offload_peak(plan: Plan, prof: ModelProfile) -> int:
+  """All parameters, the layer-boundary checkpoints of a microbatch, one layer's
+  recomputed residuals and two layers' gradients (one computing, one streaming out)."""
+  u, ls = plan.u, prof.layers
+  ckpt = u * sum(lp.out_bytes for lp in ls)
+  inner = max(u * lp.act_bytes + 2 * lp.param_bytes for lp in ls)
+  return prof.param_bytes + ckpt + inner + u * (ls[0].in_bytes + prof.target_bytes)
+
+
+def peak_bytes(plan: Plan, prof: ModelProfile) -> int:
+  return {"harmony": harmony_peak, "lms": lms_peak, "lms_prefetch": lms_peak,
+          "zero_offload": zero_offload_peak}[plan.kind](plan, prof)
+
+
+# ----------------------------------------------------------------------------- task graphs
+def harmony_graph(plan: Plan, prof: ModelProfile, hw: Hardware) -> TaskGraph:
+  """Task graph of one Harmony iteration on ``hw.n_gpus`` data-parallel GPUs."""
+  check_packs(plan, prof.num_layers)
+  g = TaskGraph()
+  u, m, nb = plan.u, plan.m, len(plan.bwd_packs)
+  seq = [("F", p) for p in plan.fwd_packs] + [("B", plan.bwd_packs[k])
+                                               for k in reversed(range(nb))]
+  gout_all: dict[int, list[int]] = {}
+  stash_out: dict[tuple[int, int, int], int] = {}   # (gpu, boundary, j) -> producing task
+  for gpu in range(hw.n_gpus):
+    comp: list[list[int]] = []
+    gout: list[int | None] = []
+    for i, (kind, (a, b)) in enumerate(seq):
+      loss = kind == "B" and b == prof.num_layers
+      deps = [comp[i - 2][-1]] if i >= 2 else []
+      deps += [gout[i - 1]] if i >= 1 and gout[i - 1] is not None else []
+      w_in = g.add(gpu, "in", f"W{kind}{a}-{b}", pack_param_bytes(prof, (a, b)), deps=deps)
+      cs, outs = [], []
+      for j in range(m):
+        if kind == "F":
+          src = [stash_out.get((gpu, a, j))]
+          nbytes = u * boundary_bytes(prof, a)
+          dur = sum(prof.fwd(li, u) for li in range(a, b))
+        else:
+          dy = prof.target_bytes if loss else boundary_bytes(prof, b)
+          src = [stash_out.get((gpu, a, j)), stash_out.get((gpu, ("dx", b), j))]
+          nbytes = u * (boundary_bytes(prof, a) + dy)
+          dur = sum(prof.fwd(li, u) + prof.bwd(li, u) for li in range(a, b))
+        x_in = g.add(gpu, "in", f"x{kind}{a}:{j}", nbytes,
+                     deps=src + ([cs[j - 2]] if j >= 2 else []))
+        c = g.add(gpu, "compute", f"{kind}{a}-{b}:{j}", duration=dur,
+                  deps=[w_in, x_in] + cs[-1:] + ([outs[j - 2]] if j >= 2 else []))
+        cs.append(c)
+        if kind == "F":
+          out_b = fwd_pack_outputs(plan, (a, b))
+          o = g.add(gpu, "out", f"yF{a}:{j}", u * sum(boundary_bytes(prof, s) for s in out_b),
+                    deps=[c])
+          for s in out_b:
+            stash_out[(gpu, s, j)] = o
+        elif a > 0:
+          o = g.add(gpu, "out", f"dx{a}:{j}", u * boundary_bytes(prof, a), deps=[c])
+          stash_out[(gpu, ("dx", a), j)] = o
+        else:
+          o = None
+        outs.append(o)
+      comp.append(cs)
+      gout.append(g.add(gpu, "out", f"G{a}-{b}", pack_param_bytes(prof, (a, b)), deps=[cs[-1]])
+                  if kind == "B" else None)
+      if kind == "B":
+        gout_all.setdefault(i, []).append(gout[-1])
+  for i, (kind, pack) in enumerate(seq):
+    if kind == "B":
+      n = sum(prof.layers[li].param_count for li in range(*pack))
+      g.add(-1, "host", f"U{pack[0]}-{pack[1]}", duration=n / hw.host_update_params_per_s,
+            deps=gout_all[i])
+  return g
+
+
+def lms_graph(plan: Plan, prof: ModelProfile, hw: Hardware) -> TaskGraph:
+  """Task graph of one per-microbatch, layer-by-layer swapping iteration."""
+  g = TaskGraph()
+  u, m, nl = plan.u, plan.m, prof.num_layers
+  ahead = plan.kind == "lms_prefetch"
+  for gpu in range(hw.n_gpus):
+    comp: list[int] = []
+    g_out: dict[int, int] = {}
+    outs: list[int] = []
+
+    def gate(comp=comp, outs=outs):
+      """What a swap-in waits for: the compute two back (prefetch) or the last compute and
+      every eviction so far (on demand)."""
+      return comp[-2:-1] if ahead else comp[-1:] + outs[-1:]
+
+    for j in range(m):
+      x_in = g.add(gpu, "in", f"x:{j}", u * (boundary_bytes(prof, 0) + prof.target_bytes),
+                   deps=comp[-1:])
+      r_out: dict[int, int] = {}
+      for li in range(nl):
+        w = g.add(gpu, "in", f"Wf{li}:{j}", prof.layers[li].param_bytes, deps=gate())
+        c = g.add(gpu, "compute", f"F{li}:{j}", duration=prof.fwd(li, u),
+                  deps=[w, x_in] + comp[-1:])
+        comp.append(c)
+        r_out[li] = g.add(gpu, "out", f"R{li}:{j}", u * prof.layers[li].act_bytes, deps=[c])
+        outs.append(r_out[li])
+      for li in reversed(range(nl)):
+        pb = prof.layers[li].param_bytes
+        w = g.add(gpu, "in", f"Wb{li}:{j}", pb, deps=gate())
+        r = g.add(gpu, "in", f"R{li}:{j}", u * prof.layers[li].act_bytes,
+                  deps=[r_out[li]] + gate())
+        gi = g.add(gpu, "in", f"Gi{li}:{j}", pb, deps=[g_out[li]] + gate()) if j else None
+        c = g.add(gpu, "compute", f"B{li}:{j}", duration=prof.bwd(li, u),
+                  deps=[w, r, gi] + comp[-1:])
+        comp.append(c)
+        g_out[li] = g.add(gpu, "out", f"Go{li}:{j}", pb, deps=[c])
+        outs.append(g_out[li])
+    for li in range(nl):
+      lp = prof.layers[li]
+      s_in = g.add(gpu, "in", f"S{li}", 4 * lp.param_bytes, deps=[g_out[li]] + gate())
+      c = g.add(gpu, "compute", f"U{li}", deps=[s_in] + comp[-1:],
+                duration=lp.param_count / hw.device_update_params_per_s)
+      comp.append(c)
+      outs.append(g.add(gpu, "out", f"So{li}", 3 * lp.param_bytes, deps=[c]))
+  return g
+
+
+def zero_offload_graph(plan: Plan, prof: ModelProfile, hw: Hardware) -> TaskGraph:
+  """Task graph of one ZeRO-Offload-like iteration (gradients out per microbatch)."""
+  g = TaskGraph()
+  u, m, nl = plan.u, plan.m, prof.num_layers
+  last_gout: dict[int, list[int]] = {li: [] for li in range(nl)}
+  comp_all = []
+  for gpu in range(hw.n_gpus):
+    comp: list[int] = []
+    for j in range(m):
+      x_in = g.add(gpu, "in", f"x:{j}", u * (boundary_bytes(prof, 0) + prof.target_bytes),
+                   deps=comp[-1:])
+      c = g.add(gpu, "compute", f"F:{j}", duration=sum(prof.fwd(li, u) for li in range(nl)),
+                deps=[x_in] + comp[-1:])
+      comp.append(c)
+      for li in reversed(range(nl)):
+        c = g.add(gpu, "compute", f"B{li}:{j}", duration=prof.fwd(li, u) + prof.bwd(li, u),
+                  deps=comp[-1:])
+        comp.append(c)
+        go = g.add(gpu, "out", f"G{li}:{j}", prof.layers[li].param_bytes, deps=[c])
+        if j == m - 1:
+          last_gout[li].append(go)
+    comp_all.append(comp)
+  ups = {}
+  for li in reversed(range(nl)):
+    ups[li] = g.add(-1, "host", f"U{li}", deps=last_gout[li],
+                    duration=prof.layers[li].param_count / hw.host_update_params_per_s)
+  for gpu in range(hw.n_gpus):
+    for li in range(nl):
+      g.add(gpu, "in", f"W{li}", prof.layers[li].param_bytes, deps=[ups[li]])
+  return g
+
+
+def build_graph(plan: Plan, prof: ModelProfile, hw: Hardware) -> TaskGraph:
+  return {"harmony": harmony_graph, "lms": lms_graph, "lms_prefetch": lms_graph,
+          "zero_offload": zero_offload_graph}[plan.kind](plan, prof, hw)

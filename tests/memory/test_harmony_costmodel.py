@@ -1,0 +1,105 @@
+"""Event-driven cost model: processor sharing, stream order, hand-computed schedules."""
+
+import pytest
+
+from omni_jax.memory import schedules as sch
+from omni_jax.memory.costmodel import Hardware, TaskGraph, makespan, simulate
+from omni_jax.memory.profiler import LayerProfile, ModelProfile
+
+GB = 10**9
+
+
+def _hw(**kw):
+  base = dict(n_gpus=2, swap_bw_host=1 * GB, swap_bw_gpu=1 * GB, duplex=True,
+              host_update_params_per_s=1e9, device_update_params_per_s=1e10)
+  return Hardware(**(base | kw))
+
+
+def test_transfers_of_two_gpus_share_the_host_link():
+  g = TaskGraph()
+  a = g.add(0, "in", "W0", nbytes=GB // 2)
+  b = g.add(1, "in", "W1", nbytes=3 * GB // 2)
+  c = g.add(1, "compute", "F", duration=0.25, deps=[b])
+  tasks = simulate(g, _hw())
+  # Both at 0.5 GB/s until t=1 (GPU 0 done), then GPU 1 alone at 1 GB/s for its last 1 GB.
+  assert tasks[a].end == pytest.approx(1.0)
+  assert tasks[b].end == pytest.approx(2.0)
+  assert tasks[c].start == pytest.approx(2.0) and makespan(tasks) == pytest.approx(2.25)
+
+
+def test_duplex_links_do_not_compete_but_half_duplex_ones_do():
+  def run(duplex):
+    g = TaskGraph()
+    g.add(0, "in", "W", nbytes=GB)
+    g.add(0, "out", "G", nbytes=GB)
+    return makespan(simulate(g, _hw(n_gpus=1, duplex=duplex)))
+  assert run(True) == pytest.approx(1.0)
+  assert run(False) == pytest.approx(2.0)
+
+
+def test_per_gpu_link_caps_a_lone_transfer():
+  g = TaskGraph()
+  g.add(0, "in", "W", nbytes=GB)
+  assert makespan(simulate(g, _hw(swap_bw_gpu=0.25 * GB))) == pytest.approx(4.0)
+
+
+def test_stream_runs_ready_tasks_in_program_order():
+  g = TaskGraph()
+  slow = g.add(0, "compute", "F", duration=1.0)
+  first = g.add(0, "in", "x", nbytes=GB, deps=[slow])   # program order: first on "in"
+  second = g.add(0, "in", "W", nbytes=GB)               # ready at once: runs before `first`
+  tasks = simulate(g, _hw(n_gpus=1))
+  assert tasks[second].start == 0.0 and tasks[second].end == pytest.approx(1.0)
+  assert tasks[first].start == pytest.approx(1.0) and tasks[first].end == pytest.approx(2.0)
+
+
+def test_bad_graphs_are_clear_errors():
+  g = TaskGraph()
+  with pytest.raises(ValueError, match="stream 'disk' not one of"):
+    g.add(0, "disk", "x")
+  g.add(0, "compute", "a", duration=1.0, deps=[1])
+  g.add(0, "compute", "b", duration=1.0)
+  with pytest.raises(ValueError, match="depends on a later task"):
+    simulate(g, _hw())
+  with pytest.raises(ValueError, match="n_gpus"):
+    Hardware(n_gpus=0)
+
+
+def hand_profile(n=2, w=100, act=10, xb=4, fwd=1.0, bwd=2.0, params=25):
+  layers = tuple(LayerProfile(f"l{i}", "l", params, w, 2 * w, xb, xb, act, {1: fwd}, {1: bwd})
+                 for i in range(n))
+  return ModelProfile(layers, target_bytes=2, microbatch_sizes=(1,), source="hand")
+
+
+def test_single_loss_pack_iteration_time_by_hand():
+  """One backward pack over both layers, one microbatch: W and x in (in order), forward +
+  backward compute, gradients out, host update — all sequential."""
+  prof = hand_profile()
+  plan = sch.Plan("harmony", 1, 1, (), ((0, 2),))
+  hw = Hardware(n_gpus=1, swap_bw_host=100.0, swap_bw_gpu=100.0,
+                host_update_params_per_s=10.0)
+  tasks = simulate(sch.harmony_graph(plan, prof, hw), hw)
+  w_in, x_in = 200 / 100, (4 + 2) / 100
+  compute = 2 * (1.0 + 2.0)
+  g_out, update = 200 / 100, 50 / 10.0
+  assert makespan(tasks) == pytest.approx(w_in + x_in + compute + g_out + update)
+
+
+@pytest.mark.parametrize("n_gpus", [1, 3])
+def test_graph_bytes_equal_closed_forms(n_gpus):
+  prof = hand_profile(n=5)
+  hw = _hw(n_gpus=n_gpus)
+  plans = [sch.Plan("harmony", 1, 4, ((0, 2), (2, 3)), ((0, 1), (1, 3), (3, 5))),
+           sch.Plan("lms", 1, 4), sch.Plan("lms_prefetch", 1, 4), sch.Plan("zero_offload", 1, 4)]
+  for plan in plans:
+    g = sch.build_graph(plan, prof, hw)
+    assert g.bytes_moved() == sch.swap_bytes(plan, prof, hw), plan.kind
+  # Harmony by hand: W in = fwd packs (2 layers + 1) + every layer once; grads out = all;
+  # activations: fwd in x0, x2; fwd out x2 (+ stash x1 inside pack (0, 2)), x3; bwd in
+  # (x3, tgt), (x1, dy3), (x0, dy1); bwd out dx3, dx1 — 4 microbatches of 1 example.
+  t = sch.harmony_traffic(plans[0], prof)
+  assert t == {"weights_in": 300 + 500, "grads_out": 500,
+               "acts_in": 4 * (4 + 4 + (4 + 2) + (4 + 4) + (4 + 4)),
+               "acts_out": 4 * ((4 + 4) + 4 + 4 + 4)}
+  # Per-microbatch swapping: W in twice per microbatch + W, m, v for the update.
+  assert sch.lms_traffic(plans[1], prof)["weights_in"] == 2 * 4 * 500 + 3 * 500
