@@ -1,0 +1,226 @@
+"""Screen-recaptured document detection: baseline augmentation vs FMAG vs FMAG + M2FM.
+
+  python -m experiments.dpad --config=configs/dpad.py:default --workdir=/tmp/dpad_default
+
+Renders documents of every style, photographs each print (genuine) and each on-screen
+display (recaptured) with the physical simulator at high quality (training kinds) and at
+high and low quality (held-out kinds), caches them in <workdir>/captures.npz, trains each
+classifier with the baseline augmentation and with FMAG, trains M2FM against the frozen
+FMAG classifier, and scores held-out images (mean of patch scores). Writes summary.json
+(eer / auc / apcer / bpcer keyed by method then quality, for the first model; every model
+under by_model), metrics.jsonl and dpad_*.png figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from experiments import common
+from omni_jax.config import ConfigError, positive_int, require, to_dict
+from omni_jax.dpad import documents, pad_metrics, plots, recapture, train
+from omni_jax.dpad.models import MODELS
+from omni_jax.train.metrics import MetricsLog, write_json_atomic
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/dpad.py:<variant>")
+_WORKDIR = flags.DEFINE_string("workdir", None, "output folder")
+
+METHODS = ("baseline_aug", "fmag", "fmag_m2fm")
+CAPTURE_VERSION = 2          # bump when the document or simulator code changes the pixels
+
+
+def validate(cfg) -> None:
+  """One clear ConfigError per bad value, before any work."""
+  d = cfg.data
+  for k in list(d.train_kinds) + list(d.test_kinds):
+    require(k in documents.KINDS, "data.*_kinds", k, f"must be one of {list(documents.KINDS)}")
+  require(not set(d.train_kinds) & set(d.test_kinds), "data.test_kinds", d.test_kinds,
+          "must not share a kind with data.train_kinds (held-out protocol)")
+  for k in ("canvas", "train_docs", "test_docs"):
+    positive_int(d, k, "data.")
+  require(d.canvas % 2 == 0 and d.canvas >= 128, "data.canvas", d.canvas, "an even int >= 128")
+  for k in ("sensor", "ss"):
+    positive_int(cfg.sim, k, "sim.")
+  lo, hi = cfg.sim.period
+  require(0 < lo <= hi, "sim.period", cfg.sim.period, "a (lo, hi) range with 0 < lo <= hi")
+  require(2.0 / lo < cfg.sim.ss / 2, "sim.ss", cfg.sim.ss,
+          f"must resolve the mosaic's 2nd harmonic: ss > 4 / period_lo = {4 / lo:.2f}")
+  positive_int(cfg, "patch")
+  require(cfg.patch % 8 == 0, "patch", cfg.patch, "a multiple of 8 (ViT and M2FM tokens)")
+  require(cfg.patch <= cfg.sim.sensor, "patch", cfg.patch,
+          f"must fit the captured frame ({cfg.sim.sensor} px)")
+  for m in cfg.models:
+    require(m in MODELS, "models", cfg.models, f"entries must be in {list(MODELS)}")
+  require(len(cfg.models) > 0, "models", cfg.models, "at least one model")
+  for m in cfg.methods:
+    require(m in METHODS, "methods", cfg.methods, f"entries must be in {list(METHODS)}")
+  a_lo, a_hi = cfg.fmag.alpha
+  require(0 <= a_lo <= a_hi <= 1, "fmag.alpha", cfg.fmag.alpha, "0 <= lo <= hi <= 1")
+  for k in ("steps", "batch"):
+    positive_int(cfg.train, k, "train.")
+    positive_int(cfg.m2fm, k, "m2fm.")
+
+
+# ---------------------------------------------------------------- data
+def _fingerprint(cfg) -> dict:
+  return json.loads(json.dumps({"data": to_dict(cfg.data), "sim": to_dict(cfg.sim),
+                                "seed": cfg.seed, "version": CAPTURE_VERSION}))
+
+
+def build_captures(cfg, workdir: str) -> dict:
+  """Renders and photographs every document (or loads the cache written by a previous run)."""
+  path = os.path.join(workdir, "captures.npz")
+  fp = _fingerprint(cfg)
+  if os.path.exists(path):
+    z = np.load(path, allow_pickle=False)
+    if json.loads(str(z["fingerprint"])) == fp:
+      logging.info("reusing captures from %s", path)
+      return {k: z[k] for k in z.files}
+    logging.info("captures in %s were made with another config: rebuilding", path)
+  d = cfg.data
+  jobs = [("train", k, i, q) for k in d.train_kinds for i in range(d.train_docs) for q in ["high"]]
+  jobs += [("test", k, i, q) for k in d.test_kinds for i in range(d.test_docs)
+           for q in ("high", "low")]
+  out = {f"{s}_{q}_{f}": [] for s, q in (("train", "high"), ("test", "high"), ("test", "low"))
+         for f in ("images", "labels", "periods", "scales", "kinds", "docs")}
+  t0 = time.time()
+  for j, (split, kind, i, q) in enumerate(jobs):
+    doc_seed = 1000 * (documents.KINDS.index(kind) + 1) + i + 100_000 * cfg.seed
+    page, _ = documents.render_document(kind, doc_seed, d.canvas)
+    for screen in (False, True):
+      rng = np.random.default_rng([cfg.seed, doc_seed, int(screen), q == "low"])
+      img, p = recapture.simulate(page, rng, q, cfg.sim, screen)
+      pre = f"{split}_{q}_"
+      out[pre + "images"].append(img)
+      out[pre + "labels"].append(int(screen))
+      out[pre + "periods"].append(float(p["period"]))
+      out[pre + "scales"].append(float(p["scale"]))
+      out[pre + "kinds"].append(kind)
+      out[pre + "docs"].append(doc_seed)
+    if (j + 1) % max(1, len(jobs) // 8) == 0 or j + 1 == len(jobs):
+      rate = (j + 1) / (time.time() - t0)
+      logging.info("captures: %d/%d documents x qualities (%.1f/s, ETA %.0f s)", j + 1,
+                   len(jobs), rate, (len(jobs) - j - 1) / rate)
+  res = {}
+  for k, v in out.items():
+    if k.endswith("images") and k.startswith("test_low"):
+      side = max(im.shape[0] for im in v)           # pad to a stack; sizes kept in *_sides
+      res["test_low_sides"] = np.array([im.shape[0] for im in v])
+      stack = np.zeros((len(v), side, side, 3), np.uint8)
+      for n, im in enumerate(v):
+        stack[n, :im.shape[0], :im.shape[1]] = im
+      res[k] = stack
+    else:
+      res[k] = np.asarray(v) if not k.endswith("images") else np.stack(v)
+  res["fingerprint"] = np.asarray(json.dumps(fp))
+  tmp = path + ".tmp.npz"
+  np.savez_compressed(tmp, **res)
+  os.replace(tmp, path)
+  return res
+
+
+def _split(caps: dict, name: str) -> tuple[list[np.ndarray], np.ndarray]:
+  imgs = caps[f"{name}_images"]
+  if name == "test_low":
+    imgs = [im[:s, :s] for im, s in zip(imgs, caps["test_low_sides"], strict=True)]
+  return list(imgs), caps[f"{name}_labels"]
+
+
+# ---------------------------------------------------------------- evaluation
+def evaluate(scores: np.ndarray, labels: np.ndarray) -> dict:
+  e = pad_metrics.eer(scores, labels)
+  return {"eer": e["eer"], "auc": pad_metrics.auc(scores, labels), "apcer": e["apcer"],
+          "bpcer": e["bpcer"], "threshold": e["threshold"]}
+
+
+def run_model(cfg, name: str, caps: dict, log) -> dict:
+  """Three methods for one classifier architecture; metrics keyed by method then quality."""
+  tr = {"images": caps["train_high_images"], "labels": caps["train_high_labels"],
+        "periods": caps["train_high_periods"]}
+  tests = {q: _split(caps, f"test_{q}") for q in ("high", "low")}
+  res, t0 = {}, time.time()
+  base = train.train_classifier(cfg, name, tr, "baseline", cfg.seed, log)
+  fm = train.train_classifier(cfg, name, tr, "fmag", cfg.seed, log)
+  m2 = train.train_m2fm(cfg, *fm, tr, cfg.seed, log) if "fmag_m2fm" in cfg.methods else None
+  setups = {"baseline_aug": (base, None), "fmag": (fm, None), "fmag_m2fm": (fm, m2)}
+  for method in cfg.methods:
+    (clf, params), rec = setups[method]
+    res[method] = {}
+    for q, (imgs, labels) in tests.items():
+      s = train.score_images(clf, params, imgs, cfg.patch, m2fm=rec)
+      res[method][q] = evaluate(s, labels)
+      logging.info("%s %s %s: EER %.3f AUC %.3f", name, method, q, res[method][q]["eer"],
+                   res[method][q]["auc"])
+  res["seconds"] = time.time() - t0
+  return res
+
+
+def figures(cfg, caps: dict, workdir: str, eer: dict) -> list[str]:
+  """dpad_samples.png, dpad_fmag.png, dpad_documents.png, dpad_eer.png in ``workdir``."""
+  rows = []
+  kinds = [str(k) for k in caps["test_high_kinds"]]
+  firsts = [kinds.index(k) for k in cfg.data.test_kinds][:3]       # one document per kind
+  if len(firsts) < 2:
+    firsts = list(range(0, min(6, len(kinds)), 2))[:3]
+  low_imgs, _ = _split(caps, "test_low")
+  for j in firsts:                                                 # j genuine, j+1 recaptured
+    row = {"kind": kinds[j]}
+    for q, imgs in (("high", caps["test_high_images"]), ("low", low_imgs)):
+      for off, lab in ((0, "genuine"), (1, "recaptured")):
+        row[f"{lab} {q}"] = {"image": imgs[j + off],
+                             "period": float(caps[f"test_{q}_periods"][j + off]),
+                             "scale": float(caps[f"test_{q}_scales"][j + off])}
+    rows.append(row)
+  out = [os.path.join(workdir, f) for f in ("dpad_samples.png", "dpad_fmag.png",
+                                            "dpad_documents.png", "dpad_eer.png")]
+  side = min(int(caps["test_low_sides"].min()), 2 * cfg.patch) // 2 * 2
+  plots.sample_grid(rows, out[0], side)
+  i = int(np.argmax(caps["train_high_labels"]))
+  c = cfg.sim.sensor // 2 - cfg.patch // 2
+  plots.fmag_figure(caps["train_high_images"][i][c:c + cfg.patch, c:c + cfg.patch],
+                    float(caps["train_high_periods"][i]), cfg.fmag, out[1])
+  plots.documents_figure([(k, documents.render_document(k, 1, cfg.data.canvas)[0])
+                          for k in documents.KINDS], out[2])
+  plots.eer_bars(eer, out[3], f"{cfg.models[0]}, train on {list(cfg.data.train_kinds)} (high)")
+  return out
+
+
+def main(argv):
+  del argv
+  common.setup_devices()
+  cfg, workdir = _CONFIG.value, _WORKDIR.value
+  if cfg is None or not workdir:
+    raise app.UsageError("--config=configs/dpad.py:<variant> and --workdir are required")
+  try:
+    validate(cfg)
+  except ConfigError as e:
+    raise app.UsageError(str(e)) from e
+  os.makedirs(workdir, exist_ok=True)
+  t0 = time.time()
+  caps = build_captures(cfg, workdir)
+  t_data = time.time() - t0
+  log = MetricsLog(os.path.join(workdir, "metrics.jsonl")).write
+  by_model = {m: run_model(cfg, m, caps, log) for m in cfg.models}
+  main_m = by_model[cfg.models[0]]
+  summary = {k: {meth: {q: main_m[meth][q][k] for q in ("high", "low")} for meth in cfg.methods}
+             for k in ("eer", "auc", "apcer", "bpcer")}
+  summary |= {
+      "model": cfg.models[0], "by_model": by_model, "config": to_dict(cfg),
+      "counts": {s: int(len(caps[f"{s}_labels"])) for s in ("train_high", "test_high",
+                                                              "test_low")},
+      "seconds": {"captures": t_data, "total": time.time() - t0}}
+  if {"baseline_aug", "fmag_m2fm"} <= set(cfg.methods):
+    summary["low_eer_gain_points"] = 100 * (summary["eer"]["baseline_aug"]["low"]
+                                            - summary["eer"]["fmag_m2fm"]["low"])
+  summary["figures"] = [os.path.basename(p) for p in figures(cfg, caps, workdir, summary["eer"])]
+  write_json_atomic(os.path.join(workdir, "summary.json"), summary)
+  logging.info("summary: %s", json.dumps({"eer": summary["eer"], "auc": summary["auc"]}))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,7 @@
+"""DPAD: screen-recaptured document detection with FMAG and M2FM (issue 7).
+
+Modules: ``documents`` (synthetic print pages), ``recapture`` (jitted physical screen ->
+camera simulator), ``fmag`` (moiré-preserving spectral augmentation), ``models`` (flax
+ResNet / ViT / M2FM reconstructor), ``train`` (patch training and scoring),
+``pad_metrics`` (APCER, BPCER, EER, AUC), ``plots`` (figures).
+"""

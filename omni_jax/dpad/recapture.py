@@ -1,0 +1,239 @@
+"""Physical recapture simulator: screen sub-pixel mosaic -> camera -> Bayer sensor -> JPEG.
+
+Why: moiré is an aliasing artefact. A display's periodic RGB sub-pixel grid, imaged at a
+period ``p`` sensor pixels per screen pixel, carries per-channel energy at ``1/p`` cycles
+per pixel; when ``1/p`` exceeds the sensor's Nyquist limit (0.5) the Bayer sampling folds
+it to ``|1/p - round(1/p)|`` (:func:`moire_frequency`). The simulator reproduces this by
+evaluating the scene radiance on a grid ``ss`` times finer than the sensor, so that the
+sensor's own sampling — not the simulator's — makes the moiré.
+
+Pipeline (``capture``, one jit-compiled function per (sensor, ss, screen) triple):
+  print page --(screen: box-downsample to the screen's pixels, sub-pixel stripe mosaic)-->
+  radiance at sensor point x: lens distortion (inverse radial model) -> perspective pose
+  (homography: scale 1/p, roll, foreshortening, shift) -> optical blur (Gaussian PSF) ->
+  pixel aperture (box over ss x ss) -> exposure/white balance/illumination -> Bayer RGGB
+  sampling -> shot + read noise -> bilinear demosaic.
+A genuine capture takes the same camera path, but the radiance is the printed page itself
+(bilinear lookup at print resolution), with no screen.
+
+``finish`` then applies the channel's resolution loss (down and back up) and JPEG with
+Pillow, outside jit (JPEG is entropy coding: no useful jit form).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from PIL import Image
+
+PRINT_PER_SCREEN = 2        # print pixels per screen pixel (the screen shows the page at half res)
+QUALITIES = ("high", "low")
+_PARAM_KEYS = ("period", "roll", "persp", "shift", "k1", "sigma", "gain", "illum", "shot",
+               "read")
+
+
+def moire_frequency(period_px: Any) -> Any:
+  """Folded frequency (cycles/pixel, in [0, 0.5]) of a grid with ``period_px`` sensor px.
+
+  ``period_px`` = screen pixel pitch x optical magnification / sensor pixel pitch. The
+  per-channel fundamental of the sub-pixel mosaic is ``1/period_px``; sampling at one
+  sample per pixel aliases it to its distance from the nearest integer.
+  """
+  f = 1.0 / np.asarray(period_px, np.float64)
+  return np.abs(f - np.round(f))
+
+
+def period_from_pitches(screen_pitch_um: float, sensor_pitch_um: float,
+                        magnification: float) -> float:
+  """Screen period on the sensor, in sensor pixels, from the physical pitches."""
+  for name, v in (("screen_pitch_um", screen_pitch_um), ("sensor_pitch_um", sensor_pitch_um),
+                  ("magnification", magnification)):
+    if not float(v) > 0:
+      raise ValueError(f"{name} = {v!r} must be > 0")
+  return float(screen_pitch_um) * float(magnification) / float(sensor_pitch_um)
+
+
+def check_image(img: Any, name: str = "image", min_side: int = 16) -> np.ndarray:
+  """One clear error for non-RGB, tiny or wrongly typed images; returns float32 in [0, 1]."""
+  if not isinstance(img, np.ndarray | jax.Array):
+    raise TypeError(f"{name} must be a numpy or JAX array, got {type(img).__name__}")
+  if img.ndim != 3 or img.shape[-1] != 3:
+    raise ValueError(f"{name} must be RGB with shape (H, W, 3), got shape {tuple(img.shape)}")
+  if min(img.shape[:2]) < min_side:
+    raise ValueError(f"{name} is {img.shape[0]}x{img.shape[1]} pixels: both sides must be "
+                     f">= {min_side}")
+  if img.dtype == np.uint8:
+    return np.asarray(img, np.float32) / 255.0
+  if img.dtype in (np.float32, np.float64):
+    a = np.asarray(img, np.float32)
+    if not np.all(np.isfinite(a)) or a.min() < 0.0 or a.max() > 1.0:
+      raise ValueError(f"{name}: float images must be finite and in [0, 1]")
+    return a
+  raise TypeError(f"{name} has dtype {img.dtype}; allowed: uint8 (0..255) or float32/float64 "
+                  "in [0, 1]")
+
+
+def sample_params(rng: np.random.Generator, quality: str, cfg: Any) -> dict[str, np.ndarray]:
+  """Random camera pose, optics and sensor settings for one capture at ``quality``.
+
+  ``cfg`` holds ``period`` (range of screen periods on the sensor, px) and per-quality
+  ``sigma`` (PSF), ``shot``/``read`` (noise), ``jpeg`` and ``scale`` ranges; see
+  configs/dpad.py. Returns float32 arrays; ``jpeg``/``scale`` are for :func:`finish`.
+  """
+  if quality not in QUALITIES:
+    raise ValueError(f"quality {quality!r} is not known; allowed: {list(QUALITIES)}")
+  q = cfg[quality]
+  u = lambda lo_hi, size=None: rng.uniform(lo_hi[0], lo_hi[1], size)
+  wb = u((0.85, 1.1), 3)
+  p = {
+      "period": u(cfg.period), "roll": u((-cfg.max_roll, cfg.max_roll)),
+      "persp": u((-cfg.max_persp, cfg.max_persp), 2), "shift": u((-0.25, 0.25), 2),
+      "k1": u((-cfg.max_k1, cfg.max_k1)), "sigma": u(q.sigma),
+      "gain": wb / wb.max() * u((0.8, 1.05)), "illum": u((-0.15, 0.15), 2),
+      "shot": u(q.shot), "read": u(q.read)}
+  out = {k: np.asarray(v, np.float32) for k, v in p.items()}
+  out["jpeg"] = np.asarray(int(rng.integers(q.jpeg[0], q.jpeg[1] + 1)), np.int32)
+  out["scale"] = np.asarray(u(q.scale), np.float32)
+  return out
+
+
+def _sensor_to_page(params: dict, sensor: int, ss: int) -> tuple[jax.Array, jax.Array]:
+  """Screen-pixel coordinates (u, v) seen by every supersampled sensor point."""
+  n = sensor * ss
+  c = (jnp.arange(n, dtype=jnp.float32) + 0.5) / ss          # sensor px, sample centres
+  x = (c - sensor / 2) / (sensor / 2)
+  xd, yd = jnp.meshgrid(x, x)                                # yd: rows, xd: columns
+  r2 = xd * xd + yd * yd
+  xu, yu = xd * (1 + params["k1"] * r2), yd * (1 + params["k1"] * r2)   # radial distortion
+  den = 1.0 + params["persp"][0] * xu + params["persp"][1] * yu          # foreshortening
+  cs, sn = jnp.cos(params["roll"]), jnp.sin(params["roll"])
+  half = sensor / 2 / params["period"]                        # screen px per half frame
+  u = (cs * xu - sn * yu) / den * half + params["shift"][0] * half
+  v = (sn * xu + cs * yu) / den * half + params["shift"][1] * half
+  return u, v
+
+
+def _screen_radiance(page: jax.Array, u: jax.Array, v: jax.Array,
+                     row_depth: float) -> jax.Array:
+  """Light from an RGB-stripe display showing ``page`` at screen resolution, at (u, v).
+
+  Each screen pixel has three vertical stripes R, G, B with a raised-cosine-squared profile
+  (harmonics up to 2/pixel, so the ``ss`` grid resolves them) and a dimmer row gap
+  (depth ``row_depth``); both profiles have mean 1 over a pixel, so the average colour is
+  the page's.
+  """
+  c = page.shape[0] // PRINT_PER_SCREEN
+  scr = page.reshape(c, PRINT_PER_SCREEN, c, PRINT_PER_SCREEN, 3).mean((1, 3))
+  uu, vv = u + c / 2, v + c / 2
+  iu = jnp.clip(jnp.floor(uu), 0, c - 1).astype(jnp.int32)
+  iv = jnp.clip(jnp.floor(vv), 0, c - 1).astype(jnp.int32)
+  fu, fv = uu - jnp.floor(uu), vv - jnp.floor(vv)
+  centres = (jnp.arange(3, dtype=jnp.float32) + 0.5) / 3
+  stripe = (8.0 / 3.0) * ((1 + jnp.cos(2 * jnp.pi * (fu[..., None] - centres))) / 2) ** 2
+  row = 1.0 + row_depth * jnp.cos(2 * jnp.pi * (fv - 0.5))[..., None]   # dim at row edges
+  return scr[iv, iu] * stripe * row
+
+
+def _print_radiance(page: jax.Array, u: jax.Array, v: jax.Array) -> jax.Array:
+  """Light reflected by the printed page (bilinear lookup at print resolution)."""
+  n = page.shape[0]
+  x = (u + n / PRINT_PER_SCREEN / 2) * PRINT_PER_SCREEN - 0.5
+  y = (v + n / PRINT_PER_SCREEN / 2) * PRINT_PER_SCREEN - 0.5
+  x, y = jnp.clip(x, 0, n - 1.001), jnp.clip(y, 0, n - 1.001)
+  x0, y0 = jnp.floor(x).astype(jnp.int32), jnp.floor(y).astype(jnp.int32)
+  ax, ay = (x - x0)[..., None], (y - y0)[..., None]
+  return ((1 - ay) * ((1 - ax) * page[y0, x0] + ax * page[y0, x0 + 1])
+          + ay * ((1 - ax) * page[y0 + 1, x0] + ax * page[y0 + 1, x0 + 1]))
+
+
+def _gaussian_blur(img: jax.Array, sigma_samples: jax.Array) -> jax.Array:
+  """Gaussian PSF by multiplying the spectrum (periodic borders; frames are large)."""
+  n = img.shape[0]
+  f = jnp.fft.fftfreq(n)
+  h = jnp.exp(-2 * (jnp.pi * sigma_samples) ** 2 * (f[:, None] ** 2 + f[None, :] ** 2))
+  return jnp.fft.ifft2(jnp.fft.fft2(img, axes=(0, 1)) * h[..., None], axes=(0, 1)).real
+
+
+def bayer_mask(h: int, w: int) -> jax.Array:
+  """RGGB colour-filter array as a one-hot (h, w, 3) mask."""
+  yy, xx = jnp.meshgrid(jnp.arange(h), jnp.arange(w), indexing="ij")
+  ch = jnp.where((yy % 2 == 0) & (xx % 2 == 0), 0, jnp.where((yy % 2 == 1) & (xx % 2 == 1), 2, 1))
+  return jax.nn.one_hot(ch, 3, dtype=jnp.float32)
+
+
+def _conv3(x: jax.Array, k: np.ndarray) -> jax.Array:
+  """'same' 3x3 correlation of every channel with reflect padding."""
+  p = jnp.pad(x, ((1, 1), (1, 1), (0, 0)), mode="reflect")
+  h, w = x.shape[:2]
+  return sum(float(k[i, j]) * p[i:i + h, j:j + w] for i in range(3) for j in range(3)
+             if k[i, j] != 0)
+
+
+def demosaic_bilinear(mosaic: jax.Array) -> jax.Array:
+  """Bilinear demosaic of an RGGB mosaic given as (h, w, 3) with zeros off the CFA."""
+  kg = np.array([[0, 1, 0], [1, 4, 1], [0, 1, 0]], np.float32) / 4
+  krb = np.array([[1, 2, 1], [2, 4, 2], [1, 2, 1]], np.float32) / 4
+  rb = _conv3(mosaic, krb)
+  g = _conv3(mosaic, kg)
+  return jnp.stack([rb[..., 0], g[..., 1], rb[..., 2]], -1)
+
+
+@functools.partial(jax.jit, static_argnames=("sensor", "ss", "screen", "row_depth"))
+def capture(page: jax.Array, params: dict, key: jax.Array, *, sensor: int, ss: int,
+            screen: bool, row_depth: float = 0.5) -> jax.Array:
+  """One camera capture (float32 (sensor, sensor, 3) in [0, 1], before JPEG).
+
+  ``page``: float32 (C, C, 3) print page in [0, 1] with C divisible by 2; ``params`` from
+  :func:`sample_params`; ``screen``: photograph the page shown on a display (recapture)
+  instead of the print (genuine).
+  """
+  p = {k: jnp.asarray(params[k], jnp.float32) for k in _PARAM_KEYS}
+  u, v = _sensor_to_page(p, sensor, ss)
+  rad = _screen_radiance(page, u, v, row_depth) if screen else _print_radiance(page, u, v)
+  rad = _gaussian_blur(rad, p["sigma"] * ss)
+  img = rad.reshape(sensor, ss, sensor, ss, 3).mean((1, 3))      # pixel aperture
+  x = (jnp.arange(sensor, dtype=jnp.float32) + 0.5) / sensor - 0.5
+  illum = 1.0 + p["illum"][0] * x[None, :] + p["illum"][1] * x[:, None]
+  img = img * p["gain"] * illum[..., None]
+  mask = bayer_mask(sensor, sensor)
+  raw = jnp.clip((img * mask).sum(-1), 0.0, 1.0)
+  std = jnp.sqrt(p["shot"] * raw + p["read"] ** 2)
+  raw = jnp.clip(raw + std * jax.random.normal(key, raw.shape), 0.0, 1.0)
+  return jnp.clip(demosaic_bilinear(raw[..., None] * mask), 0.0, 1.0)
+
+
+def finish(img: Any, jpeg_quality: int, scale: float = 1.0) -> np.ndarray:
+  """Resolution loss and JPEG round trip with Pillow; returns uint8 RGB of the input size.
+
+  ``scale`` < 1 resamples the frame down (area filter) and back up (bicubic): detail above
+  ``scale / 2`` cycles/px is lost, as after a messaging app's downscale, while the frame
+  keeps its pixel grid, so moiré that survives stays where the pitches put it.
+  """
+  a = np.asarray(img)
+  if a.dtype != np.uint8:
+    a = np.round(np.clip(a, 0, 1) * 255).astype(np.uint8)
+  im = Image.fromarray(a)
+  if scale != 1.0:
+    s = max(16, int(round(a.shape[0] * float(scale))))
+    im = im.resize((s, s), Image.BOX).resize((a.shape[1], a.shape[0]), Image.BICUBIC)
+  buf = io.BytesIO()
+  im.save(buf, format="JPEG", quality=int(jpeg_quality))
+  return np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"))
+
+
+def simulate(page: Any, rng: np.random.Generator, quality: str, cfg: Any, screen: bool,
+             params: dict | None = None) -> tuple[np.ndarray, dict]:
+  """Genuine (``screen=False``) or recaptured image of ``page`` at ``quality``: uint8 + params."""
+  page = check_image(page, "page", min_side=64)
+  if page.shape[0] != page.shape[1] or page.shape[0] % PRINT_PER_SCREEN:
+    raise ValueError(f"page must be square with an even side, got {page.shape[:2]}")
+  params = sample_params(rng, quality, cfg) if params is None else params
+  key = jax.random.key(int(rng.integers(0, 2**31 - 1)))
+  raw = capture(jnp.asarray(page), params, key, sensor=cfg.sensor, ss=cfg.ss, screen=screen,
+                row_depth=cfg.row_depth)
+  return finish(raw, int(params["jpeg"]), float(params["scale"])), params

@@ -1,0 +1,224 @@
+"""Training and scoring: patch classifiers (baseline or FMAG augmentation) and M2FM.
+
+Why patches: capture frames differ in size between qualities, and moiré is local; a
+classifier sees ``patch`` x ``patch`` crops at native resolution (no resizing, which would
+move the moiré), and an image's score is the mean of its grid patches' P(recaptured).
+
+The baseline augmentation is the usual recipe for recaptured natural images — random JPEG
+re-compression, Gaussian blur, colour jitter, flips — done with Pillow/numpy on the host.
+FMAG (:mod:`omni_jax.dpad.fmag`) and M2FM run jitted on the device.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+from PIL import Image, ImageEnhance, ImageFilter
+
+from omni_jax.dpad import fmag as fmag_lib
+from omni_jax.dpad import models
+
+
+# ---------------------------------------------------------------- patches
+def grid_patches(img: np.ndarray, patch: int) -> np.ndarray:
+  """Non-overlapping patches covering the centre of ``img`` (at least one)."""
+  h, w = img.shape[:2]
+  if min(h, w) < patch:
+    raise ValueError(f"image {h}x{w} is smaller than the patch side {patch}")
+  ny, nx = h // patch, w // patch
+  oy, ox = (h - ny * patch) // 2, (w - nx * patch) // 2
+  a = img[oy:oy + ny * patch, ox:ox + nx * patch]
+  return a.reshape(ny, patch, nx, patch, 3).transpose(0, 2, 1, 3, 4).reshape(-1, patch, patch, 3)
+
+
+def random_patches(rng: np.random.Generator, images: np.ndarray, n: int,
+                   patch: int) -> tuple[np.ndarray, np.ndarray]:
+  """``n`` random crops from a stack (M, H, W, 3); returns (patches, image indices)."""
+  m, h, w = images.shape[:3]
+  idx = rng.integers(0, m, n)
+  ys, xs = rng.integers(0, h - patch + 1, n), rng.integers(0, w - patch + 1, n)
+  return np.stack([images[i, y:y + patch, x:x + patch] for i, y, x in
+                   zip(idx, ys, xs, strict=True)]), idx
+
+
+def baseline_augment(rng: np.random.Generator, patches: np.ndarray) -> np.ndarray:
+  """JPEG (q 30-95), blur (sigma 0.3-1.5), colour jitter, flips; each op with prob 0.5."""
+  out = []
+  for p in patches:
+    im = Image.fromarray(p)
+    if rng.random() < 0.5:
+      im = im.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.3, 1.5))))
+    if rng.random() < 0.5:
+      for enh in (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color):
+        im = enh(im).enhance(float(rng.uniform(0.75, 1.25)))
+    if rng.random() < 0.5:
+      buf = io.BytesIO()
+      im.save(buf, format="JPEG", quality=int(rng.integers(30, 96)))
+      im = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+    out.append(np.asarray(im))
+  return flips(rng, np.stack(out))
+
+
+def flips(rng: np.random.Generator, patches: np.ndarray) -> np.ndarray:
+  """Random horizontal and vertical flips (they keep every spectral peak's radius)."""
+  out = patches.copy()
+  for i in range(len(out)):
+    if rng.random() < 0.5:
+      out[i] = out[i, :, ::-1]
+    if rng.random() < 0.5:
+      out[i] = out[i, ::-1]
+  return out
+
+
+def lowpass(x: jax.Array, radius: float) -> jax.Array:
+  """Keeps spectral bins within ``radius`` (cycles/px, per axis as a disc) of DC."""
+  n = x.shape[1]
+  f = jnp.fft.fftfreq(n)
+  keep = (f[:, None] ** 2 + f[None, :] ** 2) <= radius ** 2
+  spec = jnp.fft.fft2(x, axes=(1, 2))
+  return jnp.fft.ifft2(spec * keep[None, :, :, None], axes=(1, 2)).real
+
+
+# ---------------------------------------------------------------- classifier
+def _progress(what: str, step: int, steps: int, t0: float, loss: float) -> None:
+  rate = step / max(time.time() - t0, 1e-9)
+  logging.info("%s: step %d/%d loss %.4f (%.1f steps/s, ETA %.0f s)", what, step, steps, loss,
+               rate, (steps - step) / max(rate, 1e-9))
+
+
+@functools.lru_cache(maxsize=8)
+def _classifier_step(name: str, lr: float, steps: int, weight_decay: float):
+  """(module, optimizer, jitted step), shared by every run with the same settings (one
+  compile for the baseline and the FMAG classifier)."""
+  model = models.build_classifier(name)
+  opt = optax.adamw(optax.cosine_decay_schedule(lr, steps, 0.05), weight_decay=weight_decay)
+
+  @jax.jit
+  def step(params, opt_state, x, y):
+    def loss_fn(p):
+      return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
+    loss, g = jax.value_and_grad(loss_fn)(params)
+    upd, opt_state = opt.update(g, opt_state, params)
+    return optax.apply_updates(params, upd), opt_state, loss
+
+  return model, opt, step
+
+
+def train_classifier(cfg: Any, name: str, data: dict, aug: str, seed: int,
+                     log: Callable[[dict], None] | None = None) -> tuple[Any, Any]:
+  """Trains classifier ``name`` on random training patches with ``aug`` in
+  {"baseline", "fmag", "none"}; returns (module, params)."""
+  if aug not in ("baseline", "fmag", "none"):
+    raise ValueError(f"augmentation {aug!r} is not known; allowed: baseline, fmag, none")
+  tc, patch = cfg.train, cfg.patch
+  model, opt, step = _classifier_step(name, float(tc.lr), int(tc.steps), float(tc.weight_decay))
+  rng = np.random.default_rng([seed, 11])
+  key = jax.random.key(seed)
+  params = model.init(key, jnp.zeros((1, patch, patch, 3)))
+  opt_state = opt.init(params)
+  augment = fmag_lib.make_fmag(cfg.fmag) if aug == "fmag" else None
+  t0 = time.time()
+  for i in range(1, tc.steps + 1):
+    x, idx = random_patches(rng, data["images"], tc.batch, patch)
+    if aug == "baseline":
+      x = baseline_augment(rng, x)
+    elif aug == "fmag":
+      x = flips(rng, x)
+    x = jnp.asarray(x, jnp.float32) / 255.0
+    if augment is not None:
+      key, sub = jax.random.split(key)
+      x = augment(sub, x, data["periods"][idx], rng.random(len(idx)) < cfg.fmag.prob)
+    params, opt_state, loss = step(params, opt_state, x, jnp.asarray(data["labels"][idx]))
+    if i % max(1, tc.steps // 5) == 0 or i == tc.steps:
+      _progress(f"{name}/{aug}", i, tc.steps, t0, float(loss))
+      if log:
+        log({"phase": f"{name}/{aug}", "step": i, "loss": float(loss)})
+  return model, params
+
+
+# ---------------------------------------------------------------- M2FM
+def freq_distance(rec: jax.Array, target: jax.Array, weight: jax.Array) -> jax.Array:
+  """Weighted mean squared distance of orthonormal spectra (per channel, per bin)."""
+  fr = jnp.fft.fft2(rec, axes=(1, 2), norm="ortho")
+  ft = jnp.fft.fft2(target, axes=(1, 2), norm="ortho")
+  return jnp.mean(weight * jnp.abs(fr - ft) ** 2)
+
+
+def train_m2fm(cfg: Any, clf: Any, clf_params: Any, data: dict, seed: int,
+               log: Callable[[dict], None] | None = None) -> tuple[Any, Any]:
+  """Trains the M2FM reconstructor against a frozen classifier; returns (module, params)."""
+  mc, patch = cfg.m2fm, cfg.patch
+  net = models.M2FMNet(width=mc.width, depth=mc.depth, patch=mc.patch)
+  rng = np.random.default_rng([seed, 12])
+  key = jax.random.key(seed + 1)
+  params = net.init(key, jnp.zeros((1, patch, patch, 3)))
+  opt = optax.adamw(optax.cosine_decay_schedule(mc.lr, mc.steps, 0.05), weight_decay=1e-4)
+  opt_state = opt.init(params)
+  f = jnp.fft.fftfreq(patch)
+  outside = ((f[:, None] ** 2 + f[None, :] ** 2) > mc.mask_radius ** 2)[None, :, :, None]
+
+  @jax.jit
+  def step(params, opt_state, x, y, masked):
+    inp = jnp.where(masked[:, None, None, None], lowpass(x, mc.mask_radius), x)
+    w = 1.0 + (mc.masked_weight - 1.0) * (outside & masked[:, None, None, None])
+
+    def loss_fn(p):
+      rec = net.apply(p, inp)
+      fd = freq_distance(rec, x, w)
+      ce = optax.softmax_cross_entropy_with_integer_labels(clf.apply(clf_params, rec), y).mean()
+      return fd + mc.ce_weight * ce, (fd, ce)
+
+    (loss, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    upd, opt_state = opt.update(g, opt_state, params)
+    return optax.apply_updates(params, upd), opt_state, loss, aux
+
+  t0 = time.time()
+  for i in range(1, mc.steps + 1):
+    x, idx = random_patches(rng, data["images"], mc.batch, patch)
+    x = jnp.asarray(flips(rng, x), jnp.float32) / 255.0
+    masked = jnp.asarray(rng.random(len(idx)) < mc.mask_prob)
+    params, opt_state, loss, (fd, ce) = step(params, opt_state, x,
+                                              jnp.asarray(data["labels"][idx]), masked)
+    if i % max(1, mc.steps // 5) == 0 or i == mc.steps:
+      _progress("m2fm", i, mc.steps, t0, float(loss))
+      if log:
+        log({"phase": "m2fm", "step": i, "loss": float(loss), "freq_distance": float(fd),
+             "ce": float(ce)})
+  return net, params
+
+
+# ---------------------------------------------------------------- scoring
+@functools.lru_cache(maxsize=16)
+def _scorer(clf: Any, net: Any):
+  """Jitted P(recaptured) of (optionally reconstructed) patches; params are arguments."""
+  if net is None:
+    return jax.jit(lambda cp, _, x: models.attack_score(clf, cp, x))
+  return jax.jit(lambda cp, npar, x: models.attack_score(clf, cp, net.apply(npar, x)))
+
+
+def score_images(clf: Any, clf_params: Any, images: list[np.ndarray], patch: int,
+                 m2fm: tuple[Any, Any] | None = None, chunk: int = 128) -> np.ndarray:
+  """Mean patch P(recaptured) per image; with ``m2fm`` the patches are reconstructed first."""
+  net, net_params = m2fm if m2fm is not None else (None, None)
+  fn = _scorer(clf, net)
+  per = [grid_patches(im, patch) for im in images]
+  flat = np.concatenate(per).astype(np.float32) / 255.0
+  out = []
+  for lo in range(0, len(flat), chunk):
+    b = flat[lo:lo + chunk]
+    pad = chunk - len(b)                     # fixed shapes: one compile
+    s = fn(clf_params, net_params,
+           jnp.asarray(np.concatenate([b, np.zeros((pad, *b.shape[1:]), b.dtype)])))
+    out.append(np.asarray(s)[:len(b)])
+  s = np.concatenate(out)
+  bounds = np.cumsum([0] + [len(p) for p in per])
+  return np.array([s[bounds[i]:bounds[i + 1]].mean() for i in range(len(per))])

@@ -1,0 +1,61 @@
+"""The dpad experiment end to end on the tiny config, plus config errors and model shapes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from omni_jax.dpad import models
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(workdir: Path, *extra: str) -> subprocess.CompletedProcess:
+  cmd = [sys.executable, "-m", "experiments.dpad", "--config=configs/dpad.py:tiny",
+         f"--workdir={workdir}", "--cpu_devices=1", *extra]
+  return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_tiny_run_writes_summary_and_figures(tmp_path):
+  p = _run(tmp_path)
+  assert p.returncode == 0, p.stderr[-3000:]
+  s = json.loads((tmp_path / "summary.json").read_text())
+  for metric in ("eer", "auc", "apcer", "bpcer"):
+    assert set(s[metric]) == {"baseline_aug", "fmag", "fmag_m2fm"}
+    for method in s[metric].values():
+      assert set(method) == {"high", "low"}
+      assert all(0.0 <= v <= 1.0 for v in method.values())
+  for method in s["eer"]:                                   # EER is the APCER/BPCER mean there
+    for q in ("high", "low"):
+      assert s["eer"][method][q] == pytest.approx(
+          (s["apcer"][method][q] + s["bpcer"][method][q]) / 2)
+  assert s["counts"] == {"train_high": 6, "test_high": 4, "test_low": 4}
+  assert s["model"] == "resnet" and "resnet" in s["by_model"]
+  for f in ("dpad_samples.png", "dpad_fmag.png", "dpad_documents.png", "dpad_eer.png"):
+    assert (tmp_path / f).stat().st_size > 1000
+  assert (tmp_path / "captures.npz").exists() and (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("flag,msg", [
+    ("--config.data.test_kinds=('id_card',)", "must not share a kind"),
+    ("--config.patch=36", "config.patch = 36"),
+])
+def test_bad_config_is_one_clear_error(tmp_path, flag, msg):
+  p = _run(tmp_path, flag)
+  assert p.returncode != 0 and msg in p.stderr, p.stderr[-2000:]
+  assert not (tmp_path / "captures.npz").exists()
+
+
+def test_m2fm_starts_as_identity_and_unknown_classifier():
+  x = jax.random.uniform(jax.random.key(0), (2, 32, 32, 3))
+  net = models.M2FMNet(width=16, depth=1, patch=8)
+  y = net.apply(net.init(jax.random.key(2), x), x)
+  assert jnp.array_equal(y, x)                              # zero-init residual: identity
+  with pytest.raises(ValueError, match="allowed: \\['resnet', 'vit'\\]"):
+    models.build_classifier("vgg")
