@@ -1,0 +1,436 @@
+"""The Visage pipeline end to end: survey on disk -> graph -> queries -> local 3D -> schedule.
+
+Every stage is timed on the machine it runs on, with kernels already compiled (an edge box
+runs pre-compiled code; compile time is reported apart). Time to first insight counts
+loading and detecting on all images, the GPS graph, then each subgraph's build (features,
+edge confirmation, reconstruction, measurement) and upload in the scheduled order. The
+baseline builds one model from all images (features, matching every GPS edge, measured;
+triangulation + bundle adjustment extrapolated linearly from the measured per-view cost of
+the local builds) and uploads it whole before any insight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from omni_jax.visage import geometry, local3d, queries, scheduler, survey
+from omni_jax.visage import graph as graph_lib
+from omni_jax.visage.geometry import intrinsics, rotation_from_attitude
+
+_COMPILES: list[str] = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda name, *_, **__: _COMPILES.append(name) if "backend_compile" in name else None)
+
+TAGS = "tags.json"
+TRUTH = "truth.json"
+OWN_BASELINE_METHOD = (
+    "measured: load of all images; per-image feature cost and per-edge matching cost (on "
+    "samples when configured) x all images / all GPS edges; extrapolated: triangulation + "
+    "bundle adjustment at the measured per-view cost of the local builds x all images "
+    "(linear: generous to the baseline); upload of a sparse model at the local clouds' point "
+    "density over the whole site")
+
+
+# ---------------------------------------------------------------- survey on disk
+def _progress(what: str, done: int, total: int, t0: float) -> None:
+  el = time.time() - t0
+  rate = done / max(el, 1e-9)
+  logging.info("%s: %d/%d (%.1f/s, ETA %.0f s)", what, done, total, rate,
+               (total - done) / max(rate, 1e-9))
+
+
+def generate_survey(cfg, root: Path) -> dict:
+  """Renders the survey into ``root`` (images/, tags.json, truth.json, site.npz) unless a
+  survey with the same settings is already there; returns the truth record."""
+  from skimage import io
+  fp = json.dumps({"site": cfg.site.to_dict(), "flight": cfg.flight.to_dict(),
+                   "seed": cfg.seed}, sort_keys=True)
+  if (root / TRUTH).exists():
+    truth = json.loads((root / TRUTH).read_text())
+    if truth.get("fingerprint") == fp:
+      logging.info("reusing survey in %s", root)
+      return truth
+  (root / "images").mkdir(parents=True, exist_ok=True)
+  rng = np.random.default_rng(cfg.seed)
+  fl = cfg.flight
+  site = survey.make_site(cfg.site, survey.plan_extent(fl), rng)
+  shots = survey.plan_flight(fl, rng)
+  dev = (jnp.asarray(site.height), jnp.asarray(site.albedo))
+  t0 = time.time()
+  for i, s in enumerate(shots):
+    io.imsave(root / "images" / s.name, survey.render_shot(fl, site, s, rng, dev),
+              check_contrast=False)
+    if (i + 1) % 50 == 0 or i + 1 == len(shots):
+      _progress("render", i + 1, len(shots), t0)
+  no_gps = set(rng.choice(len(shots), int(round(fl.no_gps_fraction * len(shots))),
+                          replace=False).tolist())
+  tags = [{"name": s.name, "time_s": s.time_s, "line": s.line,
+           "gps": None if i in no_gps else s.gps.tolist(), "attitude": s.att.tolist()}
+          for i, s in enumerate(shots)]
+  (root / TAGS).write_text(json.dumps({"width": fl.width, "height": fl.height,
+                                       "focal_px": fl.focal_px, "images": tags}))
+  step = max(1, int(round(1.0 / site.res)))
+  np.savez_compressed(root / "site.npz", albedo=site.albedo[::step, ::step],
+                      res=site.res * step)
+  inv = [[a.x + rng.normal(0, 1.0), a.y + rng.normal(0, 1.0)] for a in site.assets if not a.new]
+  truth = {"fingerprint": fp, "assets": [dataclasses.asdict(a) for a in site.assets],
+           "buildings": site.buildings, "inventory": inv,
+           "true_centres": [s.true_c.tolist() for s in shots]}
+  (root / TRUTH).write_text(json.dumps(truth))
+  return truth
+
+
+def load_images(root: Path, tags: list[dict], size: tuple[int, int]):
+  """Decodes every tagged image; returns (images, bad) where ``bad`` maps a file name to
+  why it was left out (missing, corrupt, wrong size)."""
+  from skimage import io
+  images, bad = {}, {}
+  for i, t in enumerate(tags):
+    p = root / "images" / t["name"]
+    if not p.exists():
+      bad[t["name"]] = "missing"
+      continue
+    try:
+      img = np.asarray(io.imread(p))
+    except Exception as e:  # noqa: BLE001 - any decoder failure means a corrupt file
+      bad[t["name"]] = f"corrupt ({type(e).__name__}: {str(e)[:80]})"
+      continue
+    if img.shape[:2] != (size[1], size[0]) or img.ndim != 3:
+      bad[t["name"]] = f"unexpected shape {img.shape}, expected ({size[1]}, {size[0]}, 3)"
+      continue
+    images[i] = img[..., :3]
+  for name, why in bad.items():
+    logging.warning("image %s left out: %s", name, why)
+  return images, bad
+
+
+# ---------------------------------------------------------------- pipeline
+def _timed(fn, *a, **kw):
+  t0 = time.perf_counter()
+  out = fn(*a, **kw)
+  jax.block_until_ready(out) if not isinstance(out, local3d.LocalModel) else None
+  return out, time.perf_counter() - t0
+
+
+def _truth_for(xy, assets, query, context) -> dict | None:
+  """The true asset a target stands for (nearest within its radius + 6 m), if any."""
+  best = min(assets, key=lambda a: np.hypot(a["x"] - xy[0], a["y"] - xy[1]), default=None)
+  if best is None or np.hypot(best["x"] - xy[0], best["y"] - xy[1]) > best["radius"] + 6.0:
+    return None
+  if query == "changed_since_last" and not best["new"]:
+    return None
+  if query == "anomalous_colour" and not best["defect"]:
+    return None
+  return best
+
+
+def run(cfg, root: Path) -> tuple[dict, dict]:
+  """Runs Visage on the survey in ``root``; returns (summary, details)."""
+  meta = json.loads((root / TAGS).read_text())
+  tags = meta["images"]
+  size = (int(meta["width"]), int(meta["height"]))
+  k = intrinsics(size[0], size[1], float(meta["focal_px"]))
+  truth = json.loads((root / TRUTH).read_text())
+  cams_all = [None if t["gps"] is None else (k, rotation_from_attitude(*t["attitude"]),
+                                             np.asarray(t["gps"])) for t in tags]
+  yaws = {i: t["attitude"][0] for i, t in enumerate(tags)}
+  names = [t["name"] for t in tags]
+  qs = [queries.make_query(q) for q in cfg.queries]
+  ctx = {"inventory": truth["inventory"]}
+  images: dict[int, np.ndarray] = {}
+  bad: dict[str, str] = {}
+
+  def load(ids) -> float:
+    """Loads the listed images not loaded yet; returns the seconds it took."""
+    ids = [i for i in ids if i not in images and names[i] not in bad]
+    t0 = time.perf_counter()
+    got, why = load_images(root, [tags[i] for i in ids], size)
+    images.update({ids[j]: im for j, im in got.items()})
+    bad.update(why)
+    return time.perf_counter() - t0
+
+  # 1. the detection cover from the tags (no pixels touched); the full GPS overlap graph
+  # is not needed before the first insight (views come from footprints), so it is built
+  # after the insights and charged to the baseline (its spatial matching uses it)
+  t0 = time.perf_counter()
+  gps_cams = {i: c for i, c in enumerate(cams_all) if c is not None}
+  cover = graph_lib.detection_cover(gps_cams, k, size, cfg.cover_margin_px) \
+      if cfg.detect_on_cover else sorted(gps_cams)
+  cover += [i for i, c in enumerate(cams_all) if c is None]
+  t_cover = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  g = graph_lib.gps_graph(cams_all, size[0], size[1], cfg.graph.min_overlap)
+  t_graph = time.perf_counter() - t0
+  missing_gps = [i for i, c in enumerate(cams_all) if c is None]
+  t_load = 0.0
+  t_match_only = 0.0
+  if missing_gps:                          # match-only candidates need every thumbnail
+    t_load += load(range(len(tags)))
+    t0 = time.perf_counter()
+    thumbs = {i: graph_lib.thumbnail(images[i]) for i in images}
+    graph_lib.add_match_only_edges(g, thumbs, names, cfg.graph.match_only_neighbours)
+    t_match_only = time.perf_counter() - t0
+    for w in g.warnings:
+      logging.warning("%s", w)
+  # 2. detection (cheap 2D) on the cover
+  t_load += load(cover)
+  cams = {i: c for i, c in gps_cams.items() if names[i] not in bad}
+  t0 = time.perf_counter()
+  dets: dict[str, list] = {q.name: [] for q in qs}
+  for i in cover:
+    if i in images:
+      view = queries.ImageView(images[i])
+      view.keep_partial = cfg.detect_on_cover
+      for q in qs:
+        dets[q.name] += q.detect(view, i)
+  t_detect = time.perf_counter() - t0
+  n_det = sum(i in images for i in cover)
+  logging.info("detection on %d of %d images (cover): %.2f s", n_det, len(tags), t_detect)
+  # warm-up compile of the feature kernels (reported apart)
+  tc = time.perf_counter()
+  first = next(iter(images))
+  jax.block_until_ready(graph_lib.extract_features({first: images[first]}, yaws,
+                                                   cfg.keypoints)[first])
+  compile_s = time.perf_counter() - tc
+  # 3. targets per query
+  targets, empty = [], []
+  for q in qs:
+    usable = [d for d in dets[q.name] if d.image in cams]
+    tg = [t for t in local3d.group_targets(usable, cams, k, size, cfg.target_radius)
+          if q.keep(t.xy, ctx)]
+    if not tg:
+      empty.append(q.describe())
+      logging.warning("query %s found nothing in %d images", q.describe(), n_det)
+    targets += [(q, t) for t in tg]
+  # 4. one site per structure (targets of several queries at one place share one build)
+  sites: list[list] = []
+  for q, tgt in targets:
+    home = next((st for st in sites if np.linalg.norm(st[0][1].xy - tgt.xy)
+                 < cfg.target_radius), None)
+    if home is None:
+      sites.append([(q, tgt)])
+    else:
+      home.append((q, tgt))
+  # 5. subgraphs and local 3D per site
+  feats: dict = {}
+  jobs, records, models = [], [], []
+  lc = cfg.local3d
+  for ti, site in enumerate(sites):
+    q, tgt = site[0]
+    names_q = [qq.describe() for qq, _ in site]
+    cand = [v for v in local3d.views_of(tgt.xy, cams, k, size, lc.border_px)
+            if v != tgt.seed.image]
+    # the view seeing the target nearest its centre gives the complete region to measure
+    best = min(cand + [tgt.seed.image], key=lambda v: np.linalg.norm(
+        np.asarray(geometry.project(k, *cams[v][1:], np.array([*tgt.xy, 0.0])))
+        - (np.asarray(size) - 1) / 2))
+    t_view_load = load([best])
+    t0 = time.perf_counter()
+    seed_det = refine_seed(q, tgt, best, images, cams, k, size)
+    t_view_load += time.perf_counter() - t0
+    rec = {"target": ti, "queries": names_q, "query_name": q.name, "xy": tgt.xy.tolist(),
+           "detections": sum(len(t.detections) for _, t in site), "views": []}
+    if seed_det is None:
+      rec["skipped"] = "no complete view of the target"
+      logging.warning("target %d (%s): no complete view of the target", ti, names_q)
+      records.append(rec)
+      continue
+    tgt = dataclasses.replace(tgt, seed=seed_det)
+    cand = [v for v in cand if v != seed_det.image]
+    views = local3d.spread_views([seed_det.image] + cand, seed_det.image, cams, lc.max_views)
+    t_view_load += load(views)
+    views = [v for v in views if v in images]
+    need = [v for v in views if v not in feats]
+    new, t_feat = _timed(graph_lib.extract_features, {v: images[v] for v in need}, yaws,
+                         cfg.keypoints)
+    feats.update(new)
+    # charge every view it uses, as if built alone (features shared between targets)
+    t_feat_cost = t_feat / max(len(need), 1) * len(views) + t_view_load
+    crop_m = lc.crop_factor * tgt.seed.radius_px * cfg.flight.altitude / k[0, 0] + lc.crop_pad_m
+
+    def build(views=views, tgt=tgt, crop_m=crop_m, ti=ti):
+      m = local3d.reconstruct(views, feats, cams, k, images, tgt.xy, crop_m, lc, seed=ti,
+                              min_inliers=cfg.graph.min_inliers)
+      if "failed" not in m.info:
+        m.height = local3d.measure_height(m, tgt.seed, k, lc)
+      return m
+
+    n_compiles = len(_COMPILES)
+    model, t_build = _timed(build)
+    for (a, b), cnt in model.info["pair_inliers"].items():   # subgraph edges, confirmed
+      e = g.edges.setdefault((min(a, b), max(a, b)), {"overlap": None, "source": "target"})
+      e["inliers"] = max(e.get("inliers", 0), cnt)
+    comp = model.images
+    base = max((np.linalg.norm(cams[a][2][:2] - cams[b][2][:2]) for a in comp for b in comp),
+               default=0.0)
+    rec.update(views=comp, baseline_m=float(base), load_s=t_view_load)
+    need_base = lc.min_baseline_ratio * cfg.flight.altitude
+    if "failed" in model.info or base < need_base:
+      rec["skipped"] = model.info.get("failed") or (
+          f"baseline {base:.1f} m < {need_base:.1f} m")
+      logging.warning("target %d (%s): no local 3D: %s", ti, names_q, rec["skipped"])
+      records.append(rec)
+      continue
+    if len(_COMPILES) > n_compiles:                          # time it again, compiled
+      t_cold = t_build
+      model, t_build = _timed(build)
+      compile_s += max(t_cold - t_build, 0.0)
+    build_s = t_feat_cost + t_build
+    truths = []
+    for qq, tt in site:
+      tr = _truth_for(tt.xy, truth["assets"], qq.name, ctx)
+      truths.append(None if tr is None else tr["height"])
+    rec.update(crop_m=crop_m, build_s=build_s, bytes=model.payload_bytes(), height=model.height,
+               truths=truths, info={kk: v for kk, v in model.info.items()
+                                    if kk != "pair_inliers"})
+    records.append(rec)
+    models.append(model)
+    value = sum(qq.priority for qq, _ in site)
+    jobs.append((len(records) - 1, scheduler.Job(f"t{ti}", build_s, model.payload_bytes(),
+                                                 value)))
+    logging.info("target %d %s: %d views, height %s (truth %s), build %.2f s, %d bytes", ti,
+                 names_q, len(comp), model.height, truths, build_s, model.payload_bytes())
+  # 6. schedule
+  link = scheduler.Link(cfg.link.bandwidth_bps, cfg.link.latency_s, cfg.link.loss)
+  start = t_load + t_cover + t_match_only + t_detect
+  js = [j for _, j in jobs]
+  order = scheduler.schedule(js, link, cfg.exact_max_jobs) if js else []
+  landing = scheduler.simulate(js, order, link, start_s=start) if js else []
+  insights = []
+  for pos in order:
+    r = records[jobs[pos][0]]
+    r["landing_s"] = landing[pos]
+    for qn, t in zip(r["queries"], r["truths"], strict=True):
+      v = r["height"]
+      insights.append({"query": qn, "value": v, "truth": t,
+                       "error": None if v is None or t is None else abs(v - t) / t})
+  # 7. baseline: one model from every image, then upload it whole
+  t_load_rest = load(range(len(tags)))
+  n_ok = len(images)
+  t_load_all = t_load + t_load_rest + sum(r.get("load_s", 0.0) for r in records)
+  rng = np.random.default_rng(cfg.seed)
+  rest = [i for i in images if i not in feats]
+  if cfg.baseline_sample_images:                # per-image cost measured on a sample
+    rest = sorted(rng.choice(rest, min(len(rest), cfg.baseline_sample_images), replace=False))
+  new, t_feat_rest = _timed(graph_lib.extract_features, {i: images[i] for i in rest}, yaws,
+                            cfg.keypoints)
+  feats.update(new)
+  feat_per_img = t_feat_rest / max(len(rest), 1)
+  all_pairs = [p for p in g.edges if "inliers" not in g.edges[p]
+               and p[0] in feats and p[1] in feats]
+  if cfg.baseline_sample_edges and len(all_pairs) > cfg.baseline_sample_edges:
+    pick = rng.choice(len(all_pairs), cfg.baseline_sample_edges, replace=False)
+    all_pairs = [all_pairs[i] for i in sorted(pick)]
+  _, t_conf_rest = _timed(graph_lib.confirm_edges, g, feats, k, all_pairs, seed=cfg.seed)
+  conf_per_edge = t_conf_rest / max(len(all_pairs), 1)
+  built = [r for r in records if "build_s" in r]
+  rec_per_view = (sum(r["build_s"] for r in built) / max(sum(len(r["views"]) for r in built), 1)
+                  if built else 0.0)
+  crop_area = sum(np.pi * r["crop_m"] ** 2 for r in built)
+  pts_density = sum(len(m.points) for m in models) / max(crop_area, 1e-9)
+  ext = survey.plan_extent(cfg.flight)
+  full_points = pts_density * ext[0] * ext[1]
+  base_bytes = int(full_points * local3d.POINT_BYTES + n_ok * local3d.POSE_BYTES)
+  overlap_edges = sum(e["source"] != "target" for e in g.edges.values())
+  base_build = (t_load_all + t_graph + feat_per_img * n_ok + conf_per_edge * overlap_edges
+                + rec_per_view * n_ok)
+  own = {"build_s": base_build, "upload_s": link.transfer_s(base_bytes), "bytes": base_bytes,
+         "points": full_points}
+  own["total_s"] = own["build_s"] + own["upload_s"]
+  ref = colmap_reference(cfg, root, tags, images, cams, len(g.edges) - sum(
+      e["source"] == "target" for e in g.edges.values()), link, n_ok, t_load_all, t_graph)
+  used = ref if ref.get("total_s") else own
+  baseline, base_bytes = used["total_s"], int(used["bytes"])
+  ttfi = min(landing) if landing else None
+  summary = {
+      "images": len(tags), "subgraphs": len(jobs), "insights": insights,
+      "time_to_first_insight_s": ttfi,
+      "time_to_all_insights_s": max(landing) if landing else None,
+      "baseline_time_s": baseline,
+      "speedup": baseline / ttfi if ttfi else None,
+      "uploaded_bytes": int(sum(j.nbytes for j in js)),
+      "baseline_uploaded_bytes": base_bytes,
+  }
+  errs = [i["error"] for i in insights if i["error"] is not None]
+  details = {
+      "bad_images": bad, "graph_warnings": g.warnings, "empty_queries": empty,
+      "images_loaded": n_ok, "gps_edges": sum(e["source"] == "gps" for e in g.edges.values()),
+      "match_only_edges": sum(e["source"] == "match-only" for e in g.edges.values()),
+      "confirmed_edges": sum(e.get("inliers", 0) >= cfg.graph.min_inliers
+                             for e in g.edges.values()),
+      "detected_images": n_det,
+      "timing_s": {"load_before_detection": t_load, "load_all": t_load_all,
+                   "detect": t_detect, "cover": t_cover, "gps_graph": t_graph,
+                   "match_only_candidates": t_match_only,
+                   "compile_excluded": compile_s, "features_per_image": feat_per_img,
+                   "confirm_per_edge": conf_per_edge, "local_build_per_view": rec_per_view},
+      "baseline_used": "colmap_reference" if used is ref else "own_kernels",
+      "colmap_reference": ref,
+      "speedup_vs_own_kernels": own["total_s"] / ttfi if ttfi else None,
+      "baseline_own_kernels": own | {"method": OWN_BASELINE_METHOD},
+      "order": [records[jobs[p][0]]["target"] for p in order],
+      "targets": records, "max_relative_error": max(errs) if errs else None,
+      "median_relative_error": float(np.median(errs)) if errs else None,
+  }
+  plot_data = {"tags": tags, "cams": cams, "graph": g, "records": records, "truth": truth,
+               "root": root, "min_inliers": cfg.graph.min_inliers}
+  return summary, details | {"_plot": plot_data}
+
+
+def refine_seed(q, tgt, view: int, images, cams, k, size):
+  """The query's complete (not border-cut) detection of ``tgt`` in image ``view``, or the
+  target's own seed if it is complete; None when neither exists."""
+  if view in images:
+    p = np.asarray(geometry.project(k, *cams[view][1:], np.array([*tgt.xy, 0.0])))
+    dets = [d for d in q.detect(queries.ImageView(images[view]), view) if not d.partial]
+    if dets:
+      d = min(dets, key=lambda d: np.linalg.norm(np.asarray(d.xy) - p))
+      if np.linalg.norm(np.asarray(d.xy) - p) < 2 * d.radius_px + 20:
+        return d
+  return None if tgt.seed.partial else tgt.seed
+
+
+def colmap_reference(cfg, root, tags, images, cams, n_edges, link, n_ok, t_load_all,
+                     t_graph) -> dict:
+  """COLMAP on a compact block of ``cfg.colmap_images`` images near the survey centre;
+  full-survey time extrapolated linearly: extraction and mapping per image x all images,
+  matching per pair x all GPS edges (spatial matching), plus the upload of a model with
+  COLMAP's points per registered image. Linear is generous: incremental mapping grows
+  faster than linearly."""
+  if not cfg.colmap_images:
+    return {"available": False, "reason": "disabled (config.colmap_images = 0)"}
+  from omni_jax.visage import colmap_ref
+  ids = sorted(cams)
+  centre = np.median([cams[i][2][:2] for i in ids], 0)
+  ids = sorted(ids, key=lambda i: np.linalg.norm(cams[i][2][:2] - centre))
+  block = [tags[i]["name"] for i in ids[:cfg.colmap_images] if i in images]
+  logging.info("COLMAP reference on %d images ...", len(block))
+  ref = colmap_ref.run_reference(root, block, root.parent, float(cfg.flight.focal_px))
+  if not ref.get("available") or not ref.get("registered"):
+    return ref | {"note": "no usable reference run"}
+  pts_per_img = ref["points"] / ref["registered"]
+  nbytes = pts_per_img * n_ok * local3d.POINT_BYTES + n_ok * local3d.POSE_BYTES
+  build = (t_load_all + t_graph + ref["extract_per_image_s"] * n_ok
+           + ref["match_per_pair_s"] * n_edges + ref["mapping_per_image_s"] * n_ok)
+  return ref | {"build_s": build, "upload_s": link.transfer_s(nbytes), "bytes": nbytes,
+                "total_s": build + link.transfer_s(nbytes),
+                "method": "measured on a block of images, extrapolated linearly to all "
+                          "images and GPS edges; upload of its sparse model"}
+
+
+def corrupt_for_test(root: Path, name: str, how: str) -> None:
+  """Test helper: delete (``how='missing'``) or garble (``'corrupt'``) one image."""
+  p = root / "images" / name
+  if how == "missing":
+    os.remove(p)
+  else:
+    p.write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)

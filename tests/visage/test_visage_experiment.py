@@ -1,0 +1,62 @@
+"""The visage experiment end to end on the tiny config, with bad input in the survey:
+a missing and a corrupt image (reported by name), images without GPS (match-only graph,
+with a warning) and a query that finds nothing (says so)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from configs import visage as visage_config
+from omni_jax.visage import pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = {"images", "subgraphs", "insights", "time_to_first_insight_s", "time_to_all_insights_s",
+        "baseline_time_s", "speedup", "uploaded_bytes", "baseline_uploaded_bytes"}
+
+
+def test_tiny_run_with_bad_input(tmp_path):
+  cfg = visage_config.get_config("tiny")
+  cfg.flight.no_gps_fraction = 0.12
+  survey = tmp_path / "survey"
+  truth = pipeline.generate_survey(cfg, survey)
+  assert len(truth["assets"]) == 4 and len(list((survey / "images").iterdir())) == 24
+  pipeline.corrupt_for_test(survey, "IMG_0003.png", "missing")
+  pipeline.corrupt_for_test(survey, "IMG_0011.png", "corrupt")
+  cmd = [sys.executable, "-m", "experiments.visage", "--config=configs/visage.py:tiny",
+         f"--workdir={tmp_path / 'run'}", f"--config.survey_dir={survey}",
+         "--config.flight.no_gps_fraction=0.12",
+         "--config.queries=({'name': 'assets_taller_than', 'h': 8.0},"
+         "{'name': 'changed_since_last', 'radius': 500.0})"]
+  p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "reusing survey" in p.stderr
+  assert "image IMG_0003.png left out: missing" in p.stderr
+  assert "image IMG_0011.png left out: corrupt" in p.stderr
+  assert "without GPS tags use a match-only graph" in p.stderr
+  assert re.search(r"query changed_since_last found nothing in \d+ images", p.stderr)
+  s = json.loads((tmp_path / "run" / "summary.json").read_text())
+  assert set(s) == KEYS
+  assert s["images"] == 24 and s["subgraphs"] >= 1 and len(s["insights"]) >= s["subgraphs"]
+  for ins in s["insights"]:
+    assert set(ins) == {"query", "value", "truth", "error"}
+    if ins["truth"] is not None and ins["value"] is not None:
+      assert abs(ins["error"] - abs(ins["value"] - ins["truth"]) / ins["truth"]) < 1e-9
+      assert ins["error"] < 0.1
+  assert 0 < s["time_to_first_insight_s"] <= s["time_to_all_insights_s"] < s["baseline_time_s"]
+  assert s["speedup"] == s["baseline_time_s"] / s["time_to_first_insight_s"]
+  assert 0 < s["uploaded_bytes"] < s["baseline_uploaded_bytes"]
+  d = json.loads((tmp_path / "run" / "details.json").read_text())
+  assert set(d["bad_images"]) == {"IMG_0003.png", "IMG_0011.png"}
+  assert d["empty_queries"] == ["changed_since_last"] and d["match_only_edges"] > 0
+  assert (tmp_path / "run" / "map.png").stat().st_size > 10_000
+
+
+def test_bad_config_is_one_clear_error(tmp_path):
+  cmd = [sys.executable, "-m", "experiments.visage", "--config=configs/visage.py:tiny",
+         f"--workdir={tmp_path}", "--config.flight.front_overlap=1.2"]
+  p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert p.returncode != 0 and "config.flight.front_overlap = 1.2 is not allowed" in p.stderr
