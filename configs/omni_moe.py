@@ -93,7 +93,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                    modalities=modalities(image_size=224, audio_samples=160_000, video_size=112,
                                          codebook=8192, enc_dim=1024, enc_layers=4))
     c.model.modalities.image.update(patch=14)
-    c.model.modalities.audio.update(sample_rate=16_000, n_fft=400, hop=160, n_mels=128)
+    c.model.modalities.audio.update(sample_rate=16_000, n_fft=512, hop=160, n_mels=80)
     c.model.modalities.video.update(frames=8, patch=14)
     c.model.moe.update(num_experts=64, top_k=6, d_ff=1536, every=1, impl="capacity",
                        capacity_factor=1.25)

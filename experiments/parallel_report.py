@@ -38,19 +38,6 @@ flags.mark_flags_as_required(["config", "workdir"])
 FLAG_RATIO = 1.10
 
 
-def parse_layout(text: str) -> tuple[dict[str, int], dict[str, str]]:
-  """'sequence=2+fsdp=4@ring' -> ({'sequence': 2, 'fsdp': 4}, {'sequence_attention': 'ring'})."""
-  text, _, op = text.partition("@")
-  ops = {"sequence_attention": op} if op else {}
-  out = {}
-  for item in text.split("+"):
-    axis, _, size = item.partition("=")
-    if not size.isdigit():
-      raise flags.ValidationError(f"--layouts item {item!r} is not axis=size (in {text!r})")
-    out[axis.strip()] = int(size)
-  return out, ops
-
-
 def max_rel_err(a, b) -> float:
   import jax
   import numpy as np
@@ -93,7 +80,7 @@ def main(argv):
   bb = spec.backbone
   rows = []
   for text in _LAYOUTS.value:
-    mesh_cfg, op_override = parse_layout(text)
+    mesh_cfg, op_override = layout.parse_layout(text)
     op_names = {**parallel_op_names(config), **op_override}
     layout.op_names("omni", op_names)  # validates the override
     mesh = mesh_lib.make_mesh(mesh_cfg)

@@ -47,7 +47,6 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float) -> dict:
   import jax
   from jax.sharding import NamedSharding
 
-  from experiments.parallel_report import parse_layout
   from omni_jax.data.sequences import batch_shapes
   from omni_jax.models.flops import train_flops_per_step
   from omni_jax.parallel import layout
@@ -55,7 +54,7 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float) -> dict:
   from omni_jax.train.loop import TrainState, make_train_step
   from omni_jax.train.omni import make_loss_fn, parallel_op_names, state_sharding
 
-  mesh_cfg, op_override = parse_layout(text)
+  mesh_cfg, op_override = layout.parse_layout(text)
   op_names = {**parallel_op_names(config), **op_override}
   layout.op_names("omni", op_names)
   mesh = mesh_lib.make_mesh(mesh_cfg)
@@ -67,10 +66,10 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float) -> dict:
       for k, (s, d) in shapes.items()}
   host = {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in shapes.items()}
 
-  def init(key):
+  def init(key, host):
     params = model.init(key, host)["params"]
     return TrainState(jax.numpy.zeros((), jax.numpy.int32), params, tx.init(params))
-  abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
+  abstract = jax.eval_shape(init, jax.random.PRNGKey(0), host)
   shardings = state_sharding(mesh)(abstract)
   state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                        abstract, shardings)
@@ -136,8 +135,8 @@ def main(argv):
     rows.append(row)
     write_json_atomic(os.path.join(workdir, "summary.json"), _summary(config, spec, rows))
   summary = _summary(config, spec, rows)
-  abstract_params = jax.eval_shape(
-      lambda k: model.init(k, _host_batch(spec, config))["params"], jax.random.PRNGKey(0))
+  abstract_params = jax.eval_shape(lambda k, b: model.init(k, b)["params"],
+                                   jax.random.PRNGKey(0), _host_batch(spec, config))
   summary["params_total"], summary["params_active"] = count_params(spec, abstract_params)
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)
   _plot([r for r in rows if "error" not in r], os.path.join(workdir, "scale_plan.png"))

@@ -29,6 +29,21 @@ from omni_jax.parallel.ulysses import ulysses_attention, ulysses_body
 SEQUENCE_OPS = {"ulysses": (ulysses_attention, ulysses_body), "ring": (ring_attention, ring_body)}
 
 
+def parse_layout(text: str) -> tuple[dict[str, int], dict[str, str]]:
+  """'sequence=2+fsdp=4@ring' -> ({'sequence': 2, 'fsdp': 4}, {'sequence_attention': 'ring'})
+  (the layout strings of the report and scale-plan experiments)."""
+  body, _, op = text.partition("@")
+  out = {}
+  for item in body.split("+"):
+    axis, _, size = item.partition("=")
+    if not size.isdigit():
+      raise ValueError(f"layout item {item!r} is not axis=size (in {text!r})")
+    out[axis.strip()] = int(size)
+  ops = {"sequence_attention": op} if op else {}
+  op_names("omni", ops)  # an unknown op is an error here, before any compile
+  return out, ops
+
+
 def op_names(recipe: str = "omni", overrides: Mapping[str, str] | None = None) -> dict[str, str]:
   """The op per seam of ``recipe`` with ``overrides`` (config.parallel) applied."""
   names = RECIPES.get(recipe).op_names(dict(overrides or {}))
