@@ -20,13 +20,12 @@ import os
 import time
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from experiments import common
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/omni_moe.py:bench",
+_CONFIG = common.define_config("configs/omni_moe.py:bench",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "where summary.json and breakdown.png go")
+_WORKDIR = common.define_workdir("where summary.json and breakdown.png go")
 _STEPS = flags.DEFINE_integer("steps", 8, "timed repetitions per measurement (fastest is kept)")
 flags.mark_flags_as_required(["config", "workdir"])
 

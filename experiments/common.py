@@ -51,3 +51,30 @@ def setup_devices() -> None:
   logging.info("JAX %s on %s: process %d/%d, %d local / %d global devices", jax.__version__,
                jax.default_backend(), jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count())
+
+
+class _SharedFlag:
+  """A flag another experiment module already defined (tests import several of them into
+  one process; only the ``__main__`` module's flags are ever parsed)."""
+
+  def __init__(self, name: str):
+    self.name = name
+
+  @property
+  def value(self):
+    return flags.FLAGS[self.name].value
+
+
+def define_config(help_text: str, **kwargs):
+  """``--config`` (an ml_collections config file), defined once per process."""
+  from ml_collections import config_flags
+  if "config" in flags.FLAGS:
+    return _SharedFlag("config")
+  return config_flags.DEFINE_config_file("config", None, help_text, **kwargs)
+
+
+def define_workdir(help_text: str = "output folder"):
+  """``--workdir``, defined once per process."""
+  if "workdir" in flags.FLAGS:
+    return _SharedFlag("workdir")
+  return flags.DEFINE_string("workdir", None, help_text)

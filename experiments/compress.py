@@ -32,7 +32,6 @@ import numpy as np
 import optax
 from absl import app, flags, logging
 from jax.sharding import PartitionSpec as P
-from ml_collections import config_flags
 
 from experiments import common
 from omni_jax.collectives import aggregate, timing
@@ -40,8 +39,8 @@ from omni_jax.collectives.pipesgd import pipelined
 from omni_jax.config import ConfigError, check_keys, nonneg_float, one_of, positive_int, to_dict
 from omni_jax.train.metrics import MetricsLog, plot_curves, write_json_atomic
 
-CONFIG = config_flags.DEFINE_config_file("config", None, "configs/compress.py:<codec>[,tiny]")
-WORKDIR = flags.DEFINE_string("workdir", None, "output folder")
+CONFIG = common.define_config("configs/compress.py:<codec>[,tiny]")
+WORKDIR = common.define_workdir("output folder")
 
 AXIS = "data"
 TRAIN_KEYS = ("seed", "steps", "batch_size", "lr", "momentum", "test_fraction", "tiny")

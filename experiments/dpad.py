@@ -18,8 +18,7 @@ import os
 import time
 
 import numpy as np
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import app, logging
 
 from experiments import common
 from omni_jax.config import ConfigError, positive_int, require, to_dict
@@ -27,8 +26,8 @@ from omni_jax.dpad import documents, pad_metrics, plots, recapture, train
 from omni_jax.dpad.models import MODELS
 from omni_jax.train.metrics import MetricsLog, write_json_atomic
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/dpad.py:<variant>")
-_WORKDIR = flags.DEFINE_string("workdir", None, "output folder")
+_CONFIG = common.define_config("configs/dpad.py:<variant>")
+_WORKDIR = common.define_workdir("output folder")
 
 METHODS = ("baseline_aug", "fmag", "fmag_m2fm")
 CAPTURE_VERSION = 2          # bump when the document or simulator code changes the pixels

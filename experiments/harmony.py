@@ -25,8 +25,7 @@ import time
 
 import jax
 import numpy as np
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import app, logging
 
 from experiments import common
 from omni_jax.config import ConfigError, check_keys, one_of, positive_int, require, to_dict
@@ -40,8 +39,8 @@ from omni_jax.memory.costmodel import Hardware
 from omni_jax.memory.plots import plot_timelines
 from omni_jax.train.metrics import write_json_atomic
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/harmony.py:<variant>")
-_WORKDIR = flags.DEFINE_string("workdir", None, "output folder")
+_CONFIG = common.define_config("configs/harmony.py:<variant>")
+_WORKDIR = common.define_workdir("output folder")
 
 TOP_KEYS = ("device_budget_bytes", "model_bytes", "schedules", "swap_reduction_vs_baseline",
             "predicted_speedup_vs_baseline")

@@ -21,16 +21,16 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import app, logging
 
+from experiments import common
 from omni_jax.config import to_dict
 from omni_jax.lsm import ear, plots, power, readout, reservoir, speech
 from omni_jax.lsm import fixed_point as fxp
 from omni_jax.lsm import wav_folder as wf
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/lsm.py:<variant>")
-_WORKDIR = flags.DEFINE_string("workdir", None, "output folder")
+_CONFIG = common.define_config("configs/lsm.py:<variant>")
+_WORKDIR = common.define_workdir("output folder")
 
 
 # ---------------------------------------------------------------- io helpers

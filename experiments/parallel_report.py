@@ -18,16 +18,16 @@ import os
 import time
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from experiments import common
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/omni_moe.py:<variant>",
+_CONFIG = common.define_config("configs/omni_moe.py:<variant>",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "where summary.json and report.png go")
+_WORKDIR = common.define_workdir("where summary.json and report.png go")
 _LAYOUTS = flags.DEFINE_list(
     "layouts", ["data=8", "fsdp=8", "expert=4+fsdp=2", "tensor=2+fsdp=4", "sequence=2+fsdp=4",
-                "sequence=2+fsdp=4@ring", "fsdp=2+sequence=2+expert=2"],
+                "sequence=2+fsdp=4@ring", "tensor=2+sequence=2+expert=2@ring",
+                "pipeline=2+fsdp=4", "fsdp=2+sequence=2+expert=2"],
     "layouts to report: '+'-joined axis=size items, optionally '@ring' (ring attention "
     "instead of Ulysses), comma-separated")
 _STEPS = flags.DEFINE_integer("steps", 3, "timed steps per layout")
@@ -50,6 +50,7 @@ def main(argv):
   common.setup_devices()
   import jax
 
+  from omni_jax.models.flops import train_flops_per_step
   from omni_jax.models.omni import OmniModel
   from omni_jax.parallel import hlo_report, layout
   from omni_jax.parallel import mesh as mesh_lib
@@ -60,10 +61,12 @@ def main(argv):
     check_batch_fits_mesh,
     make_loss_fn,
     parallel_op_names,
+    pipeline_microbatches,
     state_sharding,
     validate,
   )
   from omni_jax.train.optim import make_optimizer
+  from omni_jax.train.perf import measure_matmul_flops
 
   config, workdir = _CONFIG.value, _WORKDIR.value
   os.makedirs(workdir, exist_ok=True)
@@ -78,14 +81,27 @@ def main(argv):
       params, host_batch)
   tokens = stream.batch_size * stream.seq_len
   bb = spec.backbone
+  flops = train_flops_per_step(spec, params, stream.batch_size, stream.seq_len)
+  peak_flops = loop.peak_flops or measure_matmul_flops()
+  # The reference: the same global batch on one device.
+  one_state, one_sh = create_state(init, tx, loop.seed, state_sharding(one))
+  one_batch = mesh_lib.put_batch(one, host_batch)
+  one_step = jax.jit(make_train_step(make_loss_fn(spec, model, one), tx), donate_argnums=0,
+                     out_shardings=(one_sh, None))
+  one_tps = tokens / step_seconds(one_step.lower(abstract_like(one_state),
+                                                 abstract_like(one_batch)).compile(),
+                                  one_state, one_batch, _STEPS.value)
+  logging.info("1 device: %.0f tokens/s (the reference for every layout)", one_tps)
+  del one_state, one_batch
   rows = []
   for text in _LAYOUTS.value:
     mesh_cfg, op_override = layout.parse_layout(text)
     op_names = {**parallel_op_names(config), **op_override}
     layout.op_names("omni", op_names)  # validates the override
     mesh = mesh_lib.make_mesh(mesh_cfg)
-    check_batch_fits_mesh(stream, mesh)
-    loss_fn = make_loss_fn(spec, model, mesh, op_names)
+    micro = pipeline_microbatches(config)
+    check_batch_fits_mesh(stream, mesh, micro)
+    loss_fn = make_loss_fn(spec, model, mesh, op_names, micro)
     state, shardings = create_state(init, tx, loop.seed, state_sharding(mesh))
     batch = mesh_lib.put_batch(mesh, host_batch)
     step = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0,
@@ -98,14 +114,7 @@ def main(argv):
     grads = jax.jit(jax.grad(lambda p, b: loss_fn(p, b)[0]),
                     out_shardings=shardings.params)(state.params, batch)
     err = max_rel_err(grads, ref_grads)
-    for _ in range(2):
-      state, m = compiled(state, batch)
-    jax.block_until_ready(m)
-    t0 = time.perf_counter()
-    for _ in range(_STEPS.value):
-      state, m = compiled(state, batch)
-    jax.block_until_ready(m)
-    tps = tokens * _STEPS.value / (time.perf_counter() - t0)
+    tps = tokens / step_seconds(compiled, state, batch, _STEPS.value)
     local_batch = stream.batch_size // mesh_lib.batch_divisor(mesh)
     act = local_batch * stream.seq_len / mesh.shape["sequence"] * bb.d_model * 4
     pb = hlo_report.sharded_bytes(state.params, shardings.params, mesh)
@@ -113,7 +122,8 @@ def main(argv):
         pb, mesh, activation_bytes=act, num_layers=bb.num_layers,
         num_moe_layers=bb.num_moe_layers, top_k=bb.top_k,
         sequence_op=op_names["sequence_attention"],
-        kv_fraction=bb.num_kv_heads * bb.head_dim / bb.d_model)
+        kv_fraction=bb.num_kv_heads * bb.head_dim / bb.d_model,
+        microbatches=micro)
     summary_ops = hlo_report.summarize(ops)
     measured = sum(r["bytes"] for r in summary_ops)
     ratio = measured / expected if expected else None
@@ -122,19 +132,36 @@ def main(argv):
            "expected_bytes": expected, "bytes_ratio": ratio,
            "flagged": bool(ratio is not None and ratio > FLAG_RATIO),
            "peak_memory_bytes": int(peak), "temp_memory_bytes": int(mem.temp_size_in_bytes),
-           "tokens_per_sec": tps}
+           "tokens_per_sec": tps, "tokens_per_sec_vs_1device": tps / one_tps,
+           "tokens_per_sec_per_device": tps / mesh.size,
+           "mfu": flops * tps / tokens / (mesh.size * peak_flops)}
     rows.append(row)
     logging.info("%-28s grad err %.1e  %s  %.3g B (expected %.3g, x%.2f%s)  mem %.3g B  "
                  "%.0f tok/s", text, err,
                  " ".join(f"{r['kind']}x{r['count']}" for r in summary_ops), measured, expected,
                  ratio or 0, " FLAGGED" if row["flagged"] else "", peak, tps)
   summary = {"layouts": rows, "flag_ratio": FLAG_RATIO, "tokens_per_step": tokens,
+             "one_device_tokens_per_sec": one_tps, "peak_flops_per_sec": peak_flops,
+             "model_flops_per_step": flops,
              "config": config.to_dict()}
   if _MEMORY_SEQ.value:
     summary["sequence_memory"] = sequence_memory_check(config, _MEMORY_SEQ.value)
     logging.info("sequence-parallel memory check: %s", summary["sequence_memory"])
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)
   plot(rows, os.path.join(workdir, "report.png"))
+
+
+def step_seconds(compiled, state, batch, steps: int) -> float:
+  """Mean seconds of one train step after two warm-up steps (state is donated)."""
+  import jax
+  for _ in range(2):
+    state, m = compiled(state, batch)
+  jax.block_until_ready(m)
+  t0 = time.perf_counter()
+  for _ in range(steps):
+    state, m = compiled(state, batch)
+  jax.block_until_ready(m)
+  return (time.perf_counter() - t0) / steps
 
 
 def sequence_memory_check(config, seq_len: int, n: int = 8, block: int = 256) -> dict:

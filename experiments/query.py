@@ -21,15 +21,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from experiments import common
 from omni_jax.config import to_dict
 from omni_jax.query import cache, engines, featurize, model, plots, store
 from omni_jax.query.datasets import centers, clustered, image_crops
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/query.py:<variant>")
-_WORKDIR = flags.DEFINE_string("workdir", None, "output folder")
+_CONFIG = common.define_config("configs/query.py:<variant>")
+_WORKDIR = common.define_workdir("output folder")
 
 def write_json(path: Path, obj) -> None:
   """Atomic JSON write."""

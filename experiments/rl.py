@@ -21,8 +21,7 @@ import time
 
 import jax
 import numpy as np
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import app, logging
 
 from experiments import common
 from omni_jax.config import ConfigError, to_dict
@@ -31,8 +30,8 @@ from omni_jax.rl import envs, predict, runner
 from omni_jax.train.checkpoint import Checkpointer
 from omni_jax.train.metrics import MetricsLog, save_figure, write_json_atomic
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/rl.py:<variant>")
-_WORKDIR = flags.DEFINE_string("workdir", None, "output folder (rerun resumes)")
+_CONFIG = common.define_config("configs/rl.py:<variant>")
+_WORKDIR = common.define_workdir("output folder (rerun resumes)")
 
 # config keys that must match a checkpoint to resume from it
 RESUME_KEYS = ("algo", "env", "seed", "seeds", "workers", "aggregation", "threshold",

@@ -8,13 +8,12 @@ emulated devices (data parallel over all of them).
 """
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from experiments import common
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/omni_moe.py:<variant>",
+_CONFIG = common.define_config("configs/omni_moe.py:<variant>",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints and results go")
+_WORKDIR = common.define_workdir("where checkpoints and results go")
 flags.mark_flags_as_required(["config", "workdir"])
 
 

@@ -16,14 +16,13 @@ import json
 from pathlib import Path
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from experiments import common
 from omni_jax.config import ConfigError, check_keys, positive_int, to_dict
 from omni_jax.train.metrics import write_json_atomic
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/visage.py:<variant>")
-_WORKDIR = flags.DEFINE_string("workdir", None, "output folder")
+_CONFIG = common.define_config("configs/visage.py:<variant>")
+_WORKDIR = common.define_workdir("output folder")
 
 
 def validate(cfg) -> None:

@@ -107,7 +107,8 @@ def sharded_bytes(params, shardings, mesh) -> Mapping[str, float]:
 
 def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: float,
                         num_layers: int, num_moe_layers: int = 0, top_k: int = 1,
-                        sequence_op: str = "ulysses", kv_fraction: float = 1.0) -> float:
+                        sequence_op: str = "ulysses", kv_fraction: float = 1.0,
+                        microbatches: int = 1) -> float:
   """Analytic wire bytes per device per train step for a layout.
 
   ``pb``: :func:`sharded_bytes`; ``activation_bytes``: one layer's [B, T, D] activations per
@@ -119,7 +120,9 @@ def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: floa
   sequence — Ulysses: 4 all-to-alls forward and 4 backward per layer; ring: each device
   passes its K and V chunks (``kv_fraction`` of an activation each) n-1 hops forward and
   their gradients n-1 hops backward; tensor — Megatron: 2 all-reduces of activations
-  forward and 2 backward per layer.
+  forward and 2 backward per layer; pipeline (GPipe, P stages, M microbatches) — one
+  microbatch's activations per tick (M + P - 1 ticks) forward and backward, plus the
+  all-reduce that hands the last stage's output to every stage (forward and backward).
   """
   frac = lambda n: (n - 1) / n
   d, f, e = mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["expert"]
@@ -133,4 +136,7 @@ def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: floa
   else:
     total += 8 * frac(s) * activation_bytes * num_layers
   total += 4 * 2 * frac(t) * activation_bytes * num_layers
+  p, m = mesh.shape["pipeline"], microbatches
+  if p > 1:
+    total += 2 * (m + p - 1) / m * activation_bytes + 2 * 2 * frac(p) * activation_bytes
   return total

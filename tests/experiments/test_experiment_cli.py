@@ -60,6 +60,9 @@ def test_parallel_report_writes_layouts(tmp_path):
   (row,) = json.load(open(tmp_path / "summary.json"))["layouts"]
   assert {"name", "mesh", "max_rel_grad_err", "collectives", "expected_bytes", "bytes_ratio",
           "peak_memory_bytes", "tokens_per_sec"} <= set(row)
+  summary = json.load(open(tmp_path / "summary.json"))
+  assert row["tokens_per_sec_vs_1device"] == pytest.approx(
+      row["tokens_per_sec"] / summary["one_device_tokens_per_sec"])
   assert row["mesh"]["fsdp"] == 4 and row["mesh"]["sequence"] == 2
   assert row["max_rel_grad_err"] < 1e-5
   kinds = {c["kind"] for c in row["collectives"]}

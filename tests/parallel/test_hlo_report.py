@@ -41,3 +41,14 @@ def test_compiled_psum_and_all_to_all():
                             mesh=mesh, in_specs=P("fsdp"), out_specs=P("fsdp")))
   (row,) = hlo_report.summarize(hlo_report.collectives(g.lower(x).compile().as_text()))
   assert row["kind"] == "all-to-all" and row["bytes"] == pytest.approx(3 / 4 * 16 * 32 * 4)
+
+
+def test_expected_bytes_closed_forms_for_ring_and_pipeline():
+  from omni_jax.parallel.hlo_report import expected_wire_bytes
+  pb = {"local": 0.0, "fsdp_full": 0.0, "expert_full": 0.0, "replicated_local": 0.0}
+  ring = expected_wire_bytes(pb, mesh_lib.make_mesh(dict(sequence=8)), activation_bytes=100.0,
+                             num_layers=3, sequence_op="ring", kv_fraction=0.25)
+  assert ring == pytest.approx(4 * 7 * 0.25 * 100.0 * 3)   # K,V: 7 hops fwd + 7 bwd, 3 layers
+  pipe = expected_wire_bytes(pb, mesh_lib.make_mesh(dict(pipeline=2, data=4)),
+                             activation_bytes=100.0, num_layers=3, microbatches=4)
+  assert pipe == pytest.approx(2 * 5 / 4 * 100.0 + 4 * 0.5 * 100.0)
