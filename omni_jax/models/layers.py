@@ -91,15 +91,8 @@ def attend_blocks(state, qg: jax.Array, k: jax.Array, v: jax.Array, *, q_pos: ja
   vb = v.reshape(b, nb, block, kv, dh).astype(jnp.float32)
   kp = k_pos.reshape(nb, block)
 
-  def step(carry, i):
-    if not causal:
-      return update(carry, i), None
-    # Blocks wholly in the future of every query are skipped (half the work when causal).
-    seen = q_pos.max() >= kp[i].min()
-    return jax.lax.cond(seen, update, lambda c, i: c, carry, i), None
-
   @jax.checkpoint
-  def update(carry, i):
+  def step(carry, i):
     m, norm, acc = carry                               # [b,kv,g,t], [b,kv,g,t], [b,t,kv,g,dh]
     sc = jnp.einsum("btkgd,bskd->bkgts", qg, kb[:, i])
     if causal:
@@ -113,7 +106,7 @@ def attend_blocks(state, qg: jax.Array, k: jax.Array, v: jax.Array, *, q_pos: ja
     norm = norm * corr + p.sum(-1)
     acc = acc * jnp.moveaxis(corr, -1, 1)[..., None] + jnp.einsum("bkgts,bskd->btkgd", p,
                                                                   vb[:, i])
-    return m_new, norm, acc
+    return (m_new, norm, acc), None
 
   state, _ = jax.lax.scan(step, state, jnp.arange(nb))
   return state

@@ -9,8 +9,9 @@ device stays O(T/n) however long the sequence: the alternative to Ulysses when t
 do not split n ways or the sequence is very long. Unlike Ulysses it needs no all-to-all
 and no head divisibility.
 
-Causal load is uneven (device 0 masks all but one chunk); a zig-zag chunk order would
-balance it and is not done here.
+Causally, a chunk from a later device is wholly masked and skipped (``lax.cond``), so the
+work halves but is uneven (device 0 folds one chunk, device n-1 all n); a zig-zag chunk
+order would balance it and is not done here.
 """
 
 from __future__ import annotations
@@ -46,7 +47,12 @@ def ring_body(q, k, v, *, causal: bool, block: int = 0, axis: str = SEQ):
     def step(carry, s):
       st, kc, vc = carry
       kc, vc = jax.lax.ppermute(kc, axis, shift), jax.lax.ppermute(vc, axis, shift)
-      return (fold(st, kc, vc, (idx - s) % n), kc, vc), None
+      src = (idx - s) % n
+      if causal:  # a chunk wholly in this device's future is skipped (half the work)
+        st = jax.lax.cond(src < idx, lambda st: fold(st, kc, vc, src), lambda st: st, st)
+      else:
+        st = fold(st, kc, vc, src)
+      return (st, kc, vc), None
     (state, _, _), _ = jax.lax.scan(step, (state, k, v), jnp.arange(1, n))
   return softmax_finish(state, q.dtype)
 
