@@ -22,6 +22,7 @@ def _run(workdir: Path, *extra: str) -> subprocess.CompletedProcess:
   return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # end-to-end run (~1 min on 2 cores); `pytest -m slow` runs it
 def test_tiny_run_writes_summary_and_figures(tmp_path):
   p = _run(tmp_path)
   assert p.returncode == 0, p.stderr[-3000:]

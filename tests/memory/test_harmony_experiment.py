@@ -16,6 +16,7 @@ ITEM_KEYS = {"name", "swap_bytes_per_iter", "predicted_iter_time_s", "measured_i
              "peak_device_bytes"}
 
 
+@pytest.mark.slow  # end-to-end run (~1 min on 2 cores); `pytest -m slow` runs it
 def test_tiny_experiment_trains_for_real(tmp_path):
   cfg = harmony_config.get_config("tiny")
   cfg.microbatch_sizes = (1,)

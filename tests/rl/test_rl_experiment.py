@@ -19,6 +19,7 @@ def _run(*args, timeout=600):
                         text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # end-to-end run (~1 min on 2 cores); `pytest -m slow` runs it
 def test_rl_tiny_writes_summary_and_resumes(tmp_path):
   wd = str(tmp_path / "run")
   args = ("experiments.rl", "--config=configs/rl.py:tiny", f"--workdir={wd}",
