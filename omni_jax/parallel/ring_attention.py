@@ -20,10 +20,9 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 from omni_jax.models.layers import attend_blocks, group_queries, softmax_finish, softmax_init
-from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
+from omni_jax.parallel.ulysses import sequence_attention
 
 SEQ = "sequence"
 
@@ -59,13 +58,4 @@ def ring_body(q, k, v, *, causal: bool, block: int = 0, axis: str = SEQ):
 
 def ring_attention(mesh) -> Callable:
   """An ``attention`` named-op implementation for ``mesh`` (sequence axis > 1)."""
-  n = mesh.shape[SEQ]
-
-  def impl(q, k, v, *, causal, block=0):
-    if q.shape[1] % n:
-      raise ValueError(f"sequence length {q.shape[1]} is not a multiple of sequence={n}")
-    spec = P(BATCH_AXES, SEQ, None, None)
-    body = lambda q, k, v: ring_body(q, k, v, causal=causal, block=block)
-    return jax.shard_map(body, mesh=context_mesh(mesh), in_specs=(spec, spec, spec),
-                         out_specs=spec)(q, k, v)
-  return impl
+  return sequence_attention(mesh, ring_body)

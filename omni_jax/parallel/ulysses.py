@@ -41,15 +41,21 @@ def ulysses_body(q, k, v, *, causal: bool, block: int = 0, axis: str = SEQ):
   return jax.lax.all_to_all(out, axis, split_axis=1, concat_axis=2, tiled=True)
 
 
-def ulysses_attention(mesh) -> Callable:
-  """An ``attention`` named-op implementation for ``mesh`` (sequence axis > 1)."""
+def sequence_attention(mesh, body: Callable) -> Callable:
+  """An ``attention`` named-op implementation running ``body`` (Ulysses or ring) inside
+  ``shard_map`` with the batch over the batch axes and the sequence over ``sequence``."""
   n = mesh.shape[SEQ]
 
   def impl(q, k, v, *, causal, block=0):
     if q.shape[1] % n:
       raise ValueError(f"sequence length {q.shape[1]} is not a multiple of sequence={n}")
     spec = P(BATCH_AXES, SEQ, None, None)
-    body = lambda q, k, v: ulysses_body(q, k, v, causal=causal, block=block)
-    return jax.shard_map(body, mesh=context_mesh(mesh), in_specs=(spec, spec, spec),
+    return jax.shard_map(lambda q, k, v: body(q, k, v, causal=causal, block=block),
+                         mesh=context_mesh(mesh), in_specs=(spec, spec, spec),
                          out_specs=spec)(q, k, v)
   return impl
+
+
+def ulysses_attention(mesh) -> Callable:
+  """An ``attention`` named-op implementation for ``mesh`` (sequence axis > 1)."""
+  return sequence_attention(mesh, ulysses_body)
