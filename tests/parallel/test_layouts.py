@@ -11,8 +11,7 @@ from jax.sharding import PartitionSpec as P
 from configs.omni_moe import get_config
 from omni_jax.config import ConfigError
 from omni_jax.data.stream import OmniStream
-from omni_jax.models import named_ops
-from omni_jax.models.omni import OmniModel, build_spec, omni_loss
+from omni_jax.models.omni import OmniModel, build_spec
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
 
@@ -32,20 +31,10 @@ LAYOUTS = {  # name -> (mesh, MoE impl, op overrides)
 
 
 @functools.lru_cache(maxsize=2)
-def reference(impl: str):
+def reference(impl: str, build_micro):
   """(loss_fn, params, batch, 1-device (loss, grads)) for the micro model."""
-  cfg = get_config("micro")
-  cfg.model.moe.impl = impl
-  cfg.model.moe.capacity_factor = 8.0  # ample, per shard too: nothing dropped
-  spec = build_spec(cfg.model)
-  batch = OmniStream(spec, cfg.data).batch(0)
-  model = OmniModel(spec)
-  params = model.init(jax.random.PRNGKey(0), batch)["params"]
-
-  def loss(p, b, ops):
-    with named_ops.override(**ops):
-      logits, aux = model.apply({"params": p}, b)
-    return omni_loss(spec, logits, aux, b)[0]
+  # capacity ample, per shard too: nothing dropped
+  _, _, loss, params, batch = build_micro(impl, capacity_factor=8.0)
   ref = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, {})))(params, batch)
   return loss, params, batch, ref
 
@@ -56,9 +45,9 @@ def max_rel_err(a, b) -> float:
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_layout_matches_one_device(name):
+def test_layout_matches_one_device(name, micro):
   mesh_cfg, impl, overrides = LAYOUTS[name]
-  loss, params, batch, (l1, g1) = reference(impl)
+  loss, params, batch, (l1, g1) = reference(impl, micro)
   mesh = mesh_lib.make_mesh(mesh_cfg)
   shardings, _ = recipes.resolve(recipes.RECIPES.get("omni"), params, mesh)
   ops = layout.ops(mesh, layout.op_names("omni", overrides))

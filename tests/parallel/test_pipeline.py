@@ -4,45 +4,26 @@ import jax
 import numpy as np
 import pytest
 
-from configs.omni_moe import get_config
 from omni_jax.config import ConfigError
 from omni_jax.data.stream import OmniStream
-from omni_jax.models import named_ops
-from omni_jax.models.omni import OmniModel, build_spec, omni_loss
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.train.omni import check_batch_fits_mesh
 
 
-def _setup(lb_coef: float, num_layers: int = 4):
-  cfg = get_config("micro")
-  cfg.model.num_layers = num_layers
-  cfg.model.moe.lb_coef = lb_coef
-  spec = build_spec(cfg.model)
-  batch = OmniStream(spec, cfg.data).batch(0)
-  model = OmniModel(spec)
-  params = model.init(jax.random.PRNGKey(0), batch)["params"]
-
-  def loss(p, b, ops):
-    with named_ops.override(**ops):
-      logits, aux = model.apply({"params": p}, b)
-    return omni_loss(spec, logits, aux, b)[0]
-  return spec, cfg, loss, params, batch
-
-
-@pytest.mark.parametrize("mesh_cfg,micro", [
+@pytest.mark.parametrize("mesh_cfg,n_micro", [
     (dict(pipeline=4, fsdp=2), 4),
     pytest.param(dict(pipeline=2, data=4), 2, marks=pytest.mark.slow),
 ])
-def test_gpipe_matches_one_device(mesh_cfg, micro):
+def test_gpipe_matches_one_device(mesh_cfg, n_micro, micro):
   # The load-balancing loss is a product of per-batch means, so it is per-microbatch under
   # a pipeline; with it off, loss and gradients must match the 1-device run exactly (f32).
-  _, _, loss, params, batch = _setup(lb_coef=0.0)
+  _, _, loss, params, batch = micro(lb_coef=0.0, num_layers=4)
   l1, g1 = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, {})))(params, batch)
   mesh = mesh_lib.make_mesh(mesh_cfg)
   sh, _ = recipes.resolve(recipes.RECIPES.get("omni"), params, mesh)
   assert sh["backbone"]["units"]["layer_0"]["attn"]["q"]["kernel"].spec[0] == "pipeline"
-  ops = layout.ops(mesh, None, micro)
+  ops = layout.ops(mesh, None, n_micro)
   f = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, ops)), out_shardings=(None, sh))
   lp, gp = f(jax.device_put(params, sh), mesh_lib.put_batch(mesh, batch))
   assert abs(float(lp) - float(l1)) <= 1e-5 * abs(float(l1))
@@ -50,8 +31,8 @@ def test_gpipe_matches_one_device(mesh_cfg, micro):
     assert float(np.abs(np.asarray(a) - np.asarray(b)).max()) <= 1e-5 * float(np.abs(b).max())
 
 
-def test_pipeline_config_errors():
-  spec, cfg, *_ = _setup(lb_coef=0.0, num_layers=2)
+def test_pipeline_config_errors(micro):
+  spec, cfg, *_ = micro(lb_coef=0.0, num_layers=2)
   stream = OmniStream(spec, cfg.data)
   with pytest.raises(ConfigError, match="must divide the backbone's 2 units"):
     check_batch_fits_mesh(stream, mesh_lib.make_mesh(dict(pipeline=4, fsdp=2)))
