@@ -42,7 +42,10 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       max_views=8, min_views=3, min_baseline_ratio=0.3, border_px=20, crop_factor=2.5,
       crop_pad_m=6.0, ransac_px=1.5, min_points=20, init_reproj_px=15.0,
       final_reproj_px=3.0, gps_sigma=0.3, alt_sigma=0.5, att_sigma=0.03, ba_iters=25,
-      top_band=0.6, ring=1.8))
+      top_band=0.6, ring=1.8,
+      # the GPS receiver's error model (datasheet values, the same receiver the survey
+      # simulates): Gauss-Markov bias sigma / correlation time + white noise, per axis
+      gps_bias=1.5, gps_tau_s=60.0, gps_white=0.15, alt_bias=3.0, alt_white=0.3))
   c.link = ml_collections.ConfigDict(dict(bandwidth_bps=1e6, latency_s=0.3, loss=0.01))
   c.exact_max_jobs = 7
   c.detect_on_cover = True                 # run the 2D detectors on a footprint cover only

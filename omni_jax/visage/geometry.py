@@ -110,31 +110,59 @@ def _huber_cost(e, delta):
   return jnp.where(e <= delta, 0.5 * e * e, delta * (e - 0.5 * delta))
 
 
-def _total_cost(k, r0, cams, pts, obs_cam, obs_pt, obs_uv, obs_w, prior_c, prior_sig,
+def _total_cost(k, r0, cams, pts, obs_cam, obs_pt, obs_uv, obs_w, prior_c, prior_w,
                 att_sig, sigma_px, delta):
   res = jax.vmap(_obs_residual, in_axes=(None, 0, 0, 0, 0))(
       k, r0[obs_cam], cams[obs_cam], pts[obs_pt], obs_uv) / sigma_px
   e = jnp.linalg.norm(res, axis=-1)
   cost = jnp.sum(obs_w * _huber_cost(e, delta))
-  cost += 0.5 * jnp.sum(((cams[:, 3:] - prior_c) / prior_sig) ** 2)
+  d = (cams[:, 3:] - prior_c).reshape(-1)
+  cost += 0.5 * d @ prior_w @ d
   cost += 0.5 * jnp.sum((cams[:, :3] / att_sig) ** 2)
   return cost
 
 
+def gps_information(times_s, bias_sigma, tau_s: float, white_sigma) -> np.ndarray:
+  """Information matrix (3N, 3N), camera-major, of N GPS fixes taken at ``times_s``.
+
+  The receiver error model: a Gauss-Markov bias per axis (stationary sigma ``bias_sigma``
+  (3,), correlation time ``tau_s``) plus white noise ``white_sigma`` (3,). Fixes taken
+  seconds apart share most of their bias, so their *differences* are accurate while fixes
+  from different flight lines are not: weighting the fixes independently instead lets the
+  line-to-line bias change the reconstruction's scale (heights) by several percent.
+  """
+  t = np.asarray(times_s, np.float64).reshape(-1)
+  bias, white = np.broadcast_to(bias_sigma, (3,)), np.broadcast_to(white_sigma, (3,))
+  if tau_s <= 0 or np.any(bias < 0) or np.any(white <= 0):
+    raise ValueError(f"gps_information needs tau_s > 0, bias_sigma >= 0, white_sigma > 0; got "
+                     f"{tau_s}, {bias.tolist()}, {white.tolist()}")
+  corr = np.exp(-np.abs(t[:, None] - t[None, :]) / tau_s)
+  n = len(t)
+  cov = np.zeros((n, 3, n, 3))
+  for a in range(3):
+    cov[:, a, :, a] = bias[a] ** 2 * corr + white[a] ** 2 * np.eye(n)
+  return np.linalg.inv(cov.reshape(3 * n, 3 * n))
+
+
 @partial(jax.jit, static_argnames=("iters",))
 def bundle_adjust(k, r0, c0, pts0, obs_cam, obs_pt, obs_uv, obs_w, prior_c, prior_sig,
-                  att_sig, sigma_px=1.0, delta=2.0, iters=25):
+                  att_sig, sigma_px=1.0, delta=2.0, iters=25, prior_w=None):
   """Levenberg-Marquardt over camera rotations/centres and 3D points.
 
   ``r0`` (N, 3, 3) initial (tag) rotations; cameras are ``exp(w) @ r0`` with centre ``c``;
   ``obs_*`` one entry per observation (camera index, point index, pixel, weight 0/1 for
   padding); ``prior_c`` (N, 3) GPS centres with per-axis sigma ``prior_sig`` (3,) in metres;
-  ``att_sig`` attitude prior sigma (radians). Huber loss on pixel residuals / ``sigma_px``.
-  Returns (rotations, centres, points, final cost, initial cost).
+  ``att_sig`` attitude prior sigma (radians). ``prior_w`` (3N, 3N), when given, replaces the
+  independent per-axis GPS prior by a full information matrix over all centres (camera-major,
+  e.g. :func:`gps_information`: correlated GPS errors). Huber loss on pixel residuals /
+  ``sigma_px``. Returns (rotations, centres, points, final cost, initial cost).
   """
   n, m = r0.shape[0], pts0.shape[0]
+  if prior_w is None:
+    prior_w = jnp.diag(jnp.tile(1.0 / jnp.asarray(prior_sig) ** 2, n))
+  cidx = (jnp.arange(n)[:, None] * 6 + 3 + jnp.arange(3)[None, :]).reshape(-1)
   cams0 = jnp.concatenate([jnp.zeros((n, 3)), c0], 1)
-  args = (obs_cam, obs_pt, obs_uv, obs_w, prior_c, prior_sig, att_sig, sigma_px, delta)
+  args = (obs_cam, obs_pt, obs_uv, obs_w, prior_c, prior_w, att_sig, sigma_px, delta)
   cost_fn = lambda cams, pts: _total_cost(k, r0, cams, pts, *args)
   jac = jax.vmap(jax.jacfwd(_obs_residual, argnums=(2, 3)), in_axes=(None, 0, 0, 0, 0))
 
@@ -150,17 +178,20 @@ def bundle_adjust(k, r0, c0, pts0, obs_cam, obs_pt, obs_uv, obs_w, prior_c, prio
         jnp.einsum("o,oai,oaj->oij", w, jc, jp))
     gc = jnp.zeros((n, 6)).at[obs_cam].add(jnp.einsum("o,oai,oa->oi", w, jc, res))
     gp = jnp.zeros((m, 3)).at[obs_pt].add(jnp.einsum("o,oai,oa->oi", w, jp, res))
-    pri = jnp.concatenate([jnp.full((3,), 1.0 / att_sig ** 2), 1.0 / prior_sig ** 2])
-    hcc = hcc + jnp.eye(6) * pri
-    gc = gc + jnp.concatenate([cams[:, :3] / att_sig ** 2,
-                               (cams[:, 3:] - prior_c) / prior_sig ** 2], 1)
+    hcc = hcc + jnp.eye(6) * jnp.concatenate([jnp.full((3,), 1.0 / att_sig ** 2),
+                                              jnp.zeros(3)])
+    gp_c = (prior_w @ (cams[:, 3:] - prior_c).reshape(-1)).reshape(n, 3)
+    gc = gc + jnp.concatenate([cams[:, :3] / att_sig ** 2, gp_c], 1)
     return hcc, hpp, hcp, gc, gp
 
   def solve(hcc, hpp, hcp, gc, gp, lam):
-    hcc_d = hcc + lam * jnp.eye(6) * (jnp.diagonal(hcc, axis1=1, axis2=2)[:, :, None] + 1e-9)
+    diag = jnp.diagonal(hcc, axis1=1, axis2=2)
+    diag = diag.at[:, 3:].add(jnp.diagonal(prior_w).reshape(n, 3))   # damp the prior too
+    hcc_d = hcc + lam * jnp.eye(6) * (diag[:, :, None] + 1e-9)
     hpp_d = hpp + jnp.eye(3) * (lam * jnp.diagonal(hpp, axis1=1, axis2=2)[:, :, None] + 1e-6)
     hpp_inv = jnp.linalg.inv(hpp_d)
     s = jnp.einsum("cij,cd->cidj", hcc_d, jnp.eye(n)).reshape(6 * n, 6 * n)
+    s = s.at[cidx[:, None], cidx[None, :]].add(prior_w)               # GPS prior (full)
     s = s - jnp.einsum("cmij,mjk,dmlk->cidl", hcp, hpp_inv, hcp).reshape(6 * n, 6 * n)
     rhs = -gc + jnp.einsum("cmij,mjk,mk->ci", hcp, hpp_inv, gp)
     dc = jnp.linalg.solve(s, rhs.reshape(-1)).reshape(n, 6)

@@ -173,12 +173,15 @@ def _bucket(n: int, step: int) -> int:
 # ---------------------------------------------------------------- reconstruction
 def reconstruct(views: list[int], feats: dict, cams: dict, k: np.ndarray, images: dict,
                 crop_xy: np.ndarray, crop_radius_m: float, cfg, seed: int = 0,
-                min_inliers: int = 0) -> LocalModel:
+                min_inliers: int = 0, times: dict | None = None) -> LocalModel:
   """Local cloud and refined poses of ``views`` around ground point ``crop_xy``.
 
   The pairwise matches inside the crop confirm the subgraph's edges: only views connected
   to ``views[0]`` (the seed) by pairs with >= ``min_inliers`` inliers are kept
   (``info["pair_inliers"]`` has every pair's count, ``model.images`` the kept views).
+  ``times`` (image -> capture time, s) switches the GPS prior of the bundle adjustment to
+  the receiver's correlated error model (:func:`gps_prior`); without it every fix is an
+  independent ``gps_sigma`` / ``alt_sigma`` measurement.
   """
   n = len(views)
   nv = int(cfg.max_views)
@@ -255,6 +258,8 @@ def reconstruct(views: list[int], feats: dict, cams: dict, k: np.ndarray, images
   np.logical_and.at(keep_pt, op, err < float(cfg.init_reproj_px))
   keep_pt &= x0[:, 2] < cs[0, 2] - 1.0
   prior_sig = jnp.asarray([cfg.gps_sigma, cfg.gps_sigma, cfg.alt_sigma], jnp.float32)
+  prior_w = None if times is None else jnp.asarray(
+      gps_prior([times[v] for v in views], nv, cfg), jnp.float32)
   rot, cen, pts = rs, cs, x0
   for _ in range(2):
     sel = np.nonzero(keep_pt)[0]
@@ -273,7 +278,7 @@ def reconstruct(views: list[int], feats: dict, cams: dict, k: np.ndarray, images
     f32 = lambda a: jnp.asarray(a, jnp.float32)
     rot_j, cen_j, pts_j, cost, cost0 = geometry.bundle_adjust(
         kj, f32(rs), f32(cs), f32(p0), jnp.asarray(bc), jnp.asarray(bp), f32(buv), f32(bw),
-        f32(cs), prior_sig, float(cfg.att_sigma), iters=int(cfg.ba_iters))
+        f32(cs), prior_sig, float(cfg.att_sigma), iters=int(cfg.ba_iters), prior_w=prior_w)
     rot, cen = np.asarray(rot_j), np.asarray(cen_j)
     pts = np.array(pts)
     pts[sel] = np.asarray(pts_j)[:len(sel)]
@@ -294,6 +299,23 @@ def reconstruct(views: list[int], feats: dict, cams: dict, k: np.ndarray, images
     x, y = np.round(masked[vi][0][kp]).astype(int)
     cols[ti] = images[views[vi]][y, x]
   return LocalModel(views, pts[keep_pt], cols[keep_pt], rot[:n], cen[:n], None, info)
+
+
+def gps_prior(times_s, n_pad: int, cfg) -> np.ndarray:
+  """GPS information matrix (3 n_pad, 3 n_pad) for views captured at ``times_s``: the
+  receiver's Gauss-Markov bias + white noise model (``cfg.gps_bias``, ``gps_tau_s``,
+  ``gps_white``, ``alt_bias``, ``alt_white``) over the real views; padding cameras (no
+  observations) get independent ``gps_sigma`` / ``alt_sigma`` priors."""
+  n = len(times_s)
+  if n > n_pad:
+    raise ValueError(f"gps_prior: {n} views do not fit {n_pad} camera slots")
+  w = np.zeros((3 * n_pad, 3 * n_pad))
+  w[:3 * n, :3 * n] = geometry.gps_information(
+      times_s, [cfg.gps_bias, cfg.gps_bias, cfg.alt_bias], float(cfg.gps_tau_s),
+      [cfg.gps_white, cfg.gps_white, cfg.alt_white])
+  pad = np.tile(1.0 / np.array([cfg.gps_sigma, cfg.gps_sigma, cfg.alt_sigma]) ** 2, n_pad - n)
+  w[3 * n:, 3 * n:] = np.diag(pad)
+  return w
 
 
 def _relative_pose_check(pair, j, inl, e, masked, k, rot) -> float | None:

@@ -143,6 +143,7 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
   cams_all = [None if t["gps"] is None else (k, rotation_from_attitude(*t["attitude"]),
                                              np.asarray(t["gps"])) for t in tags]
   yaws = {i: t["attitude"][0] for i, t in enumerate(tags)}
+  times = {i: float(t["time_s"]) for i, t in enumerate(tags)}
   names = [t["name"] for t in tags]
   qs = [queries.make_query(q) for q in cfg.queries]
   ctx = {"inventory": truth["inventory"]}
@@ -259,7 +260,7 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
 
     def build(views=views, tgt=tgt, crop_m=crop_m, ti=ti):
       m = local3d.reconstruct(views, feats, cams, k, images, tgt.xy, crop_m, lc, seed=ti,
-                              min_inliers=cfg.graph.min_inliers)
+                              min_inliers=cfg.graph.min_inliers, times=times)
       if "failed" not in m.info:
         m.height = local3d.measure_height(m, tgt.seed, k, lc)
       return m
