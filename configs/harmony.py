@@ -5,12 +5,12 @@ r"""Harmony-style swap scheduling: train models larger than device memory (issue
   python -m experiments.harmony --config=configs/harmony.py:tiny --workdir=/tmp/harmony_tiny
 
 Variants: ``default`` trains a GPT-style stack for real on this machine with parameters and
-Adam state in pinned host memory (about 4.6x the device budget); ``tiny`` is the seconds-long
+Adam state in pinned host memory (5.2x the device budget); ``tiny`` is the seconds-long
 smoke version; ``paper`` plans GPT-2 10B (n_embd 4096, 32 heads, 50 layers, 1024 tokens, the
 Harmony repository's gpt2-10-billion config) on 4 GPUs of 11 GB (10 GiB usable, the Harmony
-searcher's default cap) sharing 11.5 GiB/s of swap bandwidth per direction — planner and
-cost model only. On a GPU host the same command measures real host<->device transfers
-(see WORKSPACE.md).
+searcher's default cap) sharing 11.5 GiB/s of swap bandwidth per direction, with 8.2 GiB/s
+GPU-to-GPU links for Harmony's pipeline mode (vPP) — planner and cost model only. On a GPU
+host the same command measures real host<->device transfers (see WORKSPACE.md).
 """
 
 import ml_collections
@@ -45,9 +45,11 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
   # The machine the cost model prices. measure=True times this machine's host<->device
   # copies, host Adam and device Adam instead of the numbers below.
   c.profile_repeats = 5                 # timed runs per layer kind and size (best kept)
+  # p2p_bw: GPU->GPU bandwidth per direction (Harmony's bw_p2p), used by vPP plans, which
+  # are searched whenever n_gpus >= 2 (the faster of vDP / vPP becomes "harmony").
   c.hardware = dict(measure=True, measure_bytes=32 * 2**20, n_gpus=1, swap_bw_host=11.5 * 2**30,
                     swap_bw_gpu=11.5 * 2**30, duplex=True, host_update_params_per_s=2e9,
-                    device_update_params_per_s=2e10, flops_per_s=0.0)
+                    device_update_params_per_s=2e10, flops_per_s=0.0, p2p_bw=8.2 * 2**30)
   if arg == "tiny":
     c.model.update(vocab=64, seq_len=16, d_model=32, num_layers=4, d_ff=64)
     c.batch = 4
@@ -66,6 +68,8 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
     c.execute = False
     c.execute_baseline = False
     c.verify = False
-    # GTX 1080 Ti-class GPUs: 11.3 TFLOP/s fp32 peak, priced at 7e12 (62% of peak).
+    # GTX 1080 Ti-class GPUs: 11.3 TFLOP/s fp32 peak, priced at 7e12 (62% of peak). A
+    # roofline of one GPT-2 10B block (XLA's FLOPs and bytes, 10.06 TFLOP/s measured fp32
+    # GEMM at 4096^2 on a 1080 Ti, 484 GB/s memory) gives 7.2-7.6 TFLOP/s: see WORKSPACE.md.
     c.hardware.update(measure=False, n_gpus=4, flops_per_s=7e12)
   return c

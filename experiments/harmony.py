@@ -45,7 +45,7 @@ _WORKDIR = common.define_workdir("output folder")
 TOP_KEYS = ("device_budget_bytes", "model_bytes", "schedules", "swap_reduction_vs_baseline",
             "predicted_speedup_vs_baseline")
 HW_KEYS = ("measure", "measure_bytes", "n_gpus", "swap_bw_host", "swap_bw_gpu", "duplex",
-           "host_update_params_per_s", "device_update_params_per_s", "flops_per_s")
+           "host_update_params_per_s", "device_update_params_per_s", "flops_per_s", "p2p_bw")
 
 
 # ---------------------------------------------------------------- config
@@ -172,7 +172,7 @@ def hardware(cfg) -> tuple[Hardware, dict]:
   hc = cfg.hardware
   if not hc.measure:
     return Hardware(hc.n_gpus, hc.swap_bw_host, hc.swap_bw_gpu, hc.duplex,
-                    hc.host_update_params_per_s, hc.device_update_params_per_s), {}
+                    hc.host_update_params_per_s, hc.device_update_params_per_s, hc.p2p_bw), {}
   positive_int(hc, "measure_bytes", "hardware.")
   m = measure_hardware(hc.measure_bytes)
   bw = min(m["swap_bw_in"], m["swap_bw_out"])
@@ -180,13 +180,28 @@ def hardware(cfg) -> tuple[Hardware, dict]:
                "params/s device", m["swap_bw_in"] / 1e9, m["swap_bw_out"] / 1e9,
                m["host_update_params_per_s"], m["device_update_params_per_s"])
   return Hardware(hc.n_gpus, bw, bw, hc.duplex, m["host_update_params_per_s"],
-                  m["device_update_params_per_s"]), m
+                  m["device_update_params_per_s"], hc.p2p_bw), m
 
 
 # ---------------------------------------------------------------- planning
-def plan_all(cfg, prof, hw, batch: int) -> dict[str, pl.PlanResult]:
-  out = {"harmony": pl.plan_harmony(prof, hw, cfg.device_budget_bytes, batch,
-                                    cfg.microbatch_sizes, tuple(cfg.strategies))}
+def plan_modes(cfg, prof, hw, batch: int) -> dict[str, pl.PlanResult]:
+  """Harmony planned in each of its modes: vDP always, vPP when there are >= 2 GPUs."""
+  modes = ("dp", "pp") if hw.n_gpus > 1 else ("dp",)
+  return {mode: pl.plan_harmony(prof, hw, cfg.device_budget_bytes, batch,
+                                cfg.microbatch_sizes, tuple(cfg.strategies), mode=mode)
+          for mode in modes}
+
+
+def best_mode(modes: dict[str, pl.PlanResult]) -> pl.PlanResult:
+  """The faster mode; within the planner's tie margin the one moving fewer swap bytes."""
+  fastest = min(r.predicted_s for r in modes.values())
+  return min((r for r in modes.values() if r.predicted_s <= fastest * (1 + pl.TIE)),
+             key=lambda r: (r.swap_bytes, r.predicted_s))
+
+
+def plan_all(cfg, prof, hw, batch: int, modes=None) -> dict[str, pl.PlanResult]:
+  modes = plan_modes(cfg, prof, hw, batch) if modes is None else modes
+  out = {"harmony": best_mode(modes)}
   for kind in cfg.baselines:
     out[kind] = pl.plan_baseline(kind, prof, hw, cfg.device_budget_bytes, batch,
                                  cfg.microbatch_sizes, allow_infeasible=True)
@@ -194,11 +209,18 @@ def plan_all(cfg, prof, hw, batch: int) -> dict[str, pl.PlanResult]:
 
 
 def describe(r: pl.PlanResult, prof) -> dict:
-  return {"kind": r.plan.kind, "microbatch_size": r.plan.u, "microbatches_per_gpu": r.plan.m,
+  """plan.json entry of one plan. ``traffic`` is per GPU in ``dp`` (every GPU moves the
+  same) and for all GPUs together in ``pp``; ``p2p_bytes`` (GPU to GPU, ``pp`` only) are
+  not part of the swap volume."""
+  pp = r.plan.mode == "pp"
+  return {"kind": r.plan.kind, "mode": r.plan.mode, "gpus_per_pipeline": r.plan.gpus,
+          "microbatch_size": r.plan.u,
+          "microbatches": r.plan.m, "microbatches_per": "pack (whole batch)" if pp else "GPU",
           "fwd_packs": [list(p) for p in r.plan.fwd_packs],
           "bwd_packs": [list(p) for p in r.plan.bwd_packs], "feasible": r.feasible,
           "peak_device_bytes_planned": r.peak_bytes, "swap_bytes_planned": r.swap_bytes,
-          "traffic_per_gpu": sch.traffic(r.plan, prof), "predicted_iter_time_s": r.predicted_s,
+          "traffic": sch.traffic(r.plan, prof), "traffic_scope": "all GPUs" if pp else "per GPU",
+          "p2p_bytes": sch.p2p_traffic(r.plan, prof), "predicted_iter_time_s": r.predicted_s,
           "plans_costed": r.candidates}
 
 
@@ -305,7 +327,8 @@ def run(cfg, workdir: str) -> dict:
   logging.info("model: %d layers, %.1f MB params + Adam state, budget %.1f MB (%.1fx)",
                prof.num_layers, prof.model_bytes / 1e6, budget / 1e6, prof.model_bytes / budget)
   t0 = time.time()
-  plans = plan_all(cfg, prof, hw, cfg.batch)
+  modes = plan_modes(cfg, prof, hw, cfg.batch)
+  plans = plan_all(cfg, prof, hw, cfg.batch, modes)
   logging.info("planned in %.1f s: %s", time.time() - t0,
                {k: (v.plan.u, round(v.predicted_s, 4), v.feasible) for k, v in plans.items()})
   real = {}
@@ -337,9 +360,15 @@ def run(cfg, workdir: str) -> dict:
   sweep = {}
   for b in cfg.batch_sweep:
     t0 = time.time()
-    ps = plan_all(cfg, prof, hw, b)
+    ms = plan_modes(cfg, prof, hw, b)
+    ps = plan_all(cfg, prof, hw, b, ms)
     sweep[str(b)] = {k: {"swap_bytes": v.swap_bytes, "predicted_s": v.predicted_s,
-                         "feasible": v.feasible, "u": v.plan.u} for k, v in ps.items()}
+                         "feasible": v.feasible, "u": v.plan.u, "mode": v.plan.mode}
+                     for k, v in ps.items()}
+    sweep[str(b)]["harmony_modes"] = {
+        k: {"swap_bytes": v.swap_bytes, "predicted_s": v.predicted_s, "u": v.plan.u,
+            "fwd_packs": len(v.plan.fwd_packs), "bwd_packs": len(v.plan.bwd_packs),
+            "p2p_bytes": sch.p2p_traffic(v.plan, prof)} for k, v in ms.items()}
     sweep[str(b)]["swap_reduction_vs_lms"] = ps["lms"].swap_bytes / ps["harmony"].swap_bytes
     sweep[str(b)]["speedup_vs_lms"] = ps["lms"].predicted_s / ps["harmony"].predicted_s
     logging.info("batch %d planned in %.1f s: %.1fx less swap, %.2fx faster than lms", b,
@@ -347,11 +376,17 @@ def run(cfg, workdir: str) -> dict:
                  sweep[str(b)]["speedup_vs_lms"])
   write_json_atomic(os.path.join(workdir, "plan.json"), {
       "config": to_dict(cfg), "hardware": dataclasses.asdict(hw), "measured_hardware":
-      measured_hw, "plans": {k: describe(v, prof) for k, v in plans.items()}, "real": real,
+      measured_hw, "plans": {k: describe(v, prof) for k, v in plans.items()},
+      "harmony_modes": {k: describe(v, prof) for k, v in modes.items()}, "real": real,
       "batch_sweep": sweep, "model_to_budget": prof.model_bytes / budget})
-  panels = [(f"harmony (u={plans['harmony'].plan.u})", plans["harmony"].tasks),
+  hp = plans["harmony"].plan
+  panels = [(f"harmony {'vPP' if hp.mode == 'pp' else 'vDP'} (u={hp.u})", plans["harmony"].tasks),
             (f"per-microbatch swapping, on demand (u={plans['lms'].plan.u})",
              plans["lms"].tasks)]
+  for mode, r in modes.items():   # the other Harmony mode, for comparison
+    if r is not plans["harmony"]:
+      panels.insert(1, (f"harmony {'vPP' if mode == 'pp' else 'vDP'} (u={r.plan.u}, not "
+                        f"chosen)", r.tasks))
   plot_timelines(panels, os.path.join(workdir, "timeline.png"))
   plot_timelines(panels, os.path.join(workdir, "timeline_zoom.png"),
                  window=(0.0, 0.1 * plans["harmony"].predicted_s))

@@ -1,12 +1,16 @@
 """Event-driven cost model: tasks on streams, transfers sharing the host's swap bandwidth.
 
-Every GPU has three streams (``in``: host->device swaps, ``out``: device->host swaps,
-``compute``) and the host one more (``host``: optimizer updates on the CPU). A stream runs
+Every GPU has four streams (``in``: host->device swaps, ``out``: device->host swaps,
+``compute``, ``p2p``: activations received from another GPU) and the host one more
+(``host``: optimizer updates on the CPU). A stream runs
 one task at a time, always the ready task (all dependencies finished) that comes first in
 program order. Transfers of all GPUs on the host share its swap bandwidth by processor
 sharing — k concurrent transfers in one direction each get ``min(per_gpu_bw, host_bw / k)``
 — (full duplex: swap-in and swap-out do not compete, unless ``duplex=False``); compute and
-host tasks have fixed durations. :func:`simulate` returns the timeline (start and end of
+host tasks have fixed durations, and so have GPU-to-GPU transfers (``nbytes / p2p_bw``, on
+the receiving GPU's ``p2p`` stream): they do not touch the host's swap link, as in Harmony's
+simulator (PCIe peer-to-peer through the switch, 8.2 GiB/s per direction by default).
+:func:`simulate` returns the timeline (start and end of
 every task), whose makespan is the predicted iteration time.
 """
 
@@ -15,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 
-STREAMS = ("in", "out", "compute", "host")
+STREAMS = ("in", "out", "compute", "host", "p2p")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,12 +31,13 @@ class Hardware:
   duplex: bool = True
   host_update_params_per_s: float = 2e9  # CPU Adam
   device_update_params_per_s: float = 2e10
+  p2p_bw: float = 8.2 * 2**30            # GPU->GPU per direction (Harmony's bw_p2p)
 
   def __post_init__(self):
     if not isinstance(self.n_gpus, int) or self.n_gpus < 1:
       raise ValueError(f"Hardware.n_gpus = {self.n_gpus!r} must be a positive integer")
     for k in ("swap_bw_host", "swap_bw_gpu", "host_update_params_per_s",
-              "device_update_params_per_s"):
+              "device_update_params_per_s", "p2p_bw"):
       if not getattr(self, k) > 0:
         raise ValueError(f"Hardware.{k} = {getattr(self, k)!r} must be > 0")
 
@@ -120,6 +125,8 @@ def simulate(graph: TaskGraph, hw: Hardware) -> list[Task]:
       if link:
         rate = min(hw.swap_bw_gpu, hw.swap_bw_host / active[link])
         finish[tid] = now + remaining[tid] / rate
+      elif t.stream == "p2p":
+        finish[tid] = t.start + t.duration + t.nbytes / hw.p2p_bw
       else:
         finish[tid] = t.start + t.duration
     t_next = min(finish.values())

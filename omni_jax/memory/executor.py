@@ -169,6 +169,9 @@ class HarmonyExecutor:
                adam: AdamConfig = DEFAULT_ADAM, device=None):
     if plan.kind != "harmony":
       raise ValueError(f"HarmonyExecutor runs 'harmony' plans, got {plan.kind!r}")
+    if plan.mode != "dp":
+      raise ValueError(f"HarmonyExecutor runs one device, so vDP ('dp') plans only; got mode "
+                       f"{plan.mode!r} (vPP plans are priced by the cost model only)")
     sch.check_packs(plan, model.num_layers)
     if plan.u * plan.m != batch:
       raise ValueError(f"plan covers u * m = {plan.u * plan.m} examples, batch is {batch}")

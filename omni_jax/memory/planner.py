@@ -114,13 +114,18 @@ def _pack_candidates(lo, hi, fits_local, time_cost, mem_cost, strategies, extra_
 
 
 def _lower_bound(plan: sch.Plan, prof: ModelProfile, hw: Hardware) -> float:
-  """No schedule beats its compute time or its busiest swap direction at full bandwidth."""
+  """No schedule beats its busiest GPU's compute time or its busiest swap direction at
+  full bandwidth."""
   u = plan.u
-  comp = plan.m * sum(prof.fwd(i, u) for a, b in plan.fwd_packs for i in range(a, b))
-  comp += plan.m * sum(prof.fwd(i, u) + prof.bwd(i, u)
-                       for a, b in plan.bwd_packs for i in range(a, b))
+  seq = sch.task_sequence(plan)
+  busy = [0.0] * (plan.gpus if plan.mode == "pp" else 1)
+  for i, (kind, (a, b)) in enumerate(seq):
+    busy[sch.gpu_of_task(plan, i)] += plan.m * sum(
+        prof.fwd(li, u) + (prof.bwd(li, u) if kind == "B" else 0.0) for li in range(a, b))
+  comp = max(busy)
   t = sch.harmony_traffic(plan, prof)
-  bw = min(hw.swap_bw_gpu, hw.swap_bw_host / hw.n_gpus)
+  bw = (min(hw.swap_bw_host, plan.gpus * hw.swap_bw_gpu) if plan.mode == "pp"
+        else min(hw.swap_bw_gpu, hw.swap_bw_host / hw.n_gpus))
   swap_in, swap_out = t["weights_in"] + t["acts_in"], t["grads_out"] + t["acts_out"]
   swap = max(swap_in, swap_out) / bw if hw.duplex else (swap_in + swap_out) / bw
   return max(comp, swap)
@@ -143,17 +148,23 @@ def _nothing_fits(kind: str, budget: int, smallest: tuple[int, sch.Plan] | None,
 
 
 def plan_harmony(prof: ModelProfile, hw: Hardware, budget: int, batch: int, sizes,
-                 strategies=STRATEGIES, extra_k: int = 3) -> PlanResult:
+                 strategies=STRATEGIES, extra_k: int = 3, mode: str = "dp") -> PlanResult:
   """The fastest Harmony plan whose device peak is within ``budget``; raises
-  :class:`NothingFitsError` when none is."""
+  :class:`NothingFitsError` when none is. ``mode`` ``"dp"`` plans Harmony's vDP on
+  ``hw.n_gpus`` GPUs, ``"pp"`` its vPP (packs round-robin over the ``hw.n_gpus >= 2``
+  GPUs, each running the whole batch)."""
   bad = [s for s in strategies if s not in STRATEGIES]
   if bad or not strategies:
     raise ValueError(f"strategies {list(strategies)} must be a non-empty subset of "
                      f"{list(STRATEGIES)}")
+  if mode not in sch.MODES or (mode == "pp" and hw.n_gpus < 2):
+    raise ValueError(f"mode {mode!r} must be 'dp', or 'pp' with hardware.n_gpus >= 2 "
+                     f"(n_gpus = {hw.n_gpus})")
+  gpus = hw.n_gpus if mode == "pp" else 1
   nl, smallest, n_costed, fastest = prof.num_layers, None, 0, None
   costed: list[PlanResult] = []
-  for u, m in microbatch_counts(batch, hw.n_gpus, sizes):
-    probe = sch.Plan("harmony", u, m)
+  for u, m in microbatch_counts(batch, 1 if mode == "pp" else hw.n_gpus, sizes):
+    probe = sch.Plan("harmony", u, m, mode=mode, gpus=gpus)
 
     def bwd_local(pk, share, u=u, probe=probe):
       loss = pk[1] == nl
@@ -168,7 +179,7 @@ def plan_harmony(prof: ModelProfile, hw: Hardware, budget: int, batch: int, size
 
     for bwd in _pack_candidates(0, nl, bwd_local, t_bwd, m_bwd, strategies, extra_k):
       s_last = bwd[-1][0]
-      probe_b = sch.Plan("harmony", u, m, (), bwd)
+      probe_b = sch.Plan("harmony", u, m, (), bwd, mode, gpus)
 
       def fwd_local(pk, share, probe_b=probe_b):
         w = sch.pack_param_bytes(prof, pk)
@@ -181,7 +192,7 @@ def plan_harmony(prof: ModelProfile, hw: Hardware, budget: int, batch: int, size
         return prof.layers[i].param_bytes
 
       for fwd in _pack_candidates(0, s_last, fwd_local, t_fwd, m_fwd, strategies, extra_k):
-        plan = sch.Plan("harmony", u, m, tuple(fwd), tuple(bwd))
+        plan = sch.Plan("harmony", u, m, tuple(fwd), tuple(bwd), mode, gpus)
         peak = sch.harmony_peak(plan, prof)
         if peak > budget:
           if smallest is None or peak < smallest[0]:

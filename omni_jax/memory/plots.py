@@ -5,7 +5,8 @@ from __future__ import annotations
 from omni_jax.memory.costmodel import Task  # noqa: F401  (panels hold Tasks)
 from omni_jax.train.metrics import save_figure
 
-ROWS = (("in", "swap in"), ("compute", "compute"), ("out", "swap out"), ("host", "host update"))
+ROWS = (("in", "swap in"), ("compute", "compute"), ("out", "swap out"), ("p2p", "p2p in"),
+        ("host", "host update"))
 COLORS = {"W": "#4c72b0", "S": "#4c72b0", "x": "#55a868", "y": "#55a868", "d": "#8fbc8f",
           "R": "#55a868", "G": "#c44e52", "F": "#dd8452", "B": "#937860", "U": "#8172b3"}
 LEGEND = (("weights / Adam state", "#4c72b0"), ("activations", "#55a868"),
@@ -17,30 +18,54 @@ def _color(label: str) -> str:
   return COLORS.get(label[:1], "#999999")
 
 
-def plot_timelines(panels, path: str, gpu: int = 0, window=None) -> None:
+def _binned(spans, t0: float, px: float) -> list[tuple[float, float, float]]:
+  """Spans narrower than a pixel, as (bin start, bin width, busy fraction) per pixel bin:
+  drawn with that opacity, a stream is as dark as it is busy (hairlines would overstate)."""
+  busy: dict[int, float] = {}
+  for start, width in spans:
+    k = int((start - t0) // px)
+    busy[k] = busy.get(k, 0.0) + width
+  return [(t0 + k * px, px, min(1.0, b / px)) for k, b in busy.items()]
+
+
+def plot_timelines(panels, path: str, gpu: int = 0, window=None, pixels: int = 900) -> None:
   """One panel per (title, tasks) with a row per stream of ``gpu`` plus the host; shared
-  time axis so schedule lengths compare at a glance. ``window=(t0, t1)`` zooms in (tasks
-  shorter than a pixel vanish at the scale of a whole iteration)."""
+  time axis so schedule lengths compare at a glance. ``window=(t0, t1)`` zooms in. Tasks
+  shorter than 1/``pixels`` of the axis are drawn per pixel with opacity = busy fraction."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  from matplotlib.colors import to_rgba
   from matplotlib.patches import Patch
 
+  rows = [r for r in ROWS if r[0] != "p2p" or any(
+      t.stream == "p2p" for _, tasks in panels for t in tasks)]   # p2p only when used
+  t0, t1 = window if window is not None else (
+      0.0, max((t.end for _, tasks in panels for t in tasks), default=1.0))
+  px = max(t1 - t0, 1e-12) / pixels
   fig, axes = plt.subplots(len(panels), 1, figsize=(11, 1.6 + 1.5 * len(panels)), dpi=110,
                            sharex=True, squeeze=False)
   for ax, (title, tasks) in zip(axes[:, 0], panels, strict=True):
-    for r, (stream, _) in enumerate(ROWS):
+    gpus = len({t.gpu for t in tasks if t.gpu >= 0})
+    for r, (stream, _) in enumerate(rows):
       mine = [t for t in tasks if t.stream == stream and (t.gpu == gpu or stream == "host")
-              and t.end > t.start]
-      by_color: dict[str, list[tuple[float, float]]] = {}
+              and t.end > t.start and t.end >= t0 and t.start <= t1]
+      wide: dict[str, list[tuple[float, float]]] = {}
+      thin: dict[str, list[tuple[float, float]]] = {}
       for t in mine:
-        by_color.setdefault(_color(t.label), []).append((t.start, t.end - t.start))
-      for color, spans in by_color.items():
+        span = (t.start, t.end - t.start)
+        (wide if span[1] >= px else thin).setdefault(_color(t.label), []).append(span)
+      for color, spans in wide.items():
         ax.broken_barh(spans, (r - 0.4, 0.8), facecolors=color, edgecolors="none")
+      for color, spans in thin.items():
+        bins = _binned(spans, t0, px)
+        ax.broken_barh([(b[0], b[1]) for b in bins], (r - 0.4, 0.8), edgecolors="none",
+                       facecolors=[to_rgba(color, b[2]) for b in bins])
     end = max((t.end for t in tasks), default=0.0)
-    ax.set_yticks(range(len(ROWS)), [name for _, name in ROWS])
-    ax.set_ylim(len(ROWS) - 0.5, -0.5)
-    ax.set_title(f"{title}: {end:.3g} s per iteration", fontsize=9)
+    ax.set_yticks(range(len(rows)), [name for _, name in rows])
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    where = f", GPU {gpu} of {gpus} shown" if gpus > 1 else ""
+    ax.set_title(f"{title}: {end:.3g} s per iteration{where}", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
   if window is not None:
     axes[-1, 0].set_xlim(*window)

@@ -32,18 +32,35 @@ from omni_jax.memory.profiler import ModelProfile
 KINDS = ("harmony", "lms", "lms_prefetch", "zero_offload")
 
 
+MODES = ("dp", "pp")
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """A schedule: kind, microbatch size u, microbatches per GPU, packs as [start, stop)."""
+  """A schedule: kind, microbatch size u, microbatches m, packs as [start, stop).
+
+  ``mode`` (harmony only): ``"dp"`` — Harmony's vDP, every GPU runs every pack on its share
+  of the batch (m microbatches per GPU); ``"pp"`` — Harmony's vPP, the packs (forward packs
+  in order, then backward packs from the top) are dealt round-robin to ``gpus`` GPUs, each
+  pack runs the whole batch (m microbatches) on its GPU once, and activations between
+  consecutive packs travel GPU to GPU (p2p) instead of through the host."""
   kind: str
   u: int
   m: int
   fwd_packs: tuple[tuple[int, int], ...] = ()
   bwd_packs: tuple[tuple[int, int], ...] = ()   # sorted by layer; the last holds the loss
+  mode: str = "dp"
+  gpus: int = 1
 
   def __post_init__(self):
     if self.kind not in KINDS:
       raise ValueError(f"Plan.kind = {self.kind!r} must be one of {KINDS}")
+    if self.mode not in MODES:
+      raise ValueError(f"Plan.mode = {self.mode!r} must be one of {MODES}")
+    if self.mode == "pp" and (self.kind != "harmony" or not isinstance(self.gpus, int)
+                              or self.gpus < 2):
+      raise ValueError(f"Plan.mode = 'pp' needs kind 'harmony' and gpus >= 2, got kind "
+                       f"{self.kind!r}, gpus {self.gpus!r}")
 
 
 def check_packs(plan: Plan, num_layers: int) -> None:
@@ -73,18 +90,45 @@ def pack_param_bytes(prof: ModelProfile, pack) -> int:
 
 
 def stash_points(plan: Plan) -> set[int]:
-  """Layer indices whose input the forward stashes on the host (backward pack starts > 0)."""
-  return {s for s, _ in plan.bwd_packs if s > 0}
+  """Layer indices whose input the forward stashes on the host (backward pack starts > 0;
+  in ``pp`` not the loss pack's, whose input arrives from the last forward pack by p2p)."""
+  b = plan.bwd_packs[:-1] if plan.mode == "pp" else plan.bwd_packs
+  return {s for s, _ in b if s > 0}
 
 
 def fwd_pack_outputs(plan: Plan, pack) -> list[int]:
-  """Boundaries a forward pack [a, b) writes to the host: its output and stashes inside."""
+  """Boundaries a forward pack [a, b) writes out: in ``dp`` its output and the stashes
+  inside it, all to the host; in ``pp`` its output (p2p to the next pack's GPU) and the
+  stashes in [a, b) (to the host: its input came by p2p and is not on the host)."""
   a, b = pack
-  return sorted({b} | {s for s in stash_points(plan) if a < s < b})
+  lo = a if plan.mode == "pp" else a + 1
+  return sorted({b} | {s for s in stash_points(plan) if lo <= s < b})
+
+
+def pp_stashes(plan: Plan, pack) -> list[int]:
+  """``pp``: the stash boundaries a forward pack [a, b) sends to the host."""
+  a, b = pack
+  return sorted(s for s in stash_points(plan) if a <= s < b)
+
+
+def task_sequence(plan: Plan) -> list[tuple[str, tuple[int, int]]]:
+  """Harmony's task order: forward packs up, then backward packs down (the loss pack first)."""
+  nb = len(plan.bwd_packs)
+  return [("F", p) for p in plan.fwd_packs] + [("B", plan.bwd_packs[k])
+                                               for k in reversed(range(nb))]
+
+
+def gpu_of_task(plan: Plan, i: int) -> int:
+  """GPU of the i-th task of :func:`task_sequence`: round-robin in ``pp``, 0 in ``dp``
+  (every GPU runs every task)."""
+  return i % plan.gpus if plan.mode == "pp" else 0
 
 
 def harmony_traffic(plan: Plan, prof: ModelProfile) -> dict[str, int]:
-  """Closed-form bytes per GPU per iteration, by category."""
+  """Closed-form host<->device bytes per iteration, by category: per GPU in ``dp``, all
+  GPUs together in ``pp`` (each pack is swapped in by one GPU only)."""
+  if plan.mode == "pp":
+    return _pp_traffic(plan, prof)
   u, m, last = plan.u, plan.m, len(plan.bwd_packs) - 1
   w_in = sum(pack_param_bytes(prof, p) for p in plan.fwd_packs + plan.bwd_packs)
   act_in = act_out = 0
@@ -97,6 +141,28 @@ def harmony_traffic(plan: Plan, prof: ModelProfile) -> dict[str, int]:
     act_out += m * u * boundary_bytes(prof, s) if s > 0 else 0
   return {"weights_in": w_in, "grads_out": prof.param_bytes, "acts_in": act_in,
           "acts_out": act_out}
+
+
+def _pp_traffic(plan: Plan, prof: ModelProfile) -> dict[str, int]:
+  """``pp``: weights in once per pack, the model input and targets in, the stashes out in
+  the forward and back in for the backward; everything else moves GPU to GPU."""
+  mu = plan.m * plan.u
+  w_in = sum(pack_param_bytes(prof, p) for p in plan.fwd_packs + plan.bwd_packs)
+  stash = mu * sum(boundary_bytes(prof, s) for s in stash_points(plan))
+  inputs = 2 if len(plan.bwd_packs) > 1 else 1   # forward pack 0 and backward pack 0
+  return {"weights_in": w_in, "grads_out": prof.param_bytes,
+          "acts_in": mu * (inputs * boundary_bytes(prof, 0) + prof.target_bytes) + stash,
+          "acts_out": stash}
+
+
+def p2p_traffic(plan: Plan, prof: ModelProfile) -> int:
+  """GPU-to-GPU bytes per iteration (``pp`` only; 0 in ``dp``): each forward pack's output
+  to the next pack, each backward pack's input gradient to the pack below."""
+  if plan.mode != "pp":
+    return 0
+  mu = plan.m * plan.u
+  return mu * (sum(boundary_bytes(prof, b) for _, b in plan.fwd_packs)
+               + sum(boundary_bytes(prof, s) for s, _ in plan.bwd_packs if s > 0))
 
 
 def lms_traffic(plan: Plan, prof: ModelProfile) -> dict[str, int]:
@@ -122,8 +188,9 @@ def traffic(plan: Plan, prof: ModelProfile) -> dict[str, int]:
 
 
 def swap_bytes(plan: Plan, prof: ModelProfile, hw: Hardware) -> int:
-  """Bytes over the host links per iteration, all GPUs together."""
-  return hw.n_gpus * sum(traffic(plan, prof).values())
+  """Bytes over the host links per iteration, all GPUs together (p2p bytes excluded)."""
+  per = sum(traffic(plan, prof).values())
+  return per if plan.mode == "pp" else hw.n_gpus * per
 
 
 # ----------------------------------------------------------------------------- memory peaks
@@ -152,9 +219,17 @@ def harmony_peak(plan: Plan, prof: ModelProfile) -> int:
   """Device peak: pack k's weights (+ gradients in the backward) and activations, plus the
   larger of the next pack's prefetched weights and the previous pack's gradients still
   swapping out (dependencies never let both be resident)."""
-  seq = [(p, False, False) for p in plan.fwd_packs]
-  nb = len(plan.bwd_packs)
-  seq += [(plan.bwd_packs[k], True, k == nb - 1) for k in reversed(range(nb))]
+  tasks = [(p, kind == "B", kind == "B" and p == plan.bwd_packs[-1])
+           for kind, p in task_sequence(plan)]
+  peak = 0
+  for g in range(plan.gpus if plan.mode == "pp" else 1):
+    seq = [t for i, t in enumerate(tasks) if gpu_of_task(plan, i) == g]
+    peak = max(peak, _seq_peak(plan, prof, seq))
+  return peak
+
+
+def _seq_peak(plan: Plan, prof: ModelProfile, seq) -> int:
+  """Peak over one GPU's task sequence (neighbours in it share the device)."""
   peak = 0
   for i, (pack, bwd, loss) in enumerate(seq):
     w = pack_param_bytes(prof, pack)
@@ -199,8 +274,11 @@ def peak_bytes(plan: Plan, prof: ModelProfile) -> int:
 
 # ----------------------------------------------------------------------------- task graphs
 def harmony_graph(plan: Plan, prof: ModelProfile, hw: Hardware) -> TaskGraph:
-  """Task graph of one Harmony iteration on ``hw.n_gpus`` data-parallel GPUs."""
+  """Task graph of one Harmony iteration on ``hw.n_gpus`` data-parallel GPUs (``dp``) or
+  with the packs dealt round-robin over ``plan.gpus`` GPUs (``pp``)."""
   check_packs(plan, prof.num_layers)
+  if plan.mode == "pp":
+    return harmony_pp_graph(plan, prof, hw)
   g = TaskGraph()
   u, m, nb = plan.u, plan.m, len(plan.bwd_packs)
   seq = [("F", p) for p in plan.fwd_packs] + [("B", plan.bwd_packs[k])
@@ -253,6 +331,70 @@ def harmony_graph(plan: Plan, prof: ModelProfile, hw: Hardware) -> TaskGraph:
       n = sum(prof.layers[li].param_count for li in range(*pack))
       g.add(-1, "host", f"U{pack[0]}-{pack[1]}", duration=n / hw.host_update_params_per_s,
             deps=gout_all[i])
+  return g
+
+
+def harmony_pp_graph(plan: Plan, prof: ModelProfile, hw: Hardware) -> TaskGraph:
+  """Harmony's vPP: task i of :func:`task_sequence` runs on GPU ``i % gpus`` over the whole
+  batch. Its weights come in while the GPU's previous task computes (double buffer, as in
+  ``dp``); microbatch j's input comes from task i-1's microbatch j over p2p (from the host
+  for the model input and targets, and for a backward pack's stash), so consecutive packs
+  pipeline across GPUs; stashes go to the host, gradients too, and the host updates each
+  backward pack after it."""
+  if plan.gpus > hw.n_gpus:
+    raise ValueError(f"pp plan over {plan.gpus} GPUs, the hardware has {hw.n_gpus}")
+  g = TaskGraph()
+  u, m = plan.u, plan.m
+  seq = task_sequence(plan)
+  comp: list[list[int]] = []          # per task: compute of each microbatch
+  local: dict[int, list[int]] = {}    # gpu -> indices of its tasks so far
+  gout: dict[int, int] = {}           # task index -> its gradient swap-out
+  stash_out: dict[tuple[int, int], int] = {}
+  for i, (kind, (a, b)) in enumerate(seq):
+    gpu = gpu_of_task(plan, i)
+    mine = local.setdefault(gpu, [])
+    deps = [comp[mine[-2]][-1]] if len(mine) >= 2 else []
+    deps += [gout[mine[-1]]] if mine and mine[-1] in gout else []
+    w_in = g.add(gpu, "in", f"W{kind}{a}-{b}", pack_param_bytes(prof, (a, b)), deps=deps)
+    loss = kind == "B" and b == prof.num_layers
+    stashes = pp_stashes(plan, (a, b)) if kind == "F" else []
+    cs, outs = [], []
+    for j in range(m):
+      gate = [cs[j - 2]] if j >= 2 else []
+      ins = []
+      if i > 0:        # activation (forward, loss pack) or its gradient from task i-1
+        nb = u * boundary_bytes(prof, a if kind == "F" or loss else b)
+        ins.append(g.add(gpu, "p2p", f"{'y' if kind == 'F' or loss else 'd'}{kind}{a}:{j}",
+                         nb, deps=[comp[i - 1][j]] + gate))
+      host_in, src = (u * prof.target_bytes if loss else 0), []
+      if i == 0:       # the model input (forward pack 0, or a lone loss pack)
+        host_in += u * boundary_bytes(prof, 0)
+      elif kind == "B" and not loss:   # the stash the forward left on the host
+        host_in += u * boundary_bytes(prof, a)
+        src = [stash_out[(a, j)]] if a > 0 else []
+      if host_in:
+        ins.append(g.add(gpu, "in", f"x{kind}{a}:{j}", host_in, deps=src + gate))
+      dur = sum(prof.fwd(li, u) + (prof.bwd(li, u) if kind == "B" else 0.0)
+                for li in range(a, b))
+      c = g.add(gpu, "compute", f"{kind}{a}-{b}:{j}", duration=dur,
+                deps=[w_in] + ins + cs[-1:] + ([outs[j - 2]] if j >= 2 and outs[j - 2]
+                                               is not None else []))
+      cs.append(c)
+      o = None
+      if stashes:
+        o = g.add(gpu, "out", f"yF{a}:{j}", u * sum(boundary_bytes(prof, s) for s in stashes),
+                  deps=[c])
+        for s in stashes:
+          stash_out[(s, j)] = o
+      outs.append(o)
+    comp.append(cs)
+    if kind == "B":
+      gout[i] = g.add(gpu, "out", f"G{a}-{b}", pack_param_bytes(prof, (a, b)), deps=[cs[-1]])
+    mine.append(i)
+  for i, (kind, (a, b)) in enumerate(seq):
+    if kind == "B":
+      n = sum(prof.layers[li].param_count for li in range(a, b))
+      g.add(-1, "host", f"U{a}-{b}", duration=n / hw.host_update_params_per_s, deps=[gout[i]])
   return g
 
 

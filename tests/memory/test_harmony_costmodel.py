@@ -103,3 +103,69 @@ def test_graph_bytes_equal_closed_forms(n_gpus):
                "acts_out": 4 * ((4 + 4) + 4 + 4 + 4)}
   # Per-microbatch swapping: W in twice per microbatch + W, m, v for the update.
   assert sch.lms_traffic(plans[1], prof)["weights_in"] == 2 * 4 * 500 + 3 * 500
+
+
+def test_p2p_transfers_run_at_the_p2p_rate_off_the_host_link():
+  g = TaskGraph()
+  a = g.add(0, "in", "W", nbytes=GB)
+  b = g.add(1, "p2p", "y", nbytes=GB)
+  c = g.add(1, "p2p", "d", nbytes=GB // 2)
+  tasks = simulate(g, _hw(p2p_bw=0.5 * GB))
+  # The swap-in has the host link to itself (1 s); the p2p stream is serial at 0.5 GB/s.
+  assert tasks[a].end == pytest.approx(1.0)
+  assert tasks[b].end == pytest.approx(2.0) and tasks[c].end == pytest.approx(3.0)
+
+
+def test_pp_plan_bytes_by_hand():
+  """vPP on 2 GPUs, 4 layers: tasks F0-1 (GPU 0), F1-2 (1), loss pack B2-4 (0), B1-2 (1),
+  B0-1 (0). Every pack's weights come in once in all; the only host activations are the
+  model input (for F0-1 and for B0-1), the targets and the stash of x1 (out in F1-2, back
+  in for B1-2); x1, x2 forward and dx2, dx1 backward go GPU to GPU."""
+  prof = hand_profile(n=4)
+  hw = _hw(n_gpus=2)
+  plan = sch.Plan("harmony", 1, 3, ((0, 1), (1, 2)), ((0, 1), (1, 2), (2, 4)), "pp", 2)
+  assert [sch.gpu_of_task(plan, i) for i in range(5)] == [0, 1, 0, 1, 0]
+  assert sch.harmony_traffic(plan, prof) == {
+      "weights_in": 200 + 400, "grads_out": 400, "acts_in": 3 * (4 + 4 + 2 + 4),
+      "acts_out": 3 * 4}
+  assert sch.p2p_traffic(plan, prof) == 3 * (4 + 4 + 4 + 4)
+  assert sch.swap_bytes(plan, prof, hw) == 600 + 400 + 42 + 12   # not times the GPUs
+  g = sch.build_graph(plan, prof, hw)
+  assert g.bytes_moved("in") + g.bytes_moved("out") == sch.swap_bytes(plan, prof, hw)
+  assert g.bytes_moved("p2p") == sch.p2p_traffic(plan, prof)
+  on = {t.label: t.gpu for t in g.tasks if t.label.startswith("W")}
+  assert on == {"WF0-1": 0, "WF1-2": 1, "WB2-4": 0, "WB1-2": 1, "WB0-1": 0}
+
+
+def test_pp_packs_pipeline_across_gpus_by_hand():
+  """Free transfers; F0-1 (GPU 0, 1 s per microbatch), the loss pack B1-2 (GPU 1, 1 + 2 s),
+  B0-1 (GPU 0, 3 s). Microbatch j leaves F0-1 at j+1, the loss pack at 4+3j and B0-1 at
+  7+3j: 16 s for 4 microbatches, where one GPU running the packs in turn needs 28 s."""
+  prof = hand_profile(n=2)
+  fast = dict(swap_bw_host=1e18, swap_bw_gpu=1e18, p2p_bw=1e18,
+              host_update_params_per_s=1e18)
+  pp = sch.Plan("harmony", 1, 4, ((0, 1),), ((0, 1), (1, 2)), "pp", 2)
+  assert makespan(simulate(sch.build_graph(pp, prof, _hw(**fast)), _hw(**fast))) == \
+      pytest.approx(16.0)
+  dp = sch.Plan("harmony", 1, 4, ((0, 1),), ((0, 1), (1, 2)))
+  hw1 = _hw(n_gpus=1, **fast)
+  assert makespan(simulate(sch.build_graph(dp, prof, hw1), hw1)) == pytest.approx(28.0)
+
+
+def test_bad_pp_plans_are_clear_errors():
+  with pytest.raises(ValueError, match="mode = 'pp' needs kind 'harmony' and gpus >= 2"):
+    sch.Plan("harmony", 1, 1, (), ((0, 2),), "pp", 1)
+  with pytest.raises(ValueError, match="mode = 'pp' needs kind"):
+    sch.Plan("lms", 1, 1, mode="pp", gpus=2)
+  with pytest.raises(ValueError, match="Plan.mode"):
+    sch.Plan("harmony", 1, 1, mode="tp")
+  plan = sch.Plan("harmony", 1, 1, (), ((0, 2),), "pp", 4)
+  with pytest.raises(ValueError, match="pp plan over 4 GPUs, the hardware has 2"):
+    sch.build_graph(plan, hand_profile(), _hw(n_gpus=2))
+
+
+def test_timeline_bins_sub_pixel_tasks_by_busy_fraction():
+  from omni_jax.memory.plots import _binned
+  spans = [(0.0, 0.25), (0.5, 0.25), (1.2, 0.1), (2.0, 3.0)]
+  assert _binned(spans, 0.0, 1.0) == [(0.0, 1.0, 0.5), (1.0, 1.0, pytest.approx(0.1)),
+                                      (2.0, 1.0, 1.0)]

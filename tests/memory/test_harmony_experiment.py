@@ -39,7 +39,7 @@ def test_tiny_experiment_trains_for_real(tmp_path):
   # Gradients leaf by leaf; updated parameters as one vector (Adam's first step divides by
   # |g| + eps, which amplifies rounding of near-zero gradient entries in single leaves).
   assert v["grad_rel_err_max_leaf"] < 1e-5 and v["param_rel_err_global"] < 1e-5
-  assert plan["real"]["harmony"]["bytes_per_iter"] == plan["plans"]["harmony"]["traffic_per_gpu"]
+  assert plan["real"]["harmony"]["bytes_per_iter"] == plan["plans"]["harmony"]["traffic"]
   assert os.path.getsize(tmp_path / "timeline.png") > 5000
 
 
@@ -52,6 +52,13 @@ def test_planner_only_variant_and_clear_errors(tmp_path):
   s = harmony.run(cfg, str(tmp_path))
   assert all(it["measured_iter_time_s"] is None for it in s["schedules"])
   assert s["predicted_speedup_vs_baseline"] > 1 and s["swap_reduction_vs_baseline"] > 1
+  plan = json.load(open(tmp_path / "plan.json"))   # 2 GPUs: both Harmony modes searched
+  modes = plan["harmony_modes"]
+  assert set(modes) == {"dp", "pp"} and modes["pp"]["gpus_per_pipeline"] == 2
+  assert modes["dp"]["p2p_bytes"] == 0 < modes["pp"]["p2p_bytes"]
+  best = plan["plans"]["harmony"]
+  assert best == modes[best["mode"]] and best["predicted_iter_time_s"] <= 1.01 * min(
+      m["predicted_iter_time_s"] for m in modes.values())
   cfg.device_budget_bytes = 10_000
   with pytest.raises(NothingFitsError, match="no harmony schedule fits"):
     harmony.run(cfg, str(tmp_path / "small"))

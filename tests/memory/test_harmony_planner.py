@@ -79,3 +79,18 @@ def test_harmony_beats_per_microbatch_swapping_on_the_same_model():
   # iteration; activations: lms pages every residual, harmony only pack boundaries.
   assert lms.swap_bytes > 10 * h.swap_bytes
   assert lms.predicted_s > 2 * h.predicted_s
+
+
+def test_pp_plan_respects_the_budget_and_swaps_each_pack_once():
+  """vPP: every GPU's sequence of packs fits, the whole batch runs through each pack, and
+  the weights cross the host link once per pack in all, not once per GPU as in vDP."""
+  prof = gpt_like()
+  pp = pl.plan_harmony(prof, HW, 1200 * MB, 16, (1, 2, 4), mode="pp")
+  dp = pl.plan_harmony(prof, HW, 1200 * MB, 16, (1, 2, 4), mode="dp")
+  assert pp.plan.mode == "pp" and pp.plan.gpus == 2 and pp.plan.u * pp.plan.m == 16
+  assert pp.peak_bytes == sch.harmony_peak(pp.plan, prof) <= 1200 * MB
+  w = sum(sch.pack_param_bytes(prof, p) for p in pp.plan.fwd_packs + pp.plan.bwd_packs)
+  assert sch.traffic(pp.plan, prof)["weights_in"] == w
+  assert pp.swap_bytes < dp.swap_bytes
+  with pytest.raises(ValueError, match="'pp' with hardware.n_gpus >= 2"):
+    pl.plan_harmony(prof, Hardware(n_gpus=1), 1200 * MB, 16, (1,), mode="pp")
