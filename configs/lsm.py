@@ -40,10 +40,13 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
   # it stops learning once its own input lifts it above the band. The others get -1.5 and
   # are depressed while their calcium is in (1.7, 4.0), i.e. while they still fire.
   # v_plus / v_minus: optional membrane condition of Zhang et al. 2015 (off at +-1e9).
+  # group: readout neurons per class, all taught alike; the class with the most spikes of
+  # its group wins (a population vote that averages the rule's stochastic weights).
   c.readout = ml_collections.ConfigDict(dict(
       threshold=20.0, tau_shift=5, c_th=4.0, dc=2.3, p_plus=0.1, p_minus=0.1, dw=0.06,
-      dw_decay=0.7, w_max=8.0, teacher_plus=6.0, teacher_minus=-1.5, calcium_shift=5,
-      v_plus=-1e9, v_minus=1e9, epochs=8, eval_every=4, ls_ridge=1e-4,
+      dw_decay=0.8, w_max=8.0, teacher_plus=6.0, teacher_minus=-1.5, calcium_shift=5,
+      v_plus=-1e9, v_minus=1e9, epochs=12, eval_every=6, ls_ridge=1e-4, refractory=2,
+      group=3,
       calcium_range=8.0))   # 8-bit lsb 1/16; saturating above 8 is still above the bands
   c.folds = 5
   # Fixed-point settings: an integer = that width for membrane, weights and calcium alike;
@@ -59,6 +62,7 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
     c.data.utterances = 3
     c.folds = 3
     c.readout.epochs = 1
+    c.readout.group = 2
     c.bits = (16, "12/8/8")
     c.brian2_utterances = 1
     c.speed_repeats = 1

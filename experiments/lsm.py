@@ -10,6 +10,7 @@ Generated WAVs and encoded spike trains are cached, so a rerun reuses them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -74,6 +75,8 @@ def validate(cfg) -> None:
   if not isinstance(cfg.readout.eval_every, int) or cfg.readout.eval_every < 1:
     raise ValueError(f"config.readout.eval_every = {cfg.readout.eval_every!r}: an integer "
                      f">= 1 allowed")
+  if not isinstance(cfg.readout.group, int) or cfg.readout.group < 1:
+    raise ValueError(f"config.readout.group = {cfg.readout.group!r}: an integer >= 1 allowed")
   if not 0 < cfg.readout.dw_decay <= 1:
     raise ValueError(f"config.readout.dw_decay = {cfg.readout.dw_decay}: in (0, 1] allowed")
 
@@ -147,7 +150,7 @@ def lif_params(cfg):
   res_lif = reservoir.LIFParams(threshold=r.threshold, tau_shift=r.tau_shift,
                                 refractory=r.refractory, syn_shift=r.syn_shift)
   out_lif = reservoir.LIFParams(threshold=o.threshold, tau_shift=o.tau_shift,
-                                refractory=r.refractory)
+                                refractory=o.refractory)
   rule = readout.RuleParams(c_th=o.c_th, dc=o.dc, p_plus=o.p_plus, p_minus=o.p_minus,
                             dw=o.dw, w_max=o.w_max, teacher_plus=o.teacher_plus,
                             teacher_minus=o.teacher_minus, calcium_shift=o.calcium_shift,
@@ -170,11 +173,12 @@ def train_folds(cfg, spikes, labels, fold, fmt, out_lif, rule, bits, metrics):
   s = jnp.asarray(spikes)
   y = jnp.asarray(labels)
   n = spikes.shape[2]
-  w = jnp.zeros((k, n, int(labels.max()) + 1), jnp.float32)
-  train_v = jax.jit(jax.vmap(readout.train, in_axes=(0, 0, None, None, 0, None, None, None)),
-                    static_argnames=())
-  pred_v = jax.jit(jax.vmap(readout.predict, in_axes=(0, None, None, None, None)),
-                   static_argnums=(2, 3))
+  g = cfg.readout.group
+  w = jnp.zeros((k, n, (int(labels.max()) + 1) * g), jnp.float32)
+  train_v = jax.jit(jax.vmap(functools.partial(readout.train, group=g),
+                             in_axes=(0, 0, None, None, 0, None, None, None)))
+  pred_v = jax.jit(jax.vmap(functools.partial(readout.predict, group=g),
+                            in_axes=(0, None, None, None, None)), static_argnums=(2, 3))
   preds = None
   epochs = cfg.readout.epochs
   for epoch in range(epochs):
@@ -212,10 +216,11 @@ def least_squares_cv(cfg, res_spikes, lengths, labels, fold):
   return float((pred == labels).mean())
 
 
-def readout_counts(res_tot: reservoir.SimStats, classes: int) -> power.Counts:
-  """Reservoir counts plus the ungated readout (classes neurons every step)."""
-  return power.Counts(updates=res_tot.updates + classes * res_tot.steps,
-                      syn_events=res_tot.syn_events + classes * res_tot.spikes)
+def readout_counts(res_tot: reservoir.SimStats, outputs: int) -> power.Counts:
+  """Reservoir counts plus the ungated readout (``outputs`` neurons every step)."""
+  return power.Counts(updates=res_tot.updates + outputs * res_tot.steps,
+                      syn_events=res_tot.syn_events + outputs * res_tot.spikes,
+                      syn_updates=res_tot.syn_updates)
 
 
 # ---------------------------------------------------------------- speed
@@ -278,6 +283,7 @@ def main(argv):
                                 frac_inhibitory=r.frac_inhibitory,
                                 inputs_per_channel=r.inputs_per_channel, w_input=r.w_input)
   classes = int(labels.max()) + 1
+  outputs = classes * cfg.readout.group
   emodel = power.model_for(r.syn_shift > 0)
   acc_bits, ls_bits, energy_bits, rates = {}, {}, {}, {}
   ref = {}
@@ -299,7 +305,7 @@ def main(argv):
       acc_bits[str(bits)] = float((preds == labels).mean())
       ls_bits[str(bits)] = least_squares_cv(cfg, res_s, lengths, labels, fold)
       m_bits, w_bits, _ = parse_precision(bits)
-      energy_bits[str(bits)] = power.energy_pj(readout_counts(tot, classes), m_bits, w_bits,
+      energy_bits[str(bits)] = power.energy_pj(readout_counts(tot, outputs), m_bits, w_bits,
                                                emodel)
       if bits == cfg.reference_bits:
         ref["preds"] = preds
@@ -307,7 +313,7 @@ def main(argv):
                    "energy %.3g pJ", bits, acc_bits[str(bits)], ls_bits[str(bits)],
                    rates[str(bits)], energy_bits[str(bits)])
   rb = str(cfg.reference_bits)
-  base = power.energy_pj(readout_counts(ref["ungated"], classes), cfg.reference_bits,
+  base = power.energy_pj(readout_counts(ref["ungated"], outputs), cfg.reference_bits,
                          cfg.reference_bits, emodel)
   ok = [b for b in acc_bits if acc_bits[b] >= acc_bits[rb] - cfg.max_accuracy_loss]
   chosen = min(ok, key=lambda b: energy_bits[b])

@@ -2,9 +2,12 @@
 
 Energy per inference is counted from the simulation's operation counts:
 
-* each performed neuron update costs ``update_adds`` additions and ``update_accesses`` state
-  reads/writes of the membrane word (leak shift-subtract, synaptic accumulate, threshold
-  compare; the synaptic-current state doubles both when it is modelled);
+* each performed membrane-unit update costs ``update_adds`` additions and
+  ``update_accesses`` state reads/writes of the membrane word (leak shift-subtract,
+  accumulate, threshold compare);
+* each performed synaptic-current-unit update (when that state is modelled) costs
+  ``syn_adds`` additions and ``syn_accesses`` reads/writes (decay shift-subtract, add the
+  weighted events);
 * each synaptic event (a spike reaching one target) costs one weight read and one
   accumulation;
 * a gated (idle) unit costs nothing: its clock and state port are switched off.
@@ -25,14 +28,17 @@ SRAM_PJ_PER_BIT = 10.0 / 64
 
 class Counts(NamedTuple):
   """Operation totals of one or more inferences."""
-  updates: float        # neuron (reservoir + readout) updates performed
+  updates: float        # membrane-unit (reservoir + readout) updates performed
   syn_events: float     # weight reads + accumulations
+  syn_updates: float = 0.0   # synaptic-current-unit updates performed
 
 
 class EnergyModel(NamedTuple):
   """Per-operation structure of the datapath."""
   update_adds: int = 3
   update_accesses: int = 2
+  syn_adds: int = 0
+  syn_accesses: int = 0
   add_pj_per_bit: float = ADD_PJ_PER_BIT
   sram_pj_per_bit: float = SRAM_PJ_PER_BIT
 
@@ -46,8 +52,11 @@ def energy_pj(counts: Counts, membrane_bits: int, weight_bits: int,
                      f"weight={weight_bits}")
   per_update = membrane_bits * (model.update_adds * model.add_pj_per_bit
                                 + model.update_accesses * model.sram_pj_per_bit)
+  per_syn = membrane_bits * (model.syn_adds * model.add_pj_per_bit
+                             + model.syn_accesses * model.sram_pj_per_bit)
   per_event = weight_bits * model.sram_pj_per_bit + membrane_bits * model.add_pj_per_bit
-  return float(counts.updates) * per_update + float(counts.syn_events) * per_event
+  return (float(counts.updates) * per_update + float(counts.syn_updates) * per_syn
+          + float(counts.syn_events) * per_event)
 
 
 def saving(energy: float, baseline: float) -> float:
@@ -58,5 +67,5 @@ def saving(energy: float, baseline: float) -> float:
 
 
 def model_for(syn_trace: bool) -> EnergyModel:
-  """Datapath with or without the synaptic-current state per neuron."""
-  return EnergyModel(update_adds=5, update_accesses=4) if syn_trace else EnergyModel()
+  """Datapath with or without the synaptic-current unit per neuron (2 adds, 2 accesses)."""
+  return EnergyModel(syn_adds=2, syn_accesses=2) if syn_trace else EnergyModel()

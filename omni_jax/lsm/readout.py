@@ -97,10 +97,14 @@ def rng_state(key, shape):
   return jax.random.bits(key, shape, jnp.uint32) | jnp.uint32(1)
 
 
-def train_sample(w, key, spikes, label, lif: LIFParams, rule: RuleParams, fmt: fxp.Format):
-  """Present one sample (reservoir ``spikes`` (T, N)) with teacher ``label``; new weights."""
+def train_sample(w, key, spikes, label, lif: LIFParams, rule: RuleParams, fmt: fxp.Format,
+                 group: int = 1):
+  """Present one sample (reservoir ``spikes`` (T, N)) with teacher ``label``; new weights.
+
+  ``group`` readout neurons per class (columns ``label * group ..`` get the positive teacher).
+  """
   k = w.shape[1]
-  teacher = jnp.where(jnp.arange(k) == label, rule.teacher_plus, rule.teacher_minus)
+  teacher = jnp.where(jnp.arange(k) // group == label, rule.teacher_plus, rule.teacher_minus)
   zeros = jnp.zeros(k, jnp.float32)
 
   def step(carry, s_t):
@@ -115,20 +119,26 @@ def train_sample(w, key, spikes, label, lif: LIFParams, rule: RuleParams, fmt: f
   return w
 
 
-def train(key, w0, spikes, labels, order, lif: LIFParams, rule: RuleParams, fmt: fxp.Format):
+def train(key, w0, spikes, labels, order, lif: LIFParams, rule: RuleParams, fmt: fxp.Format,
+          group: int = 1):
   """Train on samples ``spikes[order[i]]`` in sequence (order spans all epochs)."""
   keys = jax.random.split(key, order.shape[0])
 
   def body(w, inp):
     idx, key_i = inp
-    return train_sample(w, key_i, spikes[idx], labels[idx], lif, rule, fmt), None
+    return train_sample(w, key_i, spikes[idx], labels[idx], lif, rule, fmt, group), None
 
   w, _ = jax.lax.scan(body, w0, (order, keys))
   return w
 
 
-def readout_scores(w, spikes, lif: LIFParams, rule: RuleParams, fmt: fxp.Format):
-  """Score of each class for one sample: spike count, ties broken by summed input (< 1)."""
+def readout_scores(w, spikes, lif: LIFParams, rule: RuleParams, fmt: fxp.Format,
+                   group: int = 1):
+  """Score of each class for one sample: spike count, ties broken by summed input (< 1).
+
+  With ``group`` readout neurons per class, a class scores its neurons' summed spikes (a
+  population vote) and summed input.
+  """
   k = w.shape[1]
   zeros = jnp.zeros(k, jnp.float32)
   teacher = jnp.zeros(k, jnp.float32)
@@ -139,13 +149,14 @@ def readout_scores(w, spikes, lif: LIFParams, rule: RuleParams, fmt: fxp.Format)
 
   s = spikes.astype(jnp.float32)
   _, out = jax.lax.scan(step, (zeros, jnp.zeros(k, jnp.int32), zeros), s)
-  drive = s.sum(0) @ w
-  return out.sum(0) + 0.999 * jax.nn.sigmoid(drive / (1.0 + jnp.abs(drive).max()))
+  counts = out.sum(0).reshape(k // group, group).sum(-1)
+  drive = (s.sum(0) @ w).reshape(k // group, group).sum(-1)
+  return counts + 0.999 * jax.nn.sigmoid(drive / (1.0 + jnp.abs(drive).max()))
 
 
-def predict(w, spikes, lif: LIFParams, rule: RuleParams, fmt: fxp.Format):
-  """Predicted class for each sample of ``spikes`` (S, T, N)."""
-  scores = jax.vmap(lambda s: readout_scores(w, s, lif, rule, fmt))(spikes)
+def predict(w, spikes, lif: LIFParams, rule: RuleParams, fmt: fxp.Format, group: int = 1):
+  """Predicted class for each sample of ``spikes`` (S, T, N) (``group`` neurons per class)."""
+  scores = jax.vmap(lambda s: readout_scores(w, s, lif, rule, fmt, group))(spikes)
   return scores.argmax(-1)
 
 

@@ -9,9 +9,11 @@ hardware, one step per input frame:
   spike when V >= threshold, then V = 0 and the neuron is refractory for ``refractory`` steps
 
 simulated with ``lax.scan`` in any fixed-point :class:`~omni_jax.lsm.fixed_point.Format`.
-Activity gating skips a neuron's update when it has no input, zero membrane and is not
-refractory; that update would be the identity, so gated and ungated runs give the same
-spikes while the gated one does (and counts) less work.
+Activity gating switches off, per neuron and step, each unit whose update would be the
+identity: the synaptic-current unit when none of the neuron's presynaptic neurons (or
+input channels) spiked and its current is zero, and the membrane unit when its input
+current and membrane are zero and it is not refractory. Gated and ungated runs therefore
+give the same spikes while the gated one does (and counts) less work.
 """
 
 from __future__ import annotations
@@ -46,11 +48,12 @@ class Network(NamedTuple):
 
 class SimStats(NamedTuple):
   """Operation counts per time step (arrays of shape (T,)), for the power model."""
-  updates: jnp.ndarray        # neuron updates actually performed (gated ones excluded)
+  updates: jnp.ndarray        # membrane-unit updates performed (gated ones excluded)
   spikes: jnp.ndarray         # reservoir spikes
   input_spikes: jnp.ndarray   # input-channel spikes
   syn_events: jnp.ndarray     # weight reads + accumulations (spikes times fan-out)
   steps: jnp.ndarray          # time steps simulated
+  syn_updates: jnp.ndarray    # synaptic-current-unit updates performed (0 without a trace)
 
 
 # Connection constants by (pre type, post type), E = 0, I = 1 (Maass et al. values).
@@ -106,13 +109,17 @@ def simulate(net: Network, fmt: fxp.Format, in_spikes: jnp.ndarray, lif: LIFPara
              gate: bool = False):
   """Run the reservoir over ``in_spikes`` (T, C) -> (spikes (T, N) bool, SimStats).
 
-  ``gate`` holds quiet neurons (no input, zero membrane, not refractory) instead of updating
-  them; the spikes are identical and ``SimStats.updates`` counts only the work done.
+  ``gate`` holds idle units instead of updating them: a synaptic-current unit with no
+  presynaptic spike and zero current, a membrane unit with zero input current, zero membrane
+  and no refractory count. The spikes are identical; ``SimStats.updates`` /
+  ``SimStats.syn_updates`` count only the work done.
   """
   w_in = fxp.quantize(jnp.asarray(net.w_in), fmt.weight, fmt.enabled, nearest=True)
   w_res = fxp.quantize(jnp.asarray(net.w_res), fmt.weight, fmt.enabled, nearest=True)
   fan_in = (w_in != 0).sum(1).astype(jnp.float32)
   fan_res = (w_res != 0).sum(1).astype(jnp.float32)
+  in_mask = (w_in != 0).astype(jnp.float32)
+  res_mask = (w_res != 0).astype(jnp.float32)
   n = w_res.shape[0]
   x = in_spikes.astype(jnp.float32)
 
@@ -123,27 +130,33 @@ def simulate(net: Network, fmt: fxp.Format, in_spikes: jnp.ndarray, lif: LIFPara
       q = fmt.membrane
       i_new = fxp.quantize(fxp.leak(i_syn, lif.syn_shift, q, fmt.enabled) + drive, q,
                            fmt.enabled)
+      if gate:   # no presynaptic event and zero current: the unit's update is the identity
+        syn_on = ((x_t @ in_mask + s_prev @ res_mask) > 0) | (i_syn != 0)
+        i_new = jnp.where(syn_on, i_new, i_syn)
+      else:
+        syn_on = jnp.ones(n, bool)
     else:
       i_new = drive
+      syn_on = jnp.zeros(n, bool)
     v_new, ref_new, spike = lif_step(v, ref, i_new, lif, fmt)
     if gate:
-      active = (i_new != 0) | (i_syn != 0) | (v != 0) | (ref > 0)
+      active = (i_new != 0) | (v != 0) | (ref > 0)
       v_new = jnp.where(active, v_new, v)
       ref_new = jnp.where(active, ref_new, ref)
-      i_new = jnp.where(active, i_new, i_syn)
       spike = spike & active
     else:
       active = jnp.ones_like(spike)
     s = spike.astype(jnp.float32)
     counts = jnp.stack([active.sum().astype(jnp.float32), s.sum(), x_t.sum(),
-                        s @ fan_res + x_t @ fan_in])
+                        s @ fan_res + x_t @ fan_in, syn_on.sum().astype(jnp.float32)])
     return (v_new, ref_new, i_new, s), (spike, counts)
 
   z = jnp.zeros(n, jnp.float32)
   init = (z, jnp.zeros(n, jnp.int32), z, z)
   _, (spikes, counts) = jax.lax.scan(step, init, x)
   stats = SimStats(updates=counts[:, 0], spikes=counts[:, 1], input_spikes=counts[:, 2],
-                   syn_events=counts[:, 3], steps=jnp.ones(x.shape[0], jnp.float32))
+                   syn_events=counts[:, 3], steps=jnp.ones(x.shape[0], jnp.float32),
+                   syn_updates=counts[:, 4])
   return spikes, stats
 
 

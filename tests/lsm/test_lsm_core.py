@@ -109,8 +109,12 @@ def test_gated_and_ungated_give_identical_spikes(bits, syn_shift):
   np.testing.assert_array_equal(np.asarray(s_u), np.asarray(s_g))
   assert np.asarray(s_u).sum() > 10
   assert float(st_u.updates.sum()) == 700 * 45
+  assert float(st_u.syn_updates.sum()) == (700 * 45 if syn_shift else 0)
   if bits is not None:                    # fixed point: idle units really are skipped
     assert float(st_g.updates.sum()) < 0.9 * float(st_u.updates.sum())
+    if syn_shift:                         # the current unit idles on its own schedule
+      assert float(st_g.syn_updates.sum()) < 0.9 * float(st_u.syn_updates.sum())
+      assert float(st_g.syn_updates.sum()) != float(st_g.updates.sum())
   np.testing.assert_array_equal(np.asarray(st_u.syn_events), np.asarray(st_g.syn_events))
 
 
@@ -180,6 +184,11 @@ def test_energy_model_linear_in_bits_and_savings():
   per_update = 16 * (3 * power.ADD_PJ_PER_BIT + 2 * power.SRAM_PJ_PER_BIT)
   per_event = 16 * (power.SRAM_PJ_PER_BIT + power.ADD_PJ_PER_BIT)
   assert e16 == pytest.approx(100 * per_update + 50 * per_event)
+  per_syn = 16 * 2 * (power.ADD_PJ_PER_BIT + power.SRAM_PJ_PER_BIT)
+  c3 = power.Counts(updates=100.0, syn_events=50.0, syn_updates=30.0)
+  assert power.energy_pj(c3, 16, 16, power.model_for(True)) == pytest.approx(
+      e16 + 30 * per_syn)
+  assert power.energy_pj(c3, 16, 16, power.model_for(False)) == pytest.approx(e16)
   assert power.saving(70.0, 100.0) == pytest.approx(0.3)
   with pytest.raises(ValueError):
     power.energy_pj(c, 0, 8)

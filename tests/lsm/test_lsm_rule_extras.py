@@ -3,6 +3,7 @@ per-quantity precision settings of the experiment."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -88,3 +89,27 @@ def test_parse_precision():
   for bad in ("12/8", "a/b/c", 40, "12/8/1", True):
     with pytest.raises(ValueError, match="config.bits"):
       lsm_exp.parse_precision(bad)
+
+
+def test_population_readout_equals_duplicated_single_readout():
+  # With p+ = p- = 1 the rule is deterministic, so a group of 2 readout neurons per class
+  # must learn exactly the single-neuron weights twice, and vote like the single neuron.
+  rng = np.random.default_rng(3)
+  spikes = jnp.asarray(rng.random((80, 6)) < 0.4)
+  lif = reservoir.LIFParams(threshold=20.0, tau_shift=5, refractory=2)
+  rule = readout.RuleParams(c_th=4.0, dc=2.3, p_plus=1.0, p_minus=1.0, dw=0.125, w_max=8.0,
+                            teacher_plus=6.0, teacher_minus=-1.5, calcium_shift=5)
+  fmt = fxp.make_format(16, ranges={"membrane": 256.0, "calcium": 8.0})
+  w1 = jnp.asarray(rng.normal(size=(6, 2)), jnp.float32)
+  w2 = jnp.repeat(w1, 2, axis=1)
+  key = jax.random.key(0)
+  one = np.asarray(readout.train_sample(w1, key, spikes, 1, lif, rule, fmt))
+  two = np.asarray(readout.train_sample(w2, key, spikes, 1, lif, rule, fmt, group=2))
+  np.testing.assert_array_equal(two, np.repeat(one, 2, axis=1))
+  assert not np.array_equal(one, np.asarray(w1))            # it did learn something
+  batch = jnp.asarray(rng.random((5, 80, 6)) < 0.4)
+  s1 = jax.vmap(lambda s: readout.readout_scores(jnp.asarray(one), s, lif, rule, fmt))(batch)
+  s2 = jax.vmap(lambda s: readout.readout_scores(jnp.asarray(two), s, lif, rule, fmt, 2))(batch)
+  np.testing.assert_array_equal(np.floor(np.asarray(s2)), 2 * np.floor(np.asarray(s1)))
+  np.testing.assert_array_equal(readout.predict(jnp.asarray(two), batch, lif, rule, fmt, 2),
+                                readout.predict(jnp.asarray(one), batch, lif, rule, fmt))
