@@ -8,7 +8,9 @@ high and low quality (held-out kinds), caches them in <workdir>/captures.npz, tr
 classifier with the baseline augmentation and with FMAG, trains M2FM against the frozen
 FMAG classifier, and scores held-out images (mean of patch scores). Writes summary.json
 (eer / auc / apcer / bpcer keyed by method then quality, for the first model; every model
-under by_model), metrics.jsonl and dpad_*.png figures.
+under by_model with bootstrap EER intervals and M2FM's score shift; low_eer_gain_points
+with its paired interval; oracle_peak_auc, how much moiré the test captures still carry),
+metrics.jsonl and dpad_*.png figures.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from absl import app, logging
 from experiments import common
 from omni_jax.config import ConfigError, positive_int, require, to_dict
 from omni_jax.dpad import documents, pad_metrics, plots, recapture, train
+from omni_jax.dpad import fmag as fmag_lib
 from omni_jax.dpad.models import MODELS
 from omni_jax.train.metrics import MetricsLog, write_json_atomic
 
@@ -63,6 +66,16 @@ def validate(cfg) -> None:
   for k in ("steps", "batch"):
     positive_int(cfg.train, k, "train.")
     positive_int(cfg.m2fm, k, "m2fm.")
+  ts = cfg.train_subset
+  require(isinstance(ts, int) and 0 <= ts <= d.train_docs, "train_subset", ts,
+          f"an int in [0, data.train_docs = {d.train_docs}] (0: all)")
+  mc = cfg.m2fm
+  require(mc.mask in train.M2FM_MASKS, "m2fm.mask", mc.mask,
+          f"one of {list(train.M2FM_MASKS)}")
+  for k, top in (("mask_sigma", 5.0), ("mask_cut", 0.5), ("mask_noise", 1.0)):
+    lo, hi = mc[k]
+    require(0 <= lo <= hi <= top, f"m2fm.{k}", mc[k], f"a (lo, hi) range, 0 <= lo <= hi <= {top}")
+  require(0 < mc.mask_radius <= 0.5, "m2fm.mask_radius", mc.mask_radius, "in (0, 0.5] cycles/px")
 
 
 # ---------------------------------------------------------------- data
@@ -75,12 +88,13 @@ def build_captures(cfg, workdir: str) -> dict:
   """Renders and photographs every document (or loads the cache written by a previous run)."""
   path = os.path.join(workdir, "captures.npz")
   fp = _fingerprint(cfg)
-  if os.path.exists(path):
-    z = np.load(path, allow_pickle=False)
-    if json.loads(str(z["fingerprint"])) == fp:
-      logging.info("reusing captures from %s", path)
-      return {k: z[k] for k in z.files}
-    logging.info("captures in %s were made with another config: rebuilding", path)
+  for src in (path, cfg.get("captures_from", "")):
+    if src and os.path.exists(src):
+      z = np.load(src, allow_pickle=False)
+      if json.loads(str(z["fingerprint"])) == fp:
+        logging.info("reusing captures from %s", src)
+        return {k: z[k] for k in z.files}
+      logging.info("captures in %s were made with another config: not used", src)
   d = cfg.data
   jobs = [("train", k, i, q) for k in d.train_kinds for i in range(d.train_docs) for q in ["high"]]
   jobs += [("test", k, i, q) for k in d.test_kinds for i in range(d.test_docs)
@@ -123,6 +137,19 @@ def build_captures(cfg, workdir: str) -> dict:
   return res
 
 
+def training_set(caps: dict, subset: int) -> dict:
+  """High-quality training captures of the first ``subset`` documents per kind (0: all)."""
+  kinds, docs = caps["train_high_kinds"], caps["train_high_docs"]
+  keep = np.ones(len(kinds), bool)
+  if subset:
+    keep[:] = False
+    for k in np.unique(kinds):
+      first = np.sort(np.unique(docs[kinds == k]))[:subset]
+      keep |= (kinds == k) & np.isin(docs, first)
+  return {"images": caps["train_high_images"][keep], "labels": caps["train_high_labels"][keep],
+          "periods": caps["train_high_periods"][keep]}
+
+
 def _split(caps: dict, name: str) -> tuple[list[np.ndarray], np.ndarray]:
   imgs = caps[f"{name}_images"]
   if name == "test_low":
@@ -132,35 +159,87 @@ def _split(caps: dict, name: str) -> tuple[list[np.ndarray], np.ndarray]:
 
 # ---------------------------------------------------------------- evaluation
 def evaluate(scores: np.ndarray, labels: np.ndarray) -> dict:
+  """EER (with its stratified-bootstrap 95 % interval), AUC, APCER/BPCER at the EER."""
   e = pad_metrics.eer(scores, labels)
+  ci = pad_metrics.bootstrap_eer(scores, labels)
   return {"eer": e["eer"], "auc": pad_metrics.auc(scores, labels), "apcer": e["apcer"],
-          "bpcer": e["bpcer"], "threshold": e["threshold"]}
+          "bpcer": e["bpcer"], "threshold": e["threshold"], "eer_ci95": [ci["lo"], ci["hi"]]}
 
 
 def run_model(cfg, name: str, caps: dict, log) -> dict:
   """Three methods for one classifier architecture; metrics keyed by method then quality."""
-  tr = {"images": caps["train_high_images"], "labels": caps["train_high_labels"],
-        "periods": caps["train_high_periods"]}
+  tr = training_set(caps, cfg.train_subset)
   tests = {q: _split(caps, f"test_{q}") for q in ("high", "low")}
   res, t0 = {}, time.time()
   base = train.train_classifier(cfg, name, tr, "baseline", cfg.seed, log)
   fm = train.train_classifier(cfg, name, tr, "fmag", cfg.seed, log)
   m2 = train.train_m2fm(cfg, *fm, tr, cfg.seed, log) if "fmag_m2fm" in cfg.methods else None
   setups = {"baseline_aug": (base, None), "fmag": (fm, None), "fmag_m2fm": (fm, m2)}
+  scores = {}
   for method in cfg.methods:
     (clf, params), rec = setups[method]
-    res[method] = {}
+    res[method], scores[method] = {}, {}
     for q, (imgs, labels) in tests.items():
       s = train.score_images(clf, params, imgs, cfg.patch, m2fm=rec)
+      scores[method][q] = s
       res[method][q] = evaluate(s, labels)
       logging.info("%s %s %s: EER %.3f AUC %.3f", name, method, q, res[method][q]["eer"],
                    res[method][q]["auc"])
+  if {"fmag", "fmag_m2fm"} <= set(cfg.methods):     # does M2FM change the classifier's view?
+    res["m2fm_score_shift"] = {q: {
+        "mean_abs": float(np.mean(np.abs(scores["fmag_m2fm"][q] - scores["fmag"][q]))),
+        "mean_genuine": float(np.mean(scores["fmag_m2fm"][q][tests[q][1] == 0]
+                                      - scores["fmag"][q][tests[q][1] == 0])),
+        "mean_recaptured": float(np.mean(scores["fmag_m2fm"][q][tests[q][1] == 1]
+                                         - scores["fmag"][q][tests[q][1] == 1]))}
+        for q in tests}
+  if {"baseline_aug", "fmag_m2fm"} <= set(cfg.methods):   # paired: same resampled images
+    res["eer_gain_ci95_points"] = {q: [100 * v for v in pad_metrics.bootstrap_eer(
+        scores["fmag_m2fm"][q], tests[q][1], others=scores["baseline_aug"][q]).values()]
+        for q in tests}
+  res["train_captures"] = int(len(tr["labels"]))
   res["seconds"] = time.time() - t0
   return res
 
 
-def figures(cfg, caps: dict, workdir: str, eer: dict) -> list[str]:
-  """dpad_samples.png, dpad_fmag.png, dpad_documents.png, dpad_eer.png in ``workdir``."""
+def oracle_peak_scores(images: list[np.ndarray], periods: np.ndarray,
+                       search: float = 6.0) -> np.ndarray:
+  """Log peak-to-ring ratio at the moiré bins predicted from each capture's TRUE screen period.
+
+  A diagnostic, not a method: it is told the period (the genuine captures get the period
+  their camera path drew), looks in the whole Hann-windowed frame's green spectrum within
+  ``search`` bins of the predicted (f N, 0) and (0, f N) for both CFA folds, and divides the
+  largest amplitude by its ring's median. Its AUC says how much moiré survives a channel:
+  near 0.5 means the peaks are gone, so no moiré-based detector can use them.
+  """
+  out = []
+  for img, p in zip(images, periods, strict=True):
+    n = min(img.shape[:2])
+    g = img[:n, :n, 1].astype(np.float64) / 255.0
+    w = np.hanning(n)
+    amp = np.abs(np.fft.fftshift(np.fft.fft2((g - g.mean()) * w[:, None] * w[None])))
+    k = np.arange(n) - n // 2
+    ky, kx = np.meshgrid(k, k, indexing="ij")
+    r = np.hypot(ky, kx)
+    best = 1e-12
+    for f in np.asarray(fmag_lib.predicted_frequencies(float(p))):
+      fn = float(f) * n
+      for cy, cx in ((0.0, fn), (fn, 0.0)):
+        disc = np.hypot(ky - cy, kx - cx) <= search
+        ring = (np.abs(r - fn) <= 2) & ~disc
+        best = max(best, amp[disc].max() / (np.median(amp[ring]) + 1e-12))
+    out.append(np.log(best))
+  return np.asarray(out)
+
+
+def _crop_centre(img: np.ndarray, n: int) -> np.ndarray:
+  oy, ox = (img.shape[0] - n) // 2, (img.shape[1] - n) // 2
+  return img[oy:oy + n, ox:ox + n]
+
+
+def figures(cfg, caps: dict, workdir: str, eer: dict, ci: dict | None = None) -> list[str]:
+  """dpad_samples.png, dpad_fmag.png, dpad_documents.png, dpad_eer.png, dpad_whiten.png in
+  ``workdir``; ``ci`` = bootstrap EER intervals [method][quality] for the bars."""
   rows = []
   kinds = [str(k) for k in caps["test_high_kinds"]]
   firsts = [kinds.index(k) for k in cfg.data.test_kinds][:3]       # one document per kind
@@ -176,7 +255,8 @@ def figures(cfg, caps: dict, workdir: str, eer: dict) -> list[str]:
                              "scale": float(caps[f"test_{q}_scales"][j + off])}
     rows.append(row)
   out = [os.path.join(workdir, f) for f in ("dpad_samples.png", "dpad_fmag.png",
-                                            "dpad_documents.png", "dpad_eer.png")]
+                                            "dpad_documents.png", "dpad_eer.png",
+                                            "dpad_whiten.png")]
   side = min(int(caps["test_low_sides"].min()), 2 * cfg.patch) // 2 * 2
   plots.sample_grid(rows, out[0], side)
   i = int(np.argmax(caps["train_high_labels"]))
@@ -185,7 +265,13 @@ def figures(cfg, caps: dict, workdir: str, eer: dict) -> list[str]:
                     float(caps["train_high_periods"][i]), cfg.fmag, out[1])
   plots.documents_figure([(k, documents.render_document(k, 1, cfg.data.canvas)[0])
                           for k in documents.KINDS], out[2])
-  plots.eer_bars(eer, out[3], f"{cfg.models[0]}, train on {list(cfg.data.train_kinds)} (high)")
+  plots.eer_bars(eer, out[3], f"{cfg.models[0]}, train on {list(cfg.data.train_kinds)} (high);"
+                 " bars: 95% bootstrap", ci)
+  j = firsts[0] + 1                                      # the first row's recaptured document
+  plots.whiten_figure([(f"{rows[0]['kind']} recaptured {q}", _crop_centre(im, cfg.patch))
+                       for q, im in (("high", caps["test_high_images"][j]), ("low", low_imgs[j]))]
+                      + [(f"{rows[0]['kind']} genuine high",
+                          _crop_centre(caps["test_high_images"][j - 1], cfg.patch))], out[4])
   return out
 
 
@@ -210,13 +296,21 @@ def main(argv):
              for k in ("eer", "auc", "apcer", "bpcer")}
   summary |= {
       "model": cfg.models[0], "by_model": by_model, "config": to_dict(cfg),
-      "counts": {s: int(len(caps[f"{s}_labels"])) for s in ("train_high", "test_high",
-                                                              "test_low")},
+      "counts": {"train_high": main_m["train_captures"],
+                 **{s: int(len(caps[f"{s}_labels"])) for s in ("test_high", "test_low")}},
       "seconds": {"captures": t_data, "total": time.time() - t0}}
+  summary["oracle_peak_auc"] = {}
+  for q in ("high", "low"):
+    imgs, labels = _split(caps, f"test_{q}")
+    summary["oracle_peak_auc"][q] = pad_metrics.auc(
+        oracle_peak_scores(imgs, caps[f"test_{q}_periods"]), labels)
   if {"baseline_aug", "fmag_m2fm"} <= set(cfg.methods):
     summary["low_eer_gain_points"] = 100 * (summary["eer"]["baseline_aug"]["low"]
                                             - summary["eer"]["fmag_m2fm"]["low"])
-  summary["figures"] = [os.path.basename(p) for p in figures(cfg, caps, workdir, summary["eer"])]
+    summary["low_eer_gain_ci95_points"] = main_m["eer_gain_ci95_points"]["low"]
+  ci = {m: {q: main_m[m][q]["eer_ci95"] for q in ("high", "low")} for m in cfg.methods}
+  summary["figures"] = [os.path.basename(p)
+                        for p in figures(cfg, caps, workdir, summary["eer"], ci)]
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)
   logging.info("summary: %s", json.dumps({"eer": summary["eer"], "auc": summary["auc"]}))
 

@@ -12,11 +12,13 @@ starts as the identity. Both stay small enough to train on 2 CPU cores in minute
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 MODELS = ("resnet", "vit")
 
@@ -48,8 +50,35 @@ def pixel_input(x: jax.Array) -> jax.Array:
   return (x - 0.5) * 4.0
 
 
-def spectral_input(x: jax.Array) -> jax.Array:
-  """Centred per-channel log-amplitude spectrum of each patch plus (ky, kx) coordinates.
+@functools.lru_cache(maxsize=8)
+def _ring_matrices(n: int) -> tuple[np.ndarray, np.ndarray]:
+  """(n*n, R) averaging and (R, n*n) broadcast matrices of the integer-radius rings of a
+  centred n x n spectrum (R = number of distinct rounded radii)."""
+  k = np.arange(n) - n // 2
+  r = np.rint(np.hypot(k[:, None], k[None, :])).astype(np.int64).reshape(-1)
+  onehot = np.eye(r.max() + 1, dtype=np.float32)[r]                 # (n*n, R)
+  return onehot / onehot.sum(0, keepdims=True), onehot.T.copy()
+
+
+def ring_whiten(a: jax.Array) -> jax.Array:
+  """``a`` (B, n, n, C) centred log spectra minus their mean over each integer-radius ring.
+
+  Why: blur, resolution loss and the optics multiply a spectrum by a radial transfer
+  function, i.e. add a function of radius to its log; subtracting each ring's mean removes
+  that exactly (for an isotropic filter), so what is left is how much a bin stands out from
+  its own radius — the moiré peak's evidence — and not how much high-frequency energy the
+  capture kept, which is what a low-quality channel changes.
+  """
+  b, n, _, c = a.shape
+  avg, back = _ring_matrices(n)
+  flat = a.reshape(b, n * n, c)
+  ring = jnp.einsum("bpc,pr->brc", flat, jnp.asarray(avg))
+  return (flat - jnp.einsum("brc,rp->bpc", ring, jnp.asarray(back))).reshape(a.shape)
+
+
+def spectral_input(x: jax.Array, whiten: bool = False) -> jax.Array:
+  """Centred per-channel log-amplitude spectrum of each patch plus (ky, kx) coordinates;
+  with ``whiten`` each ring's mean log amplitude is removed first (:func:`ring_whiten`).
 
   Why: moiré is a few spectral peaks whose position carries the evidence; in the log
   spectrum they are local bright spots a small conv net finds in a few hundred steps,
@@ -58,7 +87,8 @@ def spectral_input(x: jax.Array) -> jax.Array:
   n = x.shape[1]
   f = jnp.fft.fftshift(jnp.fft.fft2(x - x.mean((1, 2), keepdims=True), axes=(1, 2),
                                     norm="ortho"), axes=(1, 2))
-  a = jnp.log(jnp.abs(f) + 1e-3) / 4.0 + 1.0
+  la = jnp.log(jnp.abs(f) + 1e-3)
+  a = ring_whiten(la) / 2.0 if whiten else la / 4.0 + 1.0
   k = (jnp.arange(n, dtype=jnp.float32) - n // 2) / (n // 2)
   ky, kx = jnp.meshgrid(k, k, indexing="ij")
   coords = jnp.broadcast_to(jnp.stack([jnp.abs(ky), jnp.abs(kx)], -1), (*x.shape[:3], 2))
@@ -71,10 +101,11 @@ class SmallResNet(nn.Module):
   (widths ``widths``, stride 1 then 2), global mean pool, 2 logits."""
   stem: int = 32
   widths: tuple[int, ...] = (32, 48, 96)
+  whiten: bool = False
 
   @nn.compact
   def __call__(self, x):
-    x = nn.Conv(self.stem, (3, 3))(space_to_depth(spectral_input(x), 2))
+    x = nn.Conv(self.stem, (3, 3))(space_to_depth(spectral_input(x, self.whiten), 2))
     for i, w in enumerate(self.widths):
       x = ResBlock(w, stride=1 if i == 0 else 2)(x)
     x = nn.gelu(nn.GroupNorm(num_groups=8)(x))
@@ -116,10 +147,12 @@ class SmallViT(nn.Module):
   width: int = 64
   depth: int = 3
   patch: int = 8
+  whiten: bool = False
 
   @nn.compact
   def __call__(self, x):
-    return nn.Dense(2)(PatchEncoder(self.width, self.depth, self.patch)(x).mean(1))
+    front = functools.partial(spectral_input, whiten=self.whiten)
+    return nn.Dense(2)(PatchEncoder(self.width, self.depth, self.patch, front=front)(x).mean(1))
 
 
 class M2FMNet(nn.Module):
@@ -139,12 +172,12 @@ class M2FMNet(nn.Module):
     return x + d
 
 
-def build_classifier(name: str) -> nn.Module:
-  """``resnet`` or ``vit``."""
+def build_classifier(name: str, whiten: bool = False) -> nn.Module:
+  """``resnet`` or ``vit``; ``whiten``: ring-whitened spectral input (:func:`ring_whiten`)."""
   if name == "resnet":
-    return SmallResNet()
+    return SmallResNet(whiten=bool(whiten))
   if name == "vit":
-    return SmallViT()
+    return SmallViT(whiten=bool(whiten))
   raise ValueError(f"classifier {name!r} is not known; allowed: {list(MODELS)}")
 
 

@@ -118,17 +118,45 @@ def documents_figure(pages: list[tuple[str, np.ndarray]], path: str) -> None:
   save_figure(fig, path)
 
 
-def eer_bars(eer: dict, path: str, title: str) -> None:
-  """EER (%) per method, grouped by test quality."""
+def whiten_figure(patches: list[tuple[str, np.ndarray]], path: str) -> None:
+  """What the classifiers read: each patch, its plain log spectrum (green) and the
+  ring-whitened one (:func:`omni_jax.dpad.models.ring_whiten`), one row per patch."""
+  from omni_jax.dpad import models
+  plt = _plt()
+  fig, ax = plt.subplots(len(patches), 3, figsize=(7, 2.3 * len(patches)), dpi=100,
+                         squeeze=False)
+  for r, (name, p) in enumerate(patches):
+    x = jnp.asarray(p, jnp.float32)[None] / 255.0
+    plain = np.asarray(models.spectral_input(x))[0, ..., 1]
+    white = np.asarray(models.spectral_input(x, whiten=True))[0, ..., 1]
+    ax[r, 0].imshow(p)
+    ax[r, 0].set_title(name, fontsize=8)
+    ax[r, 1].imshow(plain, cmap="magma")
+    ax[r, 1].set_title("log spectrum (plain input)", fontsize=8)
+    ax[r, 2].imshow(white, cmap="magma", vmin=-1, vmax=1.5)
+    ax[r, 2].set_title("ring-whitened (used input)", fontsize=8)
+    for a in ax[r]:
+      a.axis("off")
+  save_figure(fig, path)
+
+
+def eer_bars(eer: dict, path: str, title: str, ci: dict | None = None) -> None:
+  """EER (%) per method, grouped by test quality; ``ci[method][quality] = [lo, hi]`` (the
+  bootstrap 95 % interval) draws error bars; a dashed line marks chance (50 %)."""
   plt = _plt()
   methods = list(eer)
   quals = list(next(iter(eer.values())))
   fig, ax = plt.subplots(figsize=(6, 3.4), dpi=110)
   w = 0.8 / len(methods)
   for i, m in enumerate(methods):
-    vals = [100 * eer[m][q] for q in quals]
-    bars = ax.bar(np.arange(len(quals)) + i * w, vals, w, label=m)
-    ax.bar_label(bars, fmt="%.1f", fontsize=7)
+    vals = np.array([100 * eer[m][q] for q in quals])
+    err = None
+    if ci is not None:
+      lo_hi = np.array([[100 * v for v in ci[m][q]] for q in quals])
+      err = np.stack([vals - lo_hi[:, 0], lo_hi[:, 1] - vals]).clip(0)
+    bars = ax.bar(np.arange(len(quals)) + i * w, vals, w, label=m, yerr=err, capsize=3)
+    ax.bar_label(bars, fmt="%.1f", fontsize=7, label_type="center")
+  ax.axhline(50, color="gray", ls="--", lw=0.8)
   ax.set_xticks(np.arange(len(quals)) + w * (len(methods) - 1) / 2, quals)
   ax.set_ylabel("EER (%) on held-out document types")
   ax.set_title(title, fontsize=9)

@@ -96,10 +96,10 @@ def _progress(what: str, step: int, steps: int, t0: float, loss: float) -> None:
 
 
 @functools.lru_cache(maxsize=8)
-def _classifier_step(name: str, lr: float, steps: int, weight_decay: float):
+def _classifier_step(name: str, lr: float, steps: int, weight_decay: float, whiten: bool):
   """(module, optimizer, jitted step), shared by every run with the same settings (one
   compile for the baseline and the FMAG classifier)."""
-  model = models.build_classifier(name)
+  model = models.build_classifier(name, whiten)
   opt = optax.adamw(optax.cosine_decay_schedule(lr, steps, 0.05), weight_decay=weight_decay)
 
   @jax.jit
@@ -116,20 +116,23 @@ def _classifier_step(name: str, lr: float, steps: int, weight_decay: float):
 def train_classifier(cfg: Any, name: str, data: dict, aug: str, seed: int,
                      log: Callable[[dict], None] | None = None) -> tuple[Any, Any]:
   """Trains classifier ``name`` on random training patches with ``aug`` in
-  {"baseline", "fmag", "none"}; returns (module, params)."""
-  if aug not in ("baseline", "fmag", "none"):
-    raise ValueError(f"augmentation {aug!r} is not known; allowed: baseline, fmag, none")
+  {"baseline", "fmag", "baseline_fmag" (baseline ops, then FMAG), "none"}; returns
+  (module, params)."""
+  if aug not in ("baseline", "fmag", "baseline_fmag", "none"):
+    raise ValueError(f"augmentation {aug!r} is not known; allowed: baseline, fmag, "
+                     "baseline_fmag, none")
   tc, patch = cfg.train, cfg.patch
-  model, opt, step = _classifier_step(name, float(tc.lr), int(tc.steps), float(tc.weight_decay))
+  model, opt, step = _classifier_step(name, float(tc.lr), int(tc.steps), float(tc.weight_decay),
+                                      bool(tc.get("whiten", False)))
   rng = np.random.default_rng([seed, 11])
   key = jax.random.key(seed)
   params = model.init(key, jnp.zeros((1, patch, patch, 3)))
   opt_state = opt.init(params)
-  augment = fmag_lib.make_fmag(cfg.fmag) if aug == "fmag" else None
+  augment = fmag_lib.make_fmag(cfg.fmag) if aug in ("fmag", "baseline_fmag") else None
   t0 = time.time()
   for i in range(1, tc.steps + 1):
     x, idx = random_patches(rng, data["images"], tc.batch, patch)
-    if aug == "baseline":
+    if aug in ("baseline", "baseline_fmag"):
       x = baseline_augment(rng, x)
     elif aug == "fmag":
       x = flips(rng, x)
@@ -146,6 +149,43 @@ def train_classifier(cfg: Any, name: str, data: dict, aug: str, seed: int,
 
 
 # ---------------------------------------------------------------- M2FM
+M2FM_MASKS = ("lowpass", "channel")
+
+
+def channel_transfer(n: int, sigma: jax.Array, cut: jax.Array) -> jax.Array:
+  """(B, n, n, 1) spectral transfer of a simulated low-quality channel, per sample: a
+  Gaussian blur of ``sigma`` px times a hard cut at ``cut`` cycles/px (the resolution loss
+  of a ``2 cut`` rescale), on the unshifted ``fft2`` grid."""
+  f = jnp.fft.fftfreq(n)
+  f2 = (f[:, None] ** 2 + f[None, :] ** 2)[None]
+  h = jnp.exp(-2 * (jnp.pi * sigma[:, None, None]) ** 2 * f2)
+  return (h * (f2 <= cut[:, None, None] ** 2))[..., None]
+
+
+def degrade(x: jax.Array, h: jax.Array, noise: jax.Array) -> jax.Array:
+  """Applies the transfer ``h`` (B, n, n, 1) to patches ``x`` and adds pixel noise."""
+  y = jnp.fft.ifft2(jnp.fft.fft2(x, axes=(1, 2)) * h, axes=(1, 2)).real
+  return y + noise
+
+
+def m2fm_masks(rng: np.random.Generator, mc: Any, b: int, n: int) -> tuple[np.ndarray, ...]:
+  """Per-sample masking for one M2FM batch: (masked (B,) bool, transfer (B, n, n, 1),
+  pixel noise (B, n, n, 3)). ``lowpass``: the paper's hard disc of ``mask_radius`` cycles/px;
+  ``channel``: blur ``mask_sigma`` x cut ``mask_cut`` + noise ``mask_noise`` (std), drawn to
+  mimic what the low-quality capture channel removes."""
+  masked = rng.random(b) < mc.mask_prob
+  if mc.mask == "lowpass":
+    sigma, cut = np.zeros(b), np.full(b, float(mc.mask_radius))
+    std = np.zeros(b)
+  else:
+    sigma, cut = rng.uniform(*mc.mask_sigma, b), rng.uniform(*mc.mask_cut, b)
+    std = rng.uniform(*mc.mask_noise, b)
+  h = np.asarray(channel_transfer(n, jnp.asarray(sigma, jnp.float32),
+                                  jnp.asarray(cut, jnp.float32)))
+  h = np.where(masked[:, None, None, None], h, 1.0).astype(np.float32)
+  noise = (rng.standard_normal((b, n, n, 3)) * (std * masked)[:, None, None, None])
+  return masked, h, noise.astype(np.float32)
+
 def freq_distance(rec: jax.Array, target: jax.Array, weight: jax.Array) -> jax.Array:
   """Weighted mean squared distance of orthonormal spectra (per channel, per bin)."""
   fr = jnp.fft.fft2(rec, axes=(1, 2), norm="ortho")
@@ -163,13 +203,13 @@ def train_m2fm(cfg: Any, clf: Any, clf_params: Any, data: dict, seed: int,
   params = net.init(key, jnp.zeros((1, patch, patch, 3)))
   opt = optax.adamw(optax.cosine_decay_schedule(mc.lr, mc.steps, 0.05), weight_decay=1e-4)
   opt_state = opt.init(params)
-  f = jnp.fft.fftfreq(patch)
-  outside = ((f[:, None] ** 2 + f[None, :] ** 2) > mc.mask_radius ** 2)[None, :, :, None]
+  if mc.get("mask", "lowpass") not in M2FM_MASKS:
+    raise ValueError(f"m2fm.mask {mc.mask!r} is not known; allowed: {list(M2FM_MASKS)}")
 
   @jax.jit
-  def step(params, opt_state, x, y, masked):
-    inp = jnp.where(masked[:, None, None, None], lowpass(x, mc.mask_radius), x)
-    w = 1.0 + (mc.masked_weight - 1.0) * (outside & masked[:, None, None, None])
+  def step(params, opt_state, x, y, h, noise):
+    inp = degrade(x, h, noise)
+    w = 1.0 + (mc.masked_weight - 1.0) * (h < 0.5)       # bins the mask removed (mostly)
 
     def loss_fn(p):
       rec = net.apply(p, inp)
@@ -185,9 +225,9 @@ def train_m2fm(cfg: Any, clf: Any, clf_params: Any, data: dict, seed: int,
   for i in range(1, mc.steps + 1):
     x, idx = random_patches(rng, data["images"], mc.batch, patch)
     x = jnp.asarray(flips(rng, x), jnp.float32) / 255.0
-    masked = jnp.asarray(rng.random(len(idx)) < mc.mask_prob)
+    _, h, noise = m2fm_masks(rng, mc, len(idx), patch)
     params, opt_state, loss, (fd, ce) = step(params, opt_state, x,
-                                              jnp.asarray(data["labels"][idx]), masked)
+                                              jnp.asarray(data["labels"][idx]), h, noise)
     if i % max(1, mc.steps // 5) == 0 or i == mc.steps:
       _progress("m2fm", i, mc.steps, t0, float(loss))
       if log:

@@ -38,7 +38,12 @@ def test_tiny_run_writes_summary_and_figures(tmp_path):
           (s["apcer"][method][q] + s["bpcer"][method][q]) / 2)
   assert s["counts"] == {"train_high": 6, "test_high": 4, "test_low": 4}
   assert s["model"] == "resnet" and "resnet" in s["by_model"]
-  for f in ("dpad_samples.png", "dpad_fmag.png", "dpad_documents.png", "dpad_eer.png"):
+  lo, hi = s["low_eer_gain_ci95_points"]
+  assert -100 <= lo <= hi <= 100 and set(s["oracle_peak_auc"]) == {"high", "low"}
+  shift = s["by_model"]["resnet"]["m2fm_score_shift"]["low"]
+  assert shift["mean_abs"] >= max(abs(shift["mean_genuine"]), abs(shift["mean_recaptured"])) / 2
+  for f in ("dpad_samples.png", "dpad_fmag.png", "dpad_documents.png", "dpad_eer.png",
+            "dpad_whiten.png"):
     assert (tmp_path / f).stat().st_size > 1000
   assert (tmp_path / "captures.npz").exists() and (tmp_path / "metrics.jsonl").exists()
 
