@@ -9,7 +9,8 @@ Adam state in pinned host memory (5.2x the device budget); ``tiny`` is the secon
 smoke version; ``paper`` plans GPT-2 10B (n_embd 4096, 32 heads, 50 layers, 1024 tokens, the
 Harmony repository's gpt2-10-billion config) on 4 GPUs of 11 GB (10 GiB usable, the Harmony
 searcher's default cap) sharing 11.5 GiB/s of swap bandwidth per direction, with 8.2 GiB/s
-GPU-to-GPU links for Harmony's pipeline mode (vPP) — planner and cost model only. On a GPU
+GPU-to-GPU links for Harmony's pipeline mode (vPP) — planner and cost model only — and
+sweeps the paper's range of settings (GPT-2 10B / 20B / 40B on 1, 2, 4, 8 GPUs). On a GPU
 host the same command measures real host<->device transfers (see WORKSPACE.md).
 """
 
@@ -42,6 +43,12 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
   c.verify = True                       # compare the first harmony step with plain training
   c.trace = False                       # jax.profiler trace of the last harmony step
   c.batch_sweep = ()                    # extra global batch sizes planned (plan.json only)
+  # Settings sweep (plan.json "settings_sweep", settings_sweep.png, summary "paper_range"):
+  # Harmony and lms re-planned for every GPU count x number of blocks (the model's other
+  # sizes, batch, budget and rates as above). Both empty: off. extra_k: the planner's
+  # balanced-packing search width in the sweep (k_min .. k_min + extra_k packs; the
+  # headline always uses 3).
+  c.settings_sweep = dict(n_gpus=(), num_layers=(), extra_k=3)
   # The machine the cost model prices. measure=True times this machine's host<->device
   # copies, host Adam and device Adam instead of the numbers below.
   c.profile_repeats = 5                 # timed runs per layer kind and size (best kept)
@@ -72,4 +79,9 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
     # roofline of one GPT-2 10B block (XLA's FLOPs and bytes, 10.06 TFLOP/s measured fp32
     # GEMM at 4096^2 on a 1080 Ti, 484 GB/s memory) gives 7.2-7.6 TFLOP/s: see WORKSPACE.md.
     c.hardware.update(measure=False, n_gpus=4, flops_per_s=7e12)
+    # The paper's range: GPT-2 10B / 20B / 40B (the Harmony repository's gpt2-10-, 20-,
+    # 40-billion.json: 50 / 100 / 200 layers, n_embd 4096, 32 heads) on 1-8 GPUs of one
+    # host. extra_k=1 (not 3) keeps the 12 cells to minutes on 2 shared cores: on the
+    # 40B / 8-GPU cell and on the headline cell it picks the same plans (see WORKSPACE.md).
+    c.settings_sweep.update(n_gpus=(1, 2, 4, 8), num_layers=(50, 100, 200), extra_k=1)
   return c

@@ -8,8 +8,13 @@ the config's), plans Harmony and each baseline under the device budget, and — 
 config is planner-only — trains Harmony and the per-microbatch swapping baseline for real
 with parameters and Adam state in pinned host memory, counting every byte moved. Writes
 summary.json (the issue's keys), plan.json (packs, byte breakdowns, predicted vs measured,
-equivalence errors, batch sweep), profile.json (reused by a rerun), timeline.png (the
-predicted streams of a whole iteration) and timeline_zoom.png (its first tenth).
+equivalence errors, batch sweep, settings sweep), profile.json (reused by a rerun),
+timeline.png (the predicted streams of a whole iteration) and timeline_zoom.png (its first
+tenth). With ``settings_sweep`` set (the ``paper`` variant) it also plans Harmony and the
+per-microbatch swapping baseline over a grid of GPU counts x model depths (the paper's
+range: GPT-2 10B-40B on 1-8 GPUs) and writes settings_sweep.png (heatmaps of the swap
+reduction and predicted speed-up per cell); finished cells are cached in
+settings_sweep_cache.json and reused by a rerun.
 
 On a GPU host run the same command: JAX's ``pinned_host`` memory is then page-locked host
 RAM and every ``device_put`` a real PCIe transfer, so the measured iteration times and the
@@ -19,6 +24,7 @@ measured swap bandwidth (``hardware.measure``) are the real host<->device number
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -37,7 +43,7 @@ from omni_jax.memory import schedules as sch
 from omni_jax.memory import seqmodel as sm
 from omni_jax.memory.costmodel import Hardware
 from omni_jax.memory.plots import plot_timelines
-from omni_jax.train.metrics import write_json_atomic
+from omni_jax.train.metrics import save_figure, write_json_atomic
 
 _CONFIG = common.define_config("configs/harmony.py:<variant>")
 _WORKDIR = common.define_workdir("output folder")
@@ -46,6 +52,9 @@ TOP_KEYS = ("device_budget_bytes", "model_bytes", "schedules", "swap_reduction_v
             "predicted_speedup_vs_baseline")
 HW_KEYS = ("measure", "measure_bytes", "n_gpus", "swap_bw_host", "swap_bw_gpu", "duplex",
            "host_update_params_per_s", "device_update_params_per_s", "flops_per_s", "p2p_bw")
+SWEEP_KEYS = ("n_gpus", "num_layers", "extra_k")
+# The paper's claims ("up to" over its settings), the goals of issue 6.
+GOAL_SWAP_REDUCTION, GOAL_SPEEDUP = 100.0, 7.6
 
 
 # ---------------------------------------------------------------- config
@@ -54,7 +63,8 @@ def validate(cfg) -> None:
   check_keys(cfg, ("variant", "seed", "model", "batch", "microbatch_sizes",
                    "device_budget_bytes", "strategies", "baselines", "execute",
                    "execute_baseline", "steps", "lr",
-                   "verify", "trace", "batch_sweep", "profile_repeats", "hardware"))
+                   "verify", "trace", "batch_sweep", "profile_repeats", "hardware",
+                   "settings_sweep"))
   check_keys(cfg.model, ("kind", "vocab", "seq_len", "d_model", "num_heads", "num_layers",
                          "d_ff", "omni_variant"), "model.")
   one_of(cfg.model, "kind", ("gpt", "omni"), "model.")
@@ -83,6 +93,34 @@ def validate(cfg) -> None:
           cfg.hardware.flops_per_s, "must be > 0 for a planner-only config (execute=False)")
   require(cfg.model.d_model % cfg.model.num_heads == 0, "model.num_heads", cfg.model.num_heads,
           f"must divide model.d_model = {cfg.model.d_model}")
+  validate_settings_sweep(cfg)
+
+
+def _distinct_positive_ints(v) -> bool:
+  return (isinstance(v, tuple | list) and len(set(v)) == len(v)
+          and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v))
+
+
+def validate_settings_sweep(cfg) -> None:
+  """``settings_sweep``: GPU counts x block counts planned besides the headline (both
+  empty: no sweep); ``extra_k`` is the planner's balanced-packing search width there."""
+  sw = cfg.settings_sweep
+  check_keys(sw, SWEEP_KEYS, "settings_sweep.", required=SWEEP_KEYS)
+  for k in ("n_gpus", "num_layers"):
+    require(_distinct_positive_ints(sw[k]), f"settings_sweep.{k}", sw[k],
+            "must be a tuple of distinct positive integers (empty: no sweep)")
+  require(bool(sw.n_gpus) == bool(sw.num_layers), "settings_sweep", to_dict(sw),
+          "n_gpus and num_layers must both be empty (no sweep) or both non-empty")
+  ek = sw.extra_k
+  require(isinstance(ek, int) and not isinstance(ek, bool) and ek >= 0,
+          "settings_sweep.extra_k", ek, "must be an integer >= 0")
+  if not sw.n_gpus:
+    return
+  require(cfg.model.kind == "gpt", "settings_sweep.num_layers", sw.num_layers,
+          "needs model.kind = 'gpt' (the sweep repeats the GPT stack's identical blocks)")
+  bad = [g for g in sw.n_gpus if cfg.batch % g]
+  require(not bad, "settings_sweep.n_gpus", sw.n_gpus,
+          f"every GPU count must divide batch = {cfg.batch} ({bad} do not)")
 
 
 def build_model(cfg) -> sm.SeqModel:
@@ -184,11 +222,13 @@ def hardware(cfg) -> tuple[Hardware, dict]:
 
 
 # ---------------------------------------------------------------- planning
-def plan_modes(cfg, prof, hw, batch: int) -> dict[str, pl.PlanResult]:
-  """Harmony planned in each of its modes: vDP always, vPP when there are >= 2 GPUs."""
+def plan_modes(cfg, prof, hw, batch: int, extra_k: int = 3) -> dict[str, pl.PlanResult]:
+  """Harmony planned in each of its modes: vDP always, vPP when there are >= 2 GPUs.
+  ``extra_k`` is the planner's balanced-packing width (its default, 3, for the headline)."""
   modes = ("dp", "pp") if hw.n_gpus > 1 else ("dp",)
   return {mode: pl.plan_harmony(prof, hw, cfg.device_budget_bytes, batch,
-                                cfg.microbatch_sizes, tuple(cfg.strategies), mode=mode)
+                                cfg.microbatch_sizes, tuple(cfg.strategies), extra_k=extra_k,
+                                mode=mode)
           for mode in modes}
 
 
@@ -222,6 +262,173 @@ def describe(r: pl.PlanResult, prof) -> dict:
           "traffic": sch.traffic(r.plan, prof), "traffic_scope": "all GPUs" if pp else "per GPU",
           "p2p_bytes": sch.p2p_traffic(r.plan, prof), "predicted_iter_time_s": r.predicted_s,
           "plans_costed": r.candidates}
+
+
+# ---------------------------------------------------------------- settings sweep
+def deepen_profile(prof: pf.ModelProfile, num_blocks: int) -> pf.ModelProfile:
+  """The profile of the same GPT stack with ``num_blocks`` blocks. All blocks have the same
+  shapes and the same program, so their profile entries are equal but for the name: the
+  deeper (or shallower) stack repeats the first block's entry, renumbered."""
+  if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 1:
+    raise ValueError(f"num_blocks = {num_blocks!r} must be a positive integer")
+  idx = [i for i, lp in enumerate(prof.layers) if lp.kind == "block"]
+  if not idx or idx != list(range(idx[0], idx[-1] + 1)):
+    raise ValueError("deepen_profile needs a profile whose 'block' layers are contiguous "
+                     f"(kinds: {[lp.kind for lp in prof.layers]})")
+  ref = prof.layers[idx[0]]
+  if any(dataclasses.replace(prof.layers[i], name=ref.name) != ref for i in idx):
+    raise ValueError("deepen_profile needs identical block profiles (same shapes and times)")
+  blocks = tuple(dataclasses.replace(ref, name=f"block_{i}") for i in range(num_blocks))
+  return dataclasses.replace(prof, layers=prof.layers[:idx[0]] + blocks
+                             + prof.layers[idx[-1] + 1:])
+
+
+def _cell_plan(r: pl.PlanResult, prof) -> dict:
+  """The numbers of one plan that a sweep cell keeps."""
+  return {"mode": r.plan.mode, "u": r.plan.u, "fwd_packs": len(r.plan.fwd_packs),
+          "bwd_packs": len(r.plan.bwd_packs), "swap_bytes": r.swap_bytes,
+          "p2p_bytes": sch.p2p_traffic(r.plan, prof), "predicted_s": r.predicted_s,
+          "peak_bytes": r.peak_bytes, "feasible": r.feasible}
+
+
+def _ratios(h: dict | None, lms: dict) -> tuple[float | None, float | None]:
+  """(swap reduction, predicted speed-up) vs lms; the speed-up is None when lms does not fit
+  the budget (as in summary.json)."""
+  if h is None:
+    return None, None
+  return (lms["swap_bytes"] / h["swap_bytes"],
+          lms["predicted_s"] / h["predicted_s"] if lms["feasible"] else None)
+
+
+def plan_cell(cfg, prof: pf.ModelProfile, hw: Hardware, n_gpus: int, num_blocks: int) -> dict:
+  """Harmony (each mode; the faster is ``harmony``) and lms on ``num_blocks`` blocks and
+  ``n_gpus`` GPUs, everything else as the headline. A Harmony mode that fits nowhere is
+  left out (``error`` says why); a cell where no mode fits has ratios None."""
+  t0 = time.time()
+  p = deepen_profile(prof, num_blocks)
+  hw = dataclasses.replace(hw, n_gpus=n_gpus)
+  modes, errors = {}, []
+  for mode in ("dp", "pp") if n_gpus > 1 else ("dp",):
+    try:
+      modes[mode] = pl.plan_harmony(p, hw, cfg.device_budget_bytes, cfg.batch,
+                                    cfg.microbatch_sizes, tuple(cfg.strategies),
+                                    extra_k=cfg.settings_sweep.extra_k, mode=mode)
+    except pl.NothingFitsError as e:
+      errors.append(f"{mode}: {e}")
+  lms = _cell_plan(pl.plan_baseline("lms", p, hw, cfg.device_budget_bytes, cfg.batch,
+                                    cfg.microbatch_sizes, allow_infeasible=True), p)
+  per_mode = {}
+  for mode, r in modes.items():
+    d = _cell_plan(r, p)
+    d["swap_reduction_vs_lms"], d["speedup_vs_lms"] = _ratios(d, lms)
+    per_mode[mode] = d
+  best = _cell_plan(best_mode(modes), p) if modes else None
+  red, spd = _ratios(best, lms)
+  params = sum(lp.param_count for lp in p.layers)
+  return {"n_gpus": n_gpus, "num_layers": num_blocks, "params_billion": params / 1e9,
+          "model_bytes": p.model_bytes, "model_to_budget": p.model_bytes
+          / cfg.device_budget_bytes, "harmony": best, "harmony_modes": per_mode, "lms": lms,
+          "swap_reduction_vs_lms": red, "speedup_vs_lms": spd,
+          "error": "; ".join(errors) or None, "plan_s": time.time() - t0}
+
+
+def _cell_key(cfg, prof: pf.ModelProfile, hw: Hardware, n_gpus: int, num_blocks: int) -> str:
+  """Everything a cell's result depends on (the profile by its hash)."""
+  h = hashlib.sha1(json.dumps(_profile_to_json(prof), sort_keys=True).encode()).hexdigest()
+  return json.dumps({"profile": h, "hardware": dataclasses.asdict(hw), "n_gpus": n_gpus,
+                     "num_layers": num_blocks, "batch": cfg.batch,
+                     "budget": cfg.device_budget_bytes,
+                     "sizes": sorted(cfg.microbatch_sizes), "strategies": list(cfg.strategies),
+                     "extra_k": cfg.settings_sweep.extra_k}, sort_keys=True)
+
+
+def settings_sweep(cfg, prof: pf.ModelProfile, hw: Hardware, workdir: str) -> list[dict]:
+  """Plans every cell of ``settings_sweep.num_layers x settings_sweep.n_gpus`` (deepest and
+  widest last); cells already in ``settings_sweep_cache.json`` with the same inputs are
+  reused, and each new one is saved there as soon as it is planned."""
+  sw = cfg.settings_sweep
+  cells = [(g, n) for n in sw.num_layers for g in sw.n_gpus]
+  path = os.path.join(workdir, "settings_sweep_cache.json")
+  cache = json.load(open(path)) if os.path.exists(path) else {}
+  keys = [_cell_key(cfg, prof, hw, g, n) for g, n in cells]
+  out, t_start, planned = [], time.time(), 0
+  for i, ((g, n), key) in enumerate(zip(cells, keys, strict=True)):
+    fresh = key not in cache
+    if fresh:
+      cache[key] = plan_cell(cfg, prof, hw, g, n)
+      write_json_atomic(path, cache)
+      planned += 1
+    c = cache[key]
+    out.append(c)
+    rate = planned / max(time.time() - t_start, 1e-9)   # cells planned per second
+    left = sum(k not in cache for k in keys[i + 1:])
+    logging.info("settings sweep %d/%d: %d blocks on %d GPUs %s (%.1f s): %s x less swap, %s "
+                 "x faster than lms (ETA %s)", i + 1, len(cells), n, g,
+                 "planned" if fresh else "cached", c["plan_s"], _fmt(c["swap_reduction_vs_lms"]),
+                 _fmt(c["speedup_vs_lms"]), f"{left / rate:.0f} s" if rate else "n/a")
+  return out
+
+
+def _fmt(x: float | None) -> str:
+  return "n/a" if x is None else f"{x:.1f}"
+
+
+def paper_range(cells: list[dict]) -> dict:
+  """summary.json's ``paper_range``: the largest swap reduction and predicted speed-up over
+  the settings sweep and the cell (GPUs, blocks, parameters) where each occurs."""
+  out = {"cells": len(cells)}
+  for name, key in (("max_swap_reduction_vs_baseline", "swap_reduction_vs_lms"),
+                    ("max_predicted_speedup_vs_baseline", "speedup_vs_lms")):
+    ok = [c for c in cells if c[key] is not None]
+    best = max(ok, key=lambda c: c[key]) if ok else None
+    out[name] = None if best is None else {
+        "value": best[key], "n_gpus": best["n_gpus"], "num_layers": best["num_layers"],
+        "params_billion": best["params_billion"], "mode": best["harmony"]["mode"]}
+  return out
+
+
+def _params_label(billions: float) -> str:
+  return f"{billions:.1f}B" if billions >= 1 else f"{billions * 1e3:.3g}M"
+
+
+def plot_settings_sweep(cells: list[dict], path: str) -> None:
+  """Two heatmaps (swap reduction, predicted speed-up vs lms), models x GPU counts; each
+  cell shows the value and the chosen Harmony mode, coloured by log(value / goal): blue
+  where the paper's claim (100x / 7.6x) is reached, red where not."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  gpus = sorted({c["n_gpus"] for c in cells})
+  depths = sorted({c["num_layers"] for c in cells})
+  at = {(c["num_layers"], c["n_gpus"]): c for c in cells}
+  fig, axes = plt.subplots(1, 2, figsize=(11, 1.3 + 0.9 * len(depths)), dpi=110)
+  for ax, key, goal, title in (
+      (axes[0], "swap_reduction_vs_lms", GOAL_SWAP_REDUCTION, "swap reduction vs lms"),
+      (axes[1], "speedup_vs_lms", GOAL_SPEEDUP, "predicted speed-up vs lms")):
+    grid = np.full((len(depths), len(gpus)), np.nan)
+    for r, n in enumerate(depths):
+      for k, g in enumerate(gpus):
+        v = at.get((n, g), {}).get(key)
+        if v is not None:
+          grid[r, k] = np.log10(v / goal)
+    lim = max(float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0, 0.05)
+    ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+    for r, n in enumerate(depths):
+      for k, g in enumerate(gpus):
+        c = at.get((n, g))
+        v = None if c is None else c[key]
+        mode = None if v is None else ("vPP" if c["harmony"]["mode"] == "pp" else "vDP")
+        text = "n/a" if v is None else f"{v:.1f}x\n{mode}"
+        dark = np.isfinite(grid[r, k]) and abs(grid[r, k]) > 0.55 * lim
+        ax.text(k, r, text, ha="center", va="center", fontsize=8,
+                color="white" if dark else "black",
+                weight="bold" if v is not None and v >= goal else "normal")
+    ax.set_xticks(range(len(gpus)), [f"{g} GPU{'s' if g > 1 else ''}" for g in gpus])
+    ax.set_yticks(range(len(depths)), [
+        f"{_params_label(at[(n, gpus[0])]['params_billion'])} ({n} blocks)" for n in depths])
+    ax.set_title(f"{title} (goal {goal:g}x: bold, blue)", fontsize=9)
+  save_figure(fig, path)
 
 
 # ---------------------------------------------------------------- real runs
@@ -374,11 +581,30 @@ def run(cfg, workdir: str) -> dict:
     logging.info("batch %d planned in %.1f s: %.1fx less swap, %.2fx faster than lms", b,
                  time.time() - t0, sweep[str(b)]["swap_reduction_vs_lms"],
                  sweep[str(b)]["speedup_vs_lms"])
+  cells = settings_sweep(cfg, prof, hw, workdir) if cfg.settings_sweep.n_gpus else []
+  sweep_info = None
+  if cells:
+    summary["paper_range"] = paper_range(cells)
+    plot_settings_sweep(cells, os.path.join(workdir, "settings_sweep.png"))
+    head = next((c for c in cells if c["n_gpus"] == hw.n_gpus
+                 and c["num_layers"] == cfg.model.num_layers), None)
+    sweep_info = {
+        "batch": cfg.batch, "baseline": "lms", "extra_k": cfg.settings_sweep.extra_k,
+        "note": "each cell re-plans the headline's model with num_layers blocks on n_gpus "
+                "GPUs sharing the same host link; everything else as the headline",
+        # the headline setting re-planned with the sweep's search width, vs the headline
+        "headline_cell_matches": None if head is None else bool(
+            head["harmony"] is not None
+            and head["harmony"]["swap_bytes"] == plans["harmony"].swap_bytes
+            and head["harmony"]["predicted_s"] == plans["harmony"].predicted_s),
+        "cells": cells}
+    logging.info("paper range: %s", summary["paper_range"])
   write_json_atomic(os.path.join(workdir, "plan.json"), {
       "config": to_dict(cfg), "hardware": dataclasses.asdict(hw), "measured_hardware":
       measured_hw, "plans": {k: describe(v, prof) for k, v in plans.items()},
       "harmony_modes": {k: describe(v, prof) for k, v in modes.items()}, "real": real,
-      "batch_sweep": sweep, "model_to_budget": prof.model_bytes / budget})
+      "batch_sweep": sweep, "settings_sweep": sweep_info,
+      "model_to_budget": prof.model_bytes / budget})
   hp = plans["harmony"].plan
   panels = [(f"harmony {'vPP' if hp.mode == 'pp' else 'vDP'} (u={hp.u})", plans["harmony"].tasks),
             (f"per-microbatch swapping, on demand (u={plans['lms'].plan.u})",

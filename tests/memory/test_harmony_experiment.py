@@ -1,4 +1,5 @@
-"""experiments.harmony: the tiny variant end to end (real runs) and the planner-only path."""
+"""experiments.harmony: the tiny variant end to end (real runs), the planner-only path and the
+settings sweep (paper range) on a tiny model."""
 
 import json
 import os
@@ -8,6 +9,8 @@ import pytest
 from configs import harmony as harmony_config
 from experiments import harmony
 from omni_jax.config import ConfigError
+from omni_jax.memory import planner as pl
+from omni_jax.memory import profiler as pf
 from omni_jax.memory.planner import NothingFitsError
 
 KEYS = {"device_budget_bytes", "model_bytes", "schedules", "swap_reduction_vs_baseline",
@@ -67,3 +70,51 @@ def test_planner_only_variant_and_clear_errors(tmp_path):
     harmony.run(cfg, str(tmp_path / "bad"))
   with pytest.raises(ValueError, match="unknown variant 'huge'"):
     harmony_config.get_config("huge")
+
+
+def test_settings_sweep_cells_on_a_tiny_model(tmp_path, monkeypatch):
+  cfg = harmony_config.get_config("tiny")
+  cfg.execute = False
+  cfg.hardware.update(measure=False, flops_per_s=1e9, swap_bw_host=1e7, swap_bw_gpu=1e7)
+  cfg.settings_sweep.update(n_gpus=(1, 2), num_layers=(2, 4), extra_k=3)
+  harmony.validate(cfg)
+  prof = pf.profile_model(harmony.build_model(cfg), cfg.microbatch_sizes, measure=False,
+                          flops_per_s=1e9)
+  cfg2 = harmony_config.get_config("tiny")
+  cfg2.model.num_layers = 2   # repeating the block's entry == profiling the shallower stack
+  assert harmony.deepen_profile(prof, 2) == pf.profile_model(
+      harmony.build_model(cfg2), cfg.microbatch_sizes, measure=False, flops_per_s=1e9)
+  hw, _ = harmony.hardware(cfg)
+  cells = harmony.settings_sweep(cfg, prof, hw, str(tmp_path))
+  assert [(c["num_layers"], c["n_gpus"]) for c in cells] == [(2, 1), (2, 2), (4, 1), (4, 2)]
+  block = 3 * next(lp.param_bytes for lp in prof.layers if lp.kind == "block")
+  assert cells[2]["model_bytes"] - cells[0]["model_bytes"] == 2 * block
+  assert cells[2]["model_bytes"] == prof.model_bytes
+  for c in cells:
+    assert set(c["harmony_modes"]) == ({"dp"} if c["n_gpus"] == 1 else {"dp", "pp"})
+    h, lms = c["harmony"], c["lms"]
+    assert h == {k: v for k, v in c["harmony_modes"][h["mode"]].items()
+                 if k not in ("swap_reduction_vs_lms", "speedup_vs_lms")}
+    assert h["predicted_s"] <= 1.01 * min(m["predicted_s"] for m in c["harmony_modes"].values())
+    assert c["swap_reduction_vs_lms"] == pytest.approx(lms["swap_bytes"] / h["swap_bytes"])
+    assert c["speedup_vs_lms"] == pytest.approx(lms["predicted_s"] / h["predicted_s"])
+    assert c["error"] is None and h["peak_bytes"] <= cfg.device_budget_bytes
+  # The cell of the headline's own setting is the headline's plan.
+  head = pl.plan_harmony(prof, hw, cfg.device_budget_bytes, cfg.batch, cfg.microbatch_sizes)
+  assert (cells[2]["harmony"]["swap_bytes"], cells[2]["harmony"]["predicted_s"]) == (
+      head.swap_bytes, head.predicted_s)
+  rng = harmony.paper_range(cells)
+  best = max(cells, key=lambda c: c["speedup_vs_lms"])
+  assert rng["max_predicted_speedup_vs_baseline"]["value"] == best["speedup_vs_lms"]
+  assert rng["max_predicted_speedup_vs_baseline"]["n_gpus"] == best["n_gpus"]
+  monkeypatch.setattr(harmony, "plan_cell", lambda *a: pytest.fail("cache not reused"))
+  assert harmony.settings_sweep(cfg, prof, hw, str(tmp_path)) == cells
+  for key, value, match in (("n_gpus", (3,), "must divide batch = 4"),
+                            ("num_layers", (), "both be empty"),
+                            ("extra_k", -1, "integer >= 0"),
+                            ("num_layers", (2, 2), "distinct positive")):
+    bad = harmony_config.get_config("tiny")
+    bad.settings_sweep.update(n_gpus=(1, 2), num_layers=(2, 4))
+    bad.settings_sweep[key] = value
+    with pytest.raises(ConfigError, match=match):
+      harmony.validate(bad)
