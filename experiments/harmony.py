@@ -42,8 +42,8 @@ from omni_jax.memory import profiler as pf
 from omni_jax.memory import schedules as sch
 from omni_jax.memory import seqmodel as sm
 from omni_jax.memory.costmodel import Hardware
-from omni_jax.memory.plots import plot_timelines
-from omni_jax.train.metrics import save_figure, write_json_atomic
+from omni_jax.memory.plots import plot_settings_sweep, plot_timelines
+from omni_jax.train.metrics import write_json_atomic
 
 _CONFIG = common.define_config("configs/harmony.py:<variant>")
 _WORKDIR = common.define_workdir("output folder")
@@ -387,50 +387,6 @@ def paper_range(cells: list[dict]) -> dict:
   return out
 
 
-def _params_label(billions: float) -> str:
-  return f"{billions:.1f}B" if billions >= 1 else f"{billions * 1e3:.3g}M"
-
-
-def plot_settings_sweep(cells: list[dict], path: str) -> None:
-  """Two heatmaps (swap reduction, predicted speed-up vs lms), models x GPU counts; each
-  cell shows the value and the chosen Harmony mode, coloured by log(value / goal): blue
-  where the paper's claim (100x / 7.6x) is reached, red where not."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  gpus = sorted({c["n_gpus"] for c in cells})
-  depths = sorted({c["num_layers"] for c in cells})
-  at = {(c["num_layers"], c["n_gpus"]): c for c in cells}
-  fig, axes = plt.subplots(1, 2, figsize=(11, 1.3 + 0.9 * len(depths)), dpi=110)
-  for ax, key, goal, title in (
-      (axes[0], "swap_reduction_vs_lms", GOAL_SWAP_REDUCTION, "swap reduction vs lms"),
-      (axes[1], "speedup_vs_lms", GOAL_SPEEDUP, "predicted speed-up vs lms")):
-    grid = np.full((len(depths), len(gpus)), np.nan)
-    for r, n in enumerate(depths):
-      for k, g in enumerate(gpus):
-        v = at.get((n, g), {}).get(key)
-        if v is not None:
-          grid[r, k] = np.log10(v / goal)
-    lim = max(float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0, 0.05)
-    ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
-    for r, n in enumerate(depths):
-      for k, g in enumerate(gpus):
-        c = at.get((n, g))
-        v = None if c is None else c[key]
-        mode = None if v is None else ("vPP" if c["harmony"]["mode"] == "pp" else "vDP")
-        text = "n/a" if v is None else f"{v:.1f}x\n{mode}"
-        dark = np.isfinite(grid[r, k]) and abs(grid[r, k]) > 0.55 * lim
-        ax.text(k, r, text, ha="center", va="center", fontsize=8,
-                color="white" if dark else "black",
-                weight="bold" if v is not None and v >= goal else "normal")
-    ax.set_xticks(range(len(gpus)), [f"{g} GPU{'s' if g > 1 else ''}" for g in gpus])
-    ax.set_yticks(range(len(depths)), [
-        f"{_params_label(at[(n, gpus[0])]['params_billion'])} ({n} blocks)" for n in depths])
-    ax.set_title(f"{title} (goal {goal:g}x: bold, blue)", fontsize=9)
-  save_figure(fig, path)
-
-
 # ---------------------------------------------------------------- real runs
 def _rel(a, b) -> float:
   """Largest relative L2 error over the leaves of two pytrees."""
@@ -585,7 +541,8 @@ def run(cfg, workdir: str) -> dict:
   sweep_info = None
   if cells:
     summary["paper_range"] = paper_range(cells)
-    plot_settings_sweep(cells, os.path.join(workdir, "settings_sweep.png"))
+    plot_settings_sweep(cells, os.path.join(workdir, "settings_sweep.png"),
+                        GOAL_SWAP_REDUCTION, GOAL_SPEEDUP)
     head = next((c for c in cells if c["n_gpus"] == hw.n_gpus
                  and c["num_layers"] == cfg.model.num_layers), None)
     sweep_info = {

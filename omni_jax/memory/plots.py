@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from omni_jax.memory.costmodel import Task  # noqa: F401  (panels hold Tasks)
 from omni_jax.train.metrics import save_figure
 
@@ -75,3 +77,47 @@ def plot_timelines(panels, path: str, gpu: int = 0, window=None, pixels: int = 9
                     ncol=6, loc="lower right", bbox_to_anchor=(1.0, 1.12))
   save_figure(fig, path)
 
+
+def _params_label(billions: float) -> str:
+  return f"{billions:.1f}B" if billions >= 1 else f"{billions * 1e3:.3g}M"
+
+
+def plot_settings_sweep(cells: list[dict], path: str, goal_swap: float, goal_speedup: float
+                        ) -> None:
+  """Two heatmaps (swap reduction, predicted speed-up vs lms), models x GPU counts; each
+  cell shows the value and the chosen Harmony mode, coloured by log(value / goal): blue
+  where the paper's claim (``goal_swap`` / ``goal_speedup``) is reached, red where not."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  gpus = sorted({c["n_gpus"] for c in cells})
+  depths = sorted({c["num_layers"] for c in cells})
+  at = {(c["num_layers"], c["n_gpus"]): c for c in cells}
+  fig, axes = plt.subplots(1, 2, figsize=(11, 1.3 + 0.9 * len(depths)), dpi=110)
+  for ax, key, goal, title in (
+      (axes[0], "swap_reduction_vs_lms", goal_swap, "swap reduction vs lms"),
+      (axes[1], "speedup_vs_lms", goal_speedup, "predicted speed-up vs lms")):
+    grid = np.full((len(depths), len(gpus)), np.nan)
+    for r, n in enumerate(depths):
+      for k, g in enumerate(gpus):
+        v = at.get((n, g), {}).get(key)
+        if v is not None:
+          grid[r, k] = np.log10(v / goal)
+    lim = max(float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0, 0.05)
+    ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+    for r, n in enumerate(depths):
+      for k, g in enumerate(gpus):
+        c = at.get((n, g))
+        v = None if c is None else c[key]
+        mode = None if v is None else ("vPP" if c["harmony"]["mode"] == "pp" else "vDP")
+        text = "n/a" if v is None else f"{v:.1f}x\n{mode}"
+        dark = np.isfinite(grid[r, k]) and abs(grid[r, k]) > 0.55 * lim
+        ax.text(k, r, text, ha="center", va="center", fontsize=8,
+                color="white" if dark else "black",
+                weight="bold" if v is not None and v >= goal else "normal")
+    ax.set_xticks(range(len(gpus)), [f"{g} GPU{'s' if g > 1 else ''}" for g in gpus])
+    ax.set_yticks(range(len(depths)), [
+        f"{_params_label(at[(n, gpus[0])]['params_billion'])} ({n} blocks)" for n in depths])
+    ax.set_title(f"{title} (goal {goal:g}x: bold, blue)", fontsize=9)
+  save_figure(fig, path)
