@@ -42,11 +42,15 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
   # v_plus / v_minus: optional membrane condition of Zhang et al. 2015 (off at +-1e9).
   # group: readout neurons per class, all taught alike; the class with the most spikes of
   # its group wins (a population vote that averages the rule's stochastic weights).
+  # dc_minus: depression band width (negative = dc, symmetric); c_init_plus: the taught
+  # neuron's calcium at the start of each sample (0 = rest); lateral: test-time inhibition
+  # between readout neurons per spike. All three were tried this round and are off
+  # (WORKSPACE.md, "this round" table).
   c.readout = ml_collections.ConfigDict(dict(
       threshold=20.0, tau_shift=5, c_th=4.0, dc=2.3, p_plus=0.1, p_minus=0.1, dw=0.06,
       dw_decay=0.8, w_max=8.0, teacher_plus=6.0, teacher_minus=-1.5, calcium_shift=5,
       v_plus=-1e9, v_minus=1e9, epochs=12, eval_every=6, ls_ridge=1e-4, refractory=2,
-      group=3,
+      group=3, dc_minus=-1.0, c_init_plus=0.0, lateral=0.0,
       calcium_range=8.0))   # 8-bit lsb 1/16; saturating above 8 is still above the bands
   c.folds = 5
   # Fixed-point settings: an integer = that width for membrane, weights and calcium alike;

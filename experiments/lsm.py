@@ -79,6 +79,13 @@ def validate(cfg) -> None:
     raise ValueError(f"config.readout.group = {cfg.readout.group!r}: an integer >= 1 allowed")
   if not 0 < cfg.readout.dw_decay <= 1:
     raise ValueError(f"config.readout.dw_decay = {cfg.readout.dw_decay}: in (0, 1] allowed")
+  for name in ("c_init_plus", "lateral"):
+    if cfg.readout[name] < 0:
+      raise ValueError(f"config.readout.{name} = {cfg.readout[name]}: >= 0 allowed")
+  if cfg.readout.dc_minus > cfg.readout.c_th:
+    raise ValueError(f"config.readout.dc_minus = {cfg.readout.dc_minus} exceeds c_th = "
+                     f"{cfg.readout.c_th}: the depression band would include calcium 0 (silent "
+                     f"neurons would learn); a value <= c_th (or negative = dc) allowed")
 
 
 # ---------------------------------------------------------------- data
@@ -154,7 +161,8 @@ def lif_params(cfg):
   rule = readout.RuleParams(c_th=o.c_th, dc=o.dc, p_plus=o.p_plus, p_minus=o.p_minus,
                             dw=o.dw, w_max=o.w_max, teacher_plus=o.teacher_plus,
                             teacher_minus=o.teacher_minus, calcium_shift=o.calcium_shift,
-                            v_plus=o.v_plus, v_minus=o.v_minus)
+                            v_plus=o.v_plus, v_minus=o.v_minus, dc_minus=o.dc_minus,
+                            c_init_plus=o.c_init_plus, lateral=o.lateral)
   return res_lif, out_lif, rule
 
 
@@ -166,7 +174,8 @@ def fmt_for(cfg, spec):
 
 
 def train_folds(cfg, spikes, labels, fold, fmt, out_lif, rule, bits, metrics):
-  """Calcium-rule readout, all folds in parallel (vmap); returns per-sample predictions."""
+  """Calcium-rule readout, all folds in parallel (vmap); per-sample predictions of the final
+  weights, with and without the test-time lateral inhibition (equal when it is off)."""
   k = cfg.folds
   n_train = min(int((fold != f).sum()) for f in range(k))
   rng = np.random.default_rng(cfg.seed + 1)
@@ -201,7 +210,13 @@ def train_folds(cfg, spikes, labels, fold, fmt, out_lif, rule, bits, metrics):
     metrics.write(json.dumps({"bits": bits, "epoch": epoch + 1, "accuracy": acc,
                               "seconds": dt}) + "\n")
     metrics.flush()
-  return preds
+  preds_plain = preds
+  if rule.lateral > 0:   # the same weights without the test-time lateral inhibition
+    plain = np.asarray(pred_v(w, s, out_lif, rule._replace(lateral=0.0), fmt))
+    preds_plain = plain[fold, np.arange(labels.size)]
+    logging.info("bits %s: accuracy without lateral inhibition %.4f (with %.4f)", bits,
+                 float((preds_plain == labels).mean()), float((preds == labels).mean()))
+  return preds, preds_plain
 
 
 def least_squares_cv(cfg, res_spikes, lengths, labels, fold):
@@ -285,7 +300,7 @@ def main(argv):
   classes = int(labels.max()) + 1
   outputs = classes * cfg.readout.group
   emodel = power.model_for(r.syn_shift > 0)
-  acc_bits, ls_bits, energy_bits, rates = {}, {}, {}, {}
+  acc_bits, ls_bits, energy_bits, rates, plain_bits = {}, {}, {}, {}, {}
   ref = {}
   with open(workdir / "metrics.jsonl", "w") as metrics:
     for bits in cfg.bits:
@@ -301,8 +316,10 @@ def main(argv):
         ref["identical"] = bool((np.asarray(ung_s, np.uint8) == res_s).all())
         ref["ungated"] = reservoir.total_stats(ung_st, lengths)
         ref["spikes"] = res_s
-      preds = train_folds(cfg, res_s, labels, fold, fmt, out_lif, rule, bits, metrics)
+      preds, preds_plain = train_folds(cfg, res_s, labels, fold, fmt, out_lif, rule, bits,
+                                       metrics)
       acc_bits[str(bits)] = float((preds == labels).mean())
+      plain_bits[str(bits)] = float((preds_plain == labels).mean())
       ls_bits[str(bits)] = least_squares_cv(cfg, res_s, lengths, labels, fold)
       m_bits, w_bits, _ = parse_precision(bits)
       energy_bits[str(bits)] = power.energy_pj(readout_counts(tot, outputs), m_bits, w_bits,
@@ -355,6 +372,8 @@ def main(argv):
       "seconds": time.time() - t_start,
       "config": to_dict(cfg),
   }
+  if rule.lateral > 0:
+    summary["accuracy_without_lateral_by_bits"] = plain_bits
   write_json(workdir / "summary.json", summary)
   logging.info("summary: %s", json.dumps({k: summary[k] for k in list(summary)[:10]}))
 

@@ -5,12 +5,17 @@ neurons. During training a teacher current drives the desired readout neuron up 
 potentiation calcium band) and the others down; on each presynaptic spike a synapse is
 potentiated by ``dw`` with probability ``p_plus`` when its readout neuron's calcium lies in
 (c_th, c_th + dc), depressed with probability ``p_minus`` when it lies in (c_th - dc, c_th),
-and left alone otherwise (the stop-learning bands of Zhang et al. 2015). Optionally (Zhang
-et al.'s membrane condition) potentiation also needs the readout membrane above ``v_plus``
-and depression needs it below ``v_minus``; the defaults (-inf, +inf) switch it off. The
-random draws come from one xorshift32 generator per synapse (an LFSR in hardware). The
-predicted class is the readout neuron that fires most. The least-squares readout on spike
-counts is the reference the rule is compared against.
+and left alone otherwise (the stop-learning bands of Zhang et al. 2015). The depression band
+may be wider or narrower than the potentiation band (``dc_minus``; negative = ``dc``, symmetric).
+Optionally (Zhang et al.'s membrane condition) potentiation also needs the readout membrane
+above ``v_plus`` and depression needs it below ``v_minus``; the defaults (-inf, +inf) switch
+it off. ``c_init_plus`` starts the taught neuron's calcium at that level on every sample (its
+teacher-alone operating point, as when samples are presented back to back) instead of at 0,
+so the first steps of a sample do not depress it. The random draws come from one xorshift32
+generator per synapse (an LFSR in hardware). The predicted class is the readout neuron that
+fires most; ``lateral`` (test time only) lets each readout spike inhibit the other readout
+neurons on the next step. The least-squares readout on spike counts is the reference the
+rule is compared against.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ class RuleParams(NamedTuple):
   calcium_shift: int = 6
   v_plus: float = -float("inf")   # potentiate only while the membrane is above this level
   v_minus: float = float("inf")   # depress only while the membrane is below this level
+  dc_minus: float = -1.0          # depression band (c_th - dc_minus, c_th); negative = dc
+  c_init_plus: float = 0.0        # taught neuron's calcium at the start of each sample
+  lateral: float = 0.0            # test-time inhibition of the other readouts per spike
 
 
 def plasticity_update(w, pre_spikes, calcium, u, rule: RuleParams, fmt: fxp.Format,
@@ -53,8 +61,9 @@ def plasticity_update(w, pre_spikes, calcium, u, rule: RuleParams, fmt: fxp.Form
   needed when the rule's membrane condition ``v_plus`` / ``v_minus`` is set). Returns the new
   weights, on the weight grid and clipped to [-w_max, w_max].
   """
+  dc_minus = jnp.where(rule.dc_minus < 0, rule.dc, rule.dc_minus)
   pot = (calcium > rule.c_th) & (calcium < rule.c_th + rule.dc)
-  dep = (calcium > rule.c_th - rule.dc) & (calcium < rule.c_th)
+  dep = (calcium > rule.c_th - dc_minus) & (calcium < rule.c_th)
   if membrane is not None:
     pot = pot & (membrane > rule.v_plus)
     dep = dep & (membrane < rule.v_minus)
@@ -70,14 +79,28 @@ def plasticity_update(w, pre_spikes, calcium, u, rule: RuleParams, fmt: fxp.Form
   return fxp.quantize(w, fmt.weight, fmt.enabled, nearest=True)
 
 
-def _readout_step(state, s_t, w, teacher, lif, rule, fmt):
+def _readout_step(state, s_t, w, teacher, lif, rule, fmt, lateral=0.0):
   """Readout neurons' LIF + calcium step; returns new state, spikes and the membrane seen
-  by the rule (the threshold on a spiking step, else the potential after the update)."""
-  v, ref, c = state
-  v, ref, spike = lif_step(v, ref, s_t @ w + teacher, lif, fmt)
+  by the rule (the threshold on a spiking step, else the potential after the update).
+
+  ``state`` is (membrane, refractory count, calcium, previous spikes); with ``lateral`` > 0
+  each neuron gets ``-lateral`` times the number of other readout neurons that spiked on the
+  previous step.
+  """
+  v, ref, c, prev = state
+  inhibition = lateral * (prev.sum() - prev)
+  v, ref, spike = lif_step(v, ref, s_t @ w + teacher - inhibition, lif, fmt)
+  spike_f = spike.astype(jnp.float32)
   c = fxp.quantize(fxp.leak(c, rule.calcium_shift, fmt.calcium, fmt.enabled, nearest=True)
-                   + spike.astype(jnp.float32), fmt.calcium, fmt.enabled)
-  return (v, ref, c), spike, jnp.where(spike, lif.threshold, v)
+                   + spike_f, fmt.calcium, fmt.enabled)
+  return (v, ref, c, spike_f), spike, jnp.where(spike, lif.threshold, v)
+
+
+def initial_state(k: int, calcium=None):
+  """Readout state at the start of a sample: rest, not refractory, ``calcium`` (default 0)."""
+  zeros = jnp.zeros(k, jnp.float32)
+  c = zeros if calcium is None else jnp.asarray(calcium, jnp.float32)
+  return (zeros, jnp.zeros(k, jnp.int32), c, zeros)
 
 
 def xorshift_uniform(x):
@@ -101,11 +124,12 @@ def train_sample(w, key, spikes, label, lif: LIFParams, rule: RuleParams, fmt: f
                  group: int = 1):
   """Present one sample (reservoir ``spikes`` (T, N)) with teacher ``label``; new weights.
 
-  ``group`` readout neurons per class (columns ``label * group ..`` get the positive teacher).
+  ``group`` readout neurons per class (columns ``label * group ..`` get the positive teacher,
+  and their calcium starts at ``rule.c_init_plus``).
   """
   k = w.shape[1]
-  teacher = jnp.where(jnp.arange(k) // group == label, rule.teacher_plus, rule.teacher_minus)
-  zeros = jnp.zeros(k, jnp.float32)
+  taught = jnp.arange(k) // group == label
+  teacher = jnp.where(taught, rule.teacher_plus, rule.teacher_minus)
 
   def step(carry, s_t):
     w, state, x = carry
@@ -114,7 +138,7 @@ def train_sample(w, key, spikes, label, lif: LIFParams, rule: RuleParams, fmt: f
     w = plasticity_update(w, s_t, state[2], u, rule, fmt, membrane=v_rule)
     return (w, state, x), None
 
-  init = (w, (zeros, jnp.zeros(k, jnp.int32), zeros), rng_state(key, w.shape))
+  init = (w, initial_state(k, jnp.where(taught, rule.c_init_plus, 0.0)), rng_state(key, w.shape))
   (w, _, _), _ = jax.lax.scan(step, init, spikes.astype(jnp.float32))
   return w
 
@@ -137,18 +161,18 @@ def readout_scores(w, spikes, lif: LIFParams, rule: RuleParams, fmt: fxp.Format,
   """Score of each class for one sample: spike count, ties broken by summed input (< 1).
 
   With ``group`` readout neurons per class, a class scores its neurons' summed spikes (a
-  population vote) and summed input.
+  population vote) and summed input. ``rule.lateral`` > 0 adds the readouts' mutual
+  inhibition (test time only).
   """
   k = w.shape[1]
-  zeros = jnp.zeros(k, jnp.float32)
   teacher = jnp.zeros(k, jnp.float32)
 
   def step(state, s_t):
-    state, spike, _ = _readout_step(state, s_t, w, teacher, lif, rule, fmt)
+    state, spike, _ = _readout_step(state, s_t, w, teacher, lif, rule, fmt, rule.lateral)
     return state, spike.astype(jnp.float32)
 
   s = spikes.astype(jnp.float32)
-  _, out = jax.lax.scan(step, (zeros, jnp.zeros(k, jnp.int32), zeros), s)
+  _, out = jax.lax.scan(step, initial_state(k), s)
   counts = out.sum(0).reshape(k // group, group).sum(-1)
   drive = (s.sum(0) @ w).reshape(k // group, group).sum(-1)
   return counts + 0.999 * jax.nn.sigmoid(drive / (1.0 + jnp.abs(drive).max()))

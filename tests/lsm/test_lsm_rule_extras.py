@@ -73,7 +73,7 @@ def test_teacher_alone_keeps_desired_calcium_in_potentiation_band(spec):
   lif = reservoir.LIFParams(threshold=20.0, tau_shift=5, refractory=2)
   rule = readout.RuleParams(c_th=4.0, dc=2.3, calcium_shift=5)
   fmt = fxp.make_format(*spec, ranges={"membrane": 256.0, "calcium": 8.0})
-  state = (jnp.zeros(1), jnp.zeros(1, jnp.int32), jnp.zeros(1))
+  state = readout.initial_state(1)
   trace = []
   for _ in range(300):
     state, _, _ = readout._readout_step(state, jnp.zeros(1), jnp.zeros((1, 1)),
