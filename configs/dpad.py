@@ -7,16 +7,20 @@ Run:
     --config.captures_from=/tmp/dpad_default/captures.npz
   python -m experiments.dpad --config=configs/dpad.py:quarter_data --workdir=/tmp/dpad_quarter \
     --config.captures_from=/tmp/dpad_default/captures.npz
+  python -m experiments.dpad --config=configs/dpad.py:blurry_low --workdir=/tmp/dpad_blurry
   python -m experiments.dpad --config=configs/dpad.py:sharp_low --workdir=/tmp/dpad_sharp_low
 Variants: ``tiny`` (a few documents, a few training steps: seconds, for tests),
 ``default`` (the CPU-sized run reported in WORKSPACE.md: 48 training documents per kind,
-240 held-out images per quality; ~6-10 min on 2 busy cores + ~3-5 min of rendering),
+240 held-out images per quality; a capture channel set from phone-camera physics: screen
+period 1.5-3 sensor px, lens MTF at 0.7 cycles/px 0.14-0.35 (high) / 0.05-0.14 (low), the
+low-end camera at 0.7-0.9x the resolution; ~6 min on 2 cores + ~1-3 min of rendering),
 ``half_data`` / ``quarter_data`` (ResNet on the first 24 / 12 training documents per kind
 of the same captures: the data-scaling points; ``captures_from`` reuses the default's
-rendered captures instead of rendering them again) and ``sharp_low`` (sensitivity check:
-the low channel keeps the high-quality optics — resolution loss, noise and JPEG only — to
-see whether moiré then survives it; default's documents, ResNet only; renders its own
-captures).
+rendered captures instead of rendering them again), ``blurry_low`` (the first report's
+channel, FMAG and M2FM mask, reproduced pixel for pixel: periods 1.2-1.7 px, PSF sigma
+0.6-0.9 px at low quality, rescale x0.75-0.9, JPEG 50-75 — it leaves no moiré at low
+quality) and ``sharp_low`` (blurry_low with the high-quality optics at low quality;
+ResNet only).
 Rerunning with the same --workdir reuses the rendered captures (captures.npz).
 """
 
@@ -24,11 +28,30 @@ from __future__ import annotations
 
 import ml_collections
 
-VARIANTS = ("tiny", "default", "half_data", "quarter_data", "sharp_low")
+VARIANTS = ("tiny", "default", "half_data", "quarter_data", "blurry_low", "sharp_low")
 
 
 def _range(lo: float, hi: float) -> tuple[float, float]:
   return (float(lo), float(hi))
+
+
+def _first_report(c: ml_collections.ConfigDict) -> None:
+  """The first report's channel, FMAG and M2FM mask: shorter periods, blurrier optics,
+  post-capture resampling; FMAG on all patches with one alpha per patch."""
+  _blurry_channel(c.sim)
+  c.fmag.update(apply_to="all", alpha_per="image")
+  c.m2fm.update(mask_sigma=_range(0.0, 0.5), mask_cut=_range(0.3, 0.45),
+                mask_noise=_range(0.0, 0.015))
+
+
+def _blurry_channel(sim: ml_collections.ConfigDict) -> None:
+  """The first report's channel: shorter periods, blurrier optics, post-capture resampling."""
+  sim.period = _range(1.2, 1.7)
+  sim.high.update(sigma=_range(0.4, 0.65), shot=_range(0.001, 0.004),
+                  read=_range(0.002, 0.006), jpeg=(85, 95), scale=_range(1.0, 1.0),
+                  res=_range(1.0, 1.0))
+  sim.low.update(sigma=_range(0.6, 0.9), shot=_range(0.006, 0.015), read=_range(0.006, 0.015),
+                 jpeg=(50, 75), scale=_range(0.75, 0.9), res=_range(1.0, 1.0))
 
 
 def get_config(arg: str = "default") -> ml_collections.ConfigDict:
@@ -51,12 +74,17 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       sensor=256,                          # captured frame side (sensor px)
       ss=4,                                # supersampling of the radiance per sensor px
       row_depth=0.5,                       # dimming of the display's row gaps
-      period=_range(1.2, 1.7),             # screen pixel pitch on the sensor (sensor px)
+      period=_range(1.5, 3.0),             # screen pixel pitch on the reference sensor (px):
+                                           # a document-filling phone shot of a monitor/phone
       max_roll=0.08, max_persp=0.06, max_k1=0.04,
-      high=dict(sigma=_range(0.4, 0.65), shot=_range(0.001, 0.004), read=_range(0.002, 0.006),
-                jpeg=(85, 95), scale=_range(1.0, 1.0)),
-      low=dict(sigma=_range(0.6, 0.9), shot=_range(0.006, 0.015), read=_range(0.006, 0.015),
-               jpeg=(50, 75), scale=_range(0.75, 0.9))))
+      # phone optics, no optical low-pass filter: lens MTF at 0.7 cycles/px
+      # exp(-2 pi^2 sigma^2 0.49) = 0.35-0.14 (high-end) and 0.14-0.05 (low-end lens)
+      high=dict(sigma=_range(0.33, 0.45), shot=_range(0.001, 0.004), read=_range(0.002, 0.006),
+                jpeg=(85, 95), scale=_range(1.0, 1.0), res=_range(1.0, 1.0)),
+      # low-end camera: blurrier lens, smaller pixels (more noise), harsher JPEG, and
+      # 0.7-0.9x the linear resolution (fewer sensor px per screen px: more aliasing)
+      low=dict(sigma=_range(0.45, 0.55), shot=_range(0.003, 0.01), read=_range(0.004, 0.01),
+               jpeg=(65, 85), scale=_range(1.0, 1.0), res=_range(0.7, 0.9))))
   c.patch = 64                             # classifier patch side (px)
   c.fmag = ml_collections.ConfigDict(dict(
       prob=0.5,                            # share of training patches augmented
@@ -64,7 +92,9 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       beta_std=0.02,                       # additive amplitude noise (ortho FFT, [0,1] pixels)
       search_radius=4.0,                   # bins around the predicted peak
       disc_radius=2.5,                     # kept disc radius (bins)
-      min_peak_ratio=3.0))                 # peak / mean of its ring below this -> use prediction
+      min_peak_ratio=3.0,                  # peak / mean of its ring below this -> use prediction
+      apply_to="recaptured",               # "all" patches or only "recaptured" ones (authors)
+      alpha_per="bin"))                    # one alpha per "image" or per spectral "bin" (authors)
   c.train = ml_collections.ConfigDict(dict(
       steps=300, batch=32, lr=2e-3, weight_decay=1e-4,
       whiten=True))                        # ring-whitened log spectra (models.ring_whiten)
@@ -72,7 +102,9 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       steps=250, batch=24, lr=1e-3, mask_prob=0.7,
       mask="channel",                      # "lowpass": hard disc of mask_radius (cycles/px);
       mask_radius=0.2,                     # "channel": blur x cut + noise like the low channel
-      mask_sigma=_range(0.0, 0.5), mask_cut=_range(0.3, 0.45), mask_noise=_range(0.0, 0.015),
+      # drawn like the low channel's extra loss over high: relative blur
+      # sqrt(0.55^2 - 0.33^2) <= 0.45 px, no resampling (cut ~ Nyquist), more noise
+      mask_sigma=_range(0.0, 0.45), mask_cut=_range(0.45, 0.5), mask_noise=_range(0.0, 0.02),
       masked_weight=4.0, ce_weight=0.2, width=48, depth=2, patch=8))
   c.models = ("resnet", "vit")             # both classifiers; the summary's main keys use the first
   c.methods = ("baseline_aug", "fmag", "fmag_m2fm")
@@ -94,7 +126,9 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
   elif arg in ("half_data", "quarter_data"):      # data scaling on the default's captures
     c.train_subset = 24 if arg == "half_data" else 12
     c.models = ("resnet",)
-  elif arg == "sharp_low":      # sensitivity: low quality made only after the lens
-    c.sim.low.sigma = c.sim.high.sigma
-    c.models = ("resnet",)
+  elif arg in ("blurry_low", "sharp_low"):      # the first report's channel (reproducible)
+    _first_report(c)
+    c.models = ("resnet", "vit") if arg == "blurry_low" else ("resnet",)
+    if arg == "sharp_low":      # sensitivity: low quality made only after the lens
+      c.sim.low.sigma = c.sim.high.sigma
   return c

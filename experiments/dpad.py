@@ -8,8 +8,9 @@ high and low quality (held-out kinds), caches them in <workdir>/captures.npz, tr
 classifier with the baseline augmentation and with FMAG, trains M2FM against the frozen
 FMAG classifier, and scores held-out images (mean of patch scores). Writes summary.json
 (eer / auc / apcer / bpcer keyed by method then quality, for the first model; every model
-under by_model with bootstrap EER intervals and M2FM's score shift; low_eer_gain_points
-with its paired interval; oracle_peak_auc, how much moiré the test captures still carry),
+under by_model with bootstrap EER intervals, M2FM's score shift and peak_reliance — the
+AUC and score change when FMAG's moiré discs are flattened; low_eer_gain_points with its
+paired interval; oracle_peak_auc, how much moiré the test captures still carry),
 metrics.jsonl and dpad_*.png figures.
 """
 
@@ -50,8 +51,12 @@ def validate(cfg) -> None:
     positive_int(cfg.sim, k, "sim.")
   lo, hi = cfg.sim.period
   require(0 < lo <= hi, "sim.period", cfg.sim.period, "a (lo, hi) range with 0 < lo <= hi")
+  for q in recapture.QUALITIES:
+    r = cfg.sim[q].get("res", (1.0, 1.0))
+    require(0 < r[0] <= r[1] <= 1, f"sim.{q}.res", r, "a (lo, hi) range with 0 < lo <= hi <= 1")
+  lo *= min(cfg.sim[q].get("res", (1.0, 1.0))[0] for q in recapture.QUALITIES)
   require(2.0 / lo < cfg.sim.ss / 2, "sim.ss", cfg.sim.ss,
-          f"must resolve the mosaic's 2nd harmonic: ss > 4 / period_lo = {4 / lo:.2f}")
+          f"must resolve the mosaic's 2nd harmonic: ss > 4 / (period_lo x res_lo) = {4 / lo:.2f}")
   positive_int(cfg, "patch")
   require(cfg.patch % 8 == 0, "patch", cfg.patch, "a multiple of 8 (ViT and M2FM tokens)")
   require(cfg.patch <= cfg.sim.sensor, "patch", cfg.patch,
@@ -61,6 +66,10 @@ def validate(cfg) -> None:
   require(len(cfg.models) > 0, "models", cfg.models, "at least one model")
   for m in cfg.methods:
     require(m in METHODS, "methods", cfg.methods, f"entries must be in {list(METHODS)}")
+  require(cfg.fmag.get("apply_to", "all") in fmag_lib.APPLY_TO, "fmag.apply_to",
+          cfg.fmag.get("apply_to"), f"one of {list(fmag_lib.APPLY_TO)}")
+  require(cfg.fmag.get("alpha_per", "image") in fmag_lib.ALPHA_PER, "fmag.alpha_per",
+          cfg.fmag.get("alpha_per"), f"one of {list(fmag_lib.ALPHA_PER)}")
   a_lo, a_hi = cfg.fmag.alpha
   require(0 <= a_lo <= a_hi <= 1, "fmag.alpha", cfg.fmag.alpha, "0 <= lo <= hi <= 1")
   for k in ("steps", "batch"):
@@ -193,6 +202,7 @@ def run_model(cfg, name: str, caps: dict, log) -> dict:
         "mean_recaptured": float(np.mean(scores["fmag_m2fm"][q][tests[q][1] == 1]
                                          - scores["fmag"][q][tests[q][1] == 1]))}
         for q in tests}
+  res["peak_reliance"] = peak_reliance(cfg, setups, tests, caps)
   if {"baseline_aug", "fmag_m2fm"} <= set(cfg.methods):   # paired: same resampled images
     res["eer_gain_ci95_points"] = {q: [100 * v for v in pad_metrics.bootstrap_eer(
         scores["fmag_m2fm"][q], tests[q][1], others=scores["baseline_aug"][q]).values()]
@@ -200,6 +210,29 @@ def run_model(cfg, name: str, caps: dict, log) -> dict:
   res["train_captures"] = int(len(tr["labels"]))
   res["seconds"] = time.time() - t0
   return res
+
+
+def peak_reliance(cfg, setups: dict, tests: dict, caps: dict) -> dict:
+  """Does a classifier read the moiré peaks? Scores every test image again with FMAG's moiré
+  discs flattened to their ring's mean (``fmag.notch_one``, same located peaks FMAG keeps)
+  and reports, per method without M2FM and quality, the AUC after notching and the mean
+  score change of recaptured and of genuine images."""
+  out = {}
+  for q, (imgs, labels) in tests.items():
+    notched = train.notched_images(imgs, caps[f"test_{q}_periods"], cfg.patch, cfg.fmag)
+    for method in ("baseline_aug", "fmag"):
+      if method not in cfg.methods:
+        continue
+      (clf, params), _ = setups[method]
+      s0 = train.score_images(clf, params, imgs, cfg.patch)
+      s1 = train.score_images(clf, params, notched, cfg.patch)
+      out.setdefault(method, {})[q] = {
+          "auc": pad_metrics.auc(s0, labels), "auc_notched": pad_metrics.auc(s1, labels),
+          "shift_recaptured": float(np.mean(s1[labels == 1] - s0[labels == 1])),
+          "shift_genuine": float(np.mean(s1[labels == 0] - s0[labels == 0]))}
+      logging.info("peak reliance %s %s: AUC %.3f -> %.3f notched", method, q,
+                   out[method][q]["auc"], out[method][q]["auc_notched"])
+  return out
 
 
 def oracle_peak_scores(images: list[np.ndarray], periods: np.ndarray,

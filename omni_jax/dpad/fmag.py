@@ -25,6 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+ALPHA_PER = ("image", "bin")
+APPLY_TO = ("all", "recaptured")
+
 
 def predicted_frequencies(period_px: Any) -> jax.Array:
   """(…, 2) folded moiré frequencies (cycles/px) for 1-px and 2-px CFA sampling pitches."""
@@ -88,12 +91,19 @@ def fmag_spectrum(amp: jax.Array, mask: jax.Array, alpha: jax.Array,
 
 def fmag_one(key: jax.Array, x: jax.Array, period: jax.Array, *, alpha_range=(0.5, 0.8),
              beta_std: float = 0.02, search_radius: float = 4.0, disc_radius: float = 2.5,
-             min_ratio: float = 3.0) -> tuple[jax.Array, dict]:
+             min_ratio: float = 3.0, alpha_per: str = "image") -> tuple[jax.Array, dict]:
   """FMAG on one (n, n, 3) float patch; returns ``(patch, info)`` with the per-channel
-  ``peaks`` (3, 4, 2), ``detected`` (3, 4), ``mask`` (3, n, n), ``alpha`` and ``beta``."""
+  ``peaks`` (3, 4, 2), ``detected`` (3, 4), ``mask`` (3, n, n), ``alpha`` and ``beta``.
+
+  ``alpha_per``: ``"image"`` draws one attenuation per patch; ``"bin"`` one per channel and
+  bin (3, n, n), as the authors' released script does (multiplicative spectral noise).
+  """
+  if alpha_per not in ALPHA_PER:
+    raise ValueError(f"alpha_per {alpha_per!r} is not known; allowed: {list(ALPHA_PER)}")
   n = x.shape[0]
   ka, kb = jax.random.split(key)
-  alpha = jax.random.uniform(ka, (), minval=alpha_range[0], maxval=alpha_range[1])
+  shape = () if alpha_per == "image" else (3, n, n)
+  alpha = jax.random.uniform(ka, shape, minval=alpha_range[0], maxval=alpha_range[1])
   beta = beta_std * jax.random.normal(kb, (3, n, n))
   spec = jnp.fft.fftshift(jnp.fft.fft2(jnp.moveaxis(x, -1, 0), norm="ortho"), axes=(1, 2))
   amp, phase = jnp.abs(spec), jnp.angle(spec)
@@ -105,6 +115,41 @@ def fmag_one(key: jax.Array, x: jax.Array, period: jax.Array, *, alpha_range=(0.
                       norm="ortho").real
   info = {"peaks": peaks, "detected": det, "mask": mask, "alpha": alpha, "beta": beta}
   return jnp.moveaxis(out, 0, -1), info
+
+
+def notch_one(x: jax.Array, period: jax.Array, *, search_radius: float = 4.0,
+              disc_radius: float = 2.5, min_ratio: float = 3.0) -> jax.Array:
+  """FMAG's complement on one (n, n, 3) patch: the moiré discs FMAG would keep (located
+  peaks and sub-harmonics, not DC) get the mean amplitude of their ring outside the discs
+  (of the whole ring where discs cover it); every other bin and all phases are unchanged.
+
+  A diagnostic for what a classifier relies on: if its score for a recaptured patch drops
+  when only these few bins are flattened, it reads the moiré peaks.
+  """
+  n = x.shape[0]
+  spec = jnp.fft.fftshift(jnp.fft.fft2(jnp.moveaxis(x, -1, 0), norm="ortho"), axes=(1, 2))
+  amp, phase = jnp.abs(spec), jnp.angle(spec)
+  peaks, _ = jax.vmap(lambda a: locate_peaks(a, predicted_frequencies(period), search_radius,
+                                             min_ratio))(amp)
+  ky, kx = _grid(n)
+  dc = ky ** 2 + kx ** 2 <= disc_radius ** 2
+  mask = jax.vmap(lambda p: keep_mask(n, p, disc_radius))(peaks) & ~dc
+  ring = jnp.round(jnp.sqrt(ky ** 2 + kx ** 2)).astype(jnp.int32).reshape(-1)
+  nr = int(np.ceil(np.sqrt(2) * n / 2)) + 2
+
+  def flatten(a, m):
+    keep = (~m).reshape(-1).astype(a.dtype)
+    cnt = jax.ops.segment_sum(keep, ring, nr)
+    mean = jax.ops.segment_sum(a.reshape(-1) * keep, ring, nr) / jnp.maximum(cnt, 1.0)
+    every = (jax.ops.segment_sum(a.reshape(-1), ring, nr)
+             / jnp.maximum(jax.ops.segment_sum(jnp.ones_like(keep), ring, nr), 1.0))
+    mean = jnp.where(cnt > 0, mean, every)      # a ring covered by discs: its plain mean
+    return jnp.where(m, mean[ring].reshape(n, n), a)
+
+  new_amp = jax.vmap(flatten)(amp, mask)
+  out = jnp.fft.ifft2(jnp.fft.ifftshift(new_amp * jnp.exp(1j * phase), axes=(1, 2)),
+                      norm="ortho").real
+  return jnp.moveaxis(out, 0, -1)
 
 
 def check_patches(x: Any, name: str = "patches") -> None:
@@ -125,7 +170,10 @@ def make_fmag(cfg: Any):
   config.fmag; images with ``apply`` False pass through unchanged."""
   kw = dict(alpha_range=tuple(cfg.alpha), beta_std=float(cfg.beta_std),
             search_radius=float(cfg.search_radius), disc_radius=float(cfg.disc_radius),
-            min_ratio=float(cfg.min_peak_ratio))
+            min_ratio=float(cfg.min_peak_ratio), alpha_per=str(cfg.get("alpha_per", "image")))
+  if kw["alpha_per"] not in ALPHA_PER:
+    raise ValueError(f"fmag.alpha_per {kw['alpha_per']!r} is not known; allowed: "
+                     f"{list(ALPHA_PER)}")
 
   @jax.jit
   def run(key, x, periods, apply):

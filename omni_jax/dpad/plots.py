@@ -88,7 +88,7 @@ def fmag_figure(patch: np.ndarray, period: float, cfg, path: str, seed: int = 0)
   run = jax.jit(functools.partial(
       fmag_lib.fmag_one, alpha_range=tuple(cfg.alpha), beta_std=float(cfg.beta_std),
       search_radius=float(cfg.search_radius), disc_radius=float(cfg.disc_radius),
-      min_ratio=float(cfg.min_peak_ratio)))
+      min_ratio=float(cfg.min_peak_ratio), alpha_per=str(cfg.get("alpha_per", "image"))))
   y, info = run(jax.random.key(seed), x, jnp.float32(period))
   y = np.clip(np.asarray(y), 0, 1)
   fig, ax = plt.subplots(1, 5, figsize=(13, 2.8), dpi=100)
@@ -97,7 +97,9 @@ def fmag_figure(patch: np.ndarray, period: float, cfg, path: str, seed: int = 0)
   ax[1].imshow(log_spectrum(np.asarray(x) * 255), cmap="magma")
   ax[1].set_title("green spectrum", fontsize=8)
   ax[2].imshow(np.asarray(info["mask"][1]), cmap="gray")
-  ax[2].set_title(f"kept bins (alpha={float(info['alpha']):.2f} elsewhere)", fontsize=8)
+  a = np.asarray(info["alpha"])
+  what = f"alpha={float(a):.2f}" if a.ndim == 0 else f"alpha~U{tuple(cfg.alpha)} per bin"
+  ax[2].set_title(f"kept bins ({what} elsewhere)", fontsize=8)
   ax[3].imshow(log_spectrum(y * 255), cmap="magma")
   ax[3].set_title("after FMAG", fontsize=8)
   ax[4].imshow(y)
@@ -161,4 +163,31 @@ def eer_bars(eer: dict, path: str, title: str, ci: dict | None = None) -> None:
   ax.set_ylabel("EER (%) on held-out document types")
   ax.set_title(title, fontsize=9)
   ax.legend(fontsize=8)
+  save_figure(fig, path)
+
+
+def severity_figure(points: list[dict], path: str, title: str) -> None:
+  """Low-quality EER per method (with bootstrap bars) and the oracle's moiré AUC along a
+  sweep of capture channels. Each point: ``label``, ``eer`` [method] -> value,
+  ``ci`` [method] -> [lo, hi] and ``oracle`` (AUC); points are drawn in the given order."""
+  plt = _plt()
+  fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=110)
+  x = np.arange(len(points))
+  methods = list(points[0]["eer"])
+  for i, m in enumerate(methods):
+    v = np.array([100 * p["eer"][m] for p in points])
+    lo_hi = np.array([[100 * c for c in p["ci"][m]] for p in points])
+    ax.errorbar(x + (i - 1) * 0.06, v, yerr=np.stack([v - lo_hi[:, 0], lo_hi[:, 1] - v]).clip(0),
+                marker="o", capsize=3, label=m)
+  ax.axhline(50, color="gray", ls="--", lw=0.8)
+  ax.set_ylabel("EER (%), low quality, held-out types")
+  ax.set_xticks(x, [p["label"] for p in points], fontsize=7)
+  ax2 = ax.twinx()
+  ax2.plot(x, [p["oracle"] for p in points], "k:", marker="s", label="oracle moiré AUC (low)")
+  ax2.set_ylim(0.4, 1.0)
+  ax2.set_ylabel("oracle AUC (true period)")
+  h1, l1 = ax.get_legend_handles_labels()
+  h2, l2 = ax2.get_legend_handles_labels()
+  ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper left")
+  ax.set_title(title, fontsize=9)
   save_figure(fig, path)

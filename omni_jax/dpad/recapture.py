@@ -82,8 +82,10 @@ def sample_params(rng: np.random.Generator, quality: str, cfg: Any) -> dict[str,
   """Random camera pose, optics and sensor settings for one capture at ``quality``.
 
   ``cfg`` holds ``period`` (range of screen periods on the sensor, px) and per-quality
-  ``sigma`` (PSF), ``shot``/``read`` (noise), ``jpeg`` and ``scale`` ranges; see
-  configs/dpad.py. Returns float32 arrays; ``jpeg``/``scale`` are for :func:`finish`.
+  ``sigma`` (PSF), ``shot``/``read`` (noise), ``jpeg`` and ``scale`` ranges and optionally
+  ``res`` (camera resolution, :func:`camera_resolution`; the returned ``period`` already
+  includes it); see configs/dpad.py. Returns float32 arrays; ``jpeg``/``scale`` are for
+  :func:`finish`.
   """
   if quality not in QUALITIES:
     raise ValueError(f"quality {quality!r} is not known; allowed: {list(QUALITIES)}")
@@ -99,7 +101,26 @@ def sample_params(rng: np.random.Generator, quality: str, cfg: Any) -> dict[str,
   out = {k: np.asarray(v, np.float32) for k, v in p.items()}
   out["jpeg"] = np.asarray(int(rng.integers(q.jpeg[0], q.jpeg[1] + 1)), np.int32)
   out["scale"] = np.asarray(u(q.scale), np.float32)
+  res = camera_resolution(rng, q.get("res", (1.0, 1.0)))
+  out["res"] = np.asarray(res, np.float32)
+  out["period"] = np.asarray(out["period"] * res, np.float32)
   return out
+
+
+def camera_resolution(rng: np.random.Generator, lo_hi: Any) -> float:
+  """Linear resolution of the camera relative to the reference one, drawn from ``lo_hi``.
+
+  A camera with ``r`` times fewer pixels across the same field puts ``r`` times fewer
+  sensor pixels on each screen pixel, so the screen period on its sensor is ``r * p``: a
+  lower-resolution sensor aliases the display *more*, not less. The classifier sees
+  fixed-size crops at native resolution, so the frame simply covers a ``1/r`` larger field.
+  A degenerate range (``lo == hi``) consumes no randomness, so configs without a
+  resolution spread keep their random streams (and their captures) unchanged.
+  """
+  lo, hi = float(lo_hi[0]), float(lo_hi[1])
+  if not 0 < lo <= hi:
+    raise ValueError(f"camera resolution range {lo_hi!r} must satisfy 0 < lo <= hi")
+  return lo if lo == hi else float(rng.uniform(lo, hi))
 
 
 def _sensor_to_page(params: dict, sensor: int, ss: int) -> tuple[jax.Array, jax.Array]:

@@ -113,6 +113,18 @@ def _classifier_step(name: str, lr: float, steps: int, weight_decay: float, whit
   return model, opt, step
 
 
+def fmag_selection(rng: np.random.Generator, labels: np.ndarray, fcfg: Any) -> np.ndarray:
+  """Which patches of a batch FMAG augments: each with prob ``fcfg.prob``; with
+  ``apply_to="recaptured"`` (the authors' use: moiré images) only recaptured ones. Draws
+  one uniform per patch either way, so both settings see the same random stream."""
+  apply_to = fcfg.get("apply_to", "all")
+  if apply_to not in fmag_lib.APPLY_TO:
+    raise ValueError(f"fmag.apply_to {apply_to!r} is not known; allowed: "
+                     f"{list(fmag_lib.APPLY_TO)}")
+  pick = rng.random(len(labels)) < fcfg.prob
+  return pick & (labels == 1) if apply_to == "recaptured" else pick
+
+
 def train_classifier(cfg: Any, name: str, data: dict, aug: str, seed: int,
                      log: Callable[[dict], None] | None = None) -> tuple[Any, Any]:
   """Trains classifier ``name`` on random training patches with ``aug`` in
@@ -128,6 +140,7 @@ def train_classifier(cfg: Any, name: str, data: dict, aug: str, seed: int,
   key = jax.random.key(seed)
   params = model.init(key, jnp.zeros((1, patch, patch, 3)))
   opt_state = opt.init(params)
+  fmag_selection(rng, np.zeros(0, int), cfg.fmag)                 # checks apply_to early
   augment = fmag_lib.make_fmag(cfg.fmag) if aug in ("fmag", "baseline_fmag") else None
   t0 = time.time()
   for i in range(1, tc.steps + 1):
@@ -139,7 +152,8 @@ def train_classifier(cfg: Any, name: str, data: dict, aug: str, seed: int,
     x = jnp.asarray(x, jnp.float32) / 255.0
     if augment is not None:
       key, sub = jax.random.split(key)
-      x = augment(sub, x, data["periods"][idx], rng.random(len(idx)) < cfg.fmag.prob)
+      x = augment(sub, x, data["periods"][idx],
+                  fmag_selection(rng, np.asarray(data["labels"])[idx], cfg.fmag))
     params, opt_state, loss = step(params, opt_state, x, jnp.asarray(data["labels"][idx]))
     if i % max(1, tc.steps // 5) == 0 or i == tc.steps:
       _progress(f"{name}/{aug}", i, tc.steps, t0, float(loss))
@@ -262,3 +276,30 @@ def score_images(clf: Any, clf_params: Any, images: list[np.ndarray], patch: int
   s = np.concatenate(out)
   bounds = np.cumsum([0] + [len(p) for p in per])
   return np.array([s[bounds[i]:bounds[i + 1]].mean() for i in range(len(per))])
+
+
+@functools.lru_cache(maxsize=4)
+def _notcher(search_radius: float, disc_radius: float, min_ratio: float):
+  """Jitted batch :func:`fmag_lib.notch_one` (patches (B, n, n, 3), periods (B,))."""
+  kw = dict(search_radius=search_radius, disc_radius=disc_radius, min_ratio=min_ratio)
+  return jax.jit(jax.vmap(lambda x, p: jnp.clip(fmag_lib.notch_one(x, p, **kw), 0.0, 1.0)))
+
+
+def notched_images(images: list[np.ndarray], periods: np.ndarray, patch: int, fcfg: Any,
+                   chunk: int = 128) -> list[np.ndarray]:
+  """Every image's grid patches with FMAG's moiré discs flattened (:func:`fmag_lib.notch_one`),
+  reassembled as patch mosaics (uint8) so :func:`score_images` scores exactly these patches."""
+  fn = _notcher(float(fcfg.search_radius), float(fcfg.disc_radius), float(fcfg.min_peak_ratio))
+  out = []
+  for im, p in zip(images, periods, strict=True):
+    g = grid_patches(im, patch)
+    ys = []
+    for lo in range(0, len(g), chunk):
+      b = jnp.asarray(g[lo:lo + chunk], jnp.float32) / 255.0
+      ys.append(np.asarray(fn(b, jnp.full((len(b),), p, jnp.float32))))
+    y = np.round(np.concatenate(ys) * 255).astype(np.uint8)
+    k = int(round(np.sqrt(len(y))))
+    ny, nx = (k, k) if k * k == len(y) else (1, len(y))
+    out.append(y.reshape(ny, nx, patch, patch, 3).transpose(0, 2, 1, 3, 4)
+               .reshape(ny * patch, nx * patch, 3))
+  return out

@@ -21,7 +21,7 @@ def _frontal(period: float) -> dict:
           "read": z()}
 
 
-@pytest.mark.parametrize("period", [1.3, 1.45, 1.6])
+@pytest.mark.parametrize("period", [1.3, 1.45, 1.6, 2.4])   # 2.4: fundamental below Nyquist
 def test_simulator_moire_peak_at_predicted_frequency(period):
   page = jnp.full((256, 256, 3), 0.6, jnp.float32)
   img = np.asarray(recapture.capture(page, _frontal(period), jax.random.key(0), sensor=SENSOR,
