@@ -89,6 +89,26 @@ def fmag_spectrum(amp: jax.Array, mask: jax.Array, alpha: jax.Array,
   return jnp.where(mask, amp, jnp.maximum(alpha * amp + beta, 0.0))
 
 
+def _located_spectrum(x: jax.Array, period: jax.Array, search_radius: float,
+                      disc_radius: float, min_ratio: float):
+  """Centred orthonormal spectrum of an (n, n, 3) patch per channel: amplitude, phase, the
+  located moiré ``peaks`` / ``detected`` flags and FMAG's kept-bin ``mask`` (DC included)."""
+  n = x.shape[0]
+  spec = jnp.fft.fftshift(jnp.fft.fft2(jnp.moveaxis(x, -1, 0), norm="ortho"), axes=(1, 2))
+  amp, phase = jnp.abs(spec), jnp.angle(spec)
+  freqs = predicted_frequencies(period)
+  peaks, det = jax.vmap(lambda a: locate_peaks(a, freqs, search_radius, min_ratio))(amp)
+  mask = jax.vmap(lambda p: keep_mask(n, p, disc_radius))(peaks)
+  return amp, phase, peaks, det, mask
+
+
+def _to_patch(amp: jax.Array, phase: jax.Array) -> jax.Array:
+  """Inverse of :func:`_located_spectrum`'s transform: (3, n, n) amplitude + phase -> patch."""
+  out = jnp.fft.ifft2(jnp.fft.ifftshift(amp * jnp.exp(1j * phase), axes=(1, 2)),
+                      norm="ortho").real
+  return jnp.moveaxis(out, 0, -1)
+
+
 def fmag_one(key: jax.Array, x: jax.Array, period: jax.Array, *, alpha_range=(0.5, 0.8),
              beta_std: float = 0.02, search_radius: float = 4.0, disc_radius: float = 2.5,
              min_ratio: float = 3.0, alpha_per: str = "image") -> tuple[jax.Array, dict]:
@@ -105,16 +125,11 @@ def fmag_one(key: jax.Array, x: jax.Array, period: jax.Array, *, alpha_range=(0.
   shape = () if alpha_per == "image" else (3, n, n)
   alpha = jax.random.uniform(ka, shape, minval=alpha_range[0], maxval=alpha_range[1])
   beta = beta_std * jax.random.normal(kb, (3, n, n))
-  spec = jnp.fft.fftshift(jnp.fft.fft2(jnp.moveaxis(x, -1, 0), norm="ortho"), axes=(1, 2))
-  amp, phase = jnp.abs(spec), jnp.angle(spec)
-  freqs = predicted_frequencies(period)
-  peaks, det = jax.vmap(lambda a: locate_peaks(a, freqs, search_radius, min_ratio))(amp)
-  mask = jax.vmap(lambda p: keep_mask(n, p, disc_radius))(peaks)
-  new_amp = fmag_spectrum(amp, mask, alpha, beta)
-  out = jnp.fft.ifft2(jnp.fft.ifftshift(new_amp * jnp.exp(1j * phase), axes=(1, 2)),
-                      norm="ortho").real
+  amp, phase, peaks, det, mask = _located_spectrum(x, period, search_radius, disc_radius,
+                                                   min_ratio)
+  out = _to_patch(fmag_spectrum(amp, mask, alpha, beta), phase)
   info = {"peaks": peaks, "detected": det, "mask": mask, "alpha": alpha, "beta": beta}
-  return jnp.moveaxis(out, 0, -1), info
+  return out, info
 
 
 def notch_one(x: jax.Array, period: jax.Array, *, search_radius: float = 4.0,
@@ -127,13 +142,9 @@ def notch_one(x: jax.Array, period: jax.Array, *, search_radius: float = 4.0,
   when only these few bins are flattened, it reads the moiré peaks.
   """
   n = x.shape[0]
-  spec = jnp.fft.fftshift(jnp.fft.fft2(jnp.moveaxis(x, -1, 0), norm="ortho"), axes=(1, 2))
-  amp, phase = jnp.abs(spec), jnp.angle(spec)
-  peaks, _ = jax.vmap(lambda a: locate_peaks(a, predicted_frequencies(period), search_radius,
-                                             min_ratio))(amp)
+  amp, phase, _, _, mask = _located_spectrum(x, period, search_radius, disc_radius, min_ratio)
   ky, kx = _grid(n)
-  dc = ky ** 2 + kx ** 2 <= disc_radius ** 2
-  mask = jax.vmap(lambda p: keep_mask(n, p, disc_radius))(peaks) & ~dc
+  mask = mask & ~(ky ** 2 + kx ** 2 <= disc_radius ** 2)      # DC is not a moiré disc
   ring = jnp.round(jnp.sqrt(ky ** 2 + kx ** 2)).astype(jnp.int32).reshape(-1)
   nr = int(np.ceil(np.sqrt(2) * n / 2)) + 2
 
@@ -146,10 +157,7 @@ def notch_one(x: jax.Array, period: jax.Array, *, search_radius: float = 4.0,
     mean = jnp.where(cnt > 0, mean, every)      # a ring covered by discs: its plain mean
     return jnp.where(m, mean[ring].reshape(n, n), a)
 
-  new_amp = jax.vmap(flatten)(amp, mask)
-  out = jnp.fft.ifft2(jnp.fft.ifftshift(new_amp * jnp.exp(1j * phase), axes=(1, 2)),
-                      norm="ortho").real
-  return jnp.moveaxis(out, 0, -1)
+  return _to_patch(jax.vmap(flatten)(amp, mask), phase)
 
 
 def check_patches(x: Any, name: str = "patches") -> None:
