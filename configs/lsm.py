@@ -3,8 +3,11 @@
 Run:
   python -m experiments.lsm --config=configs/lsm.py:tiny --workdir=/tmp/lsm_tiny
   python -m experiments.lsm --config=configs/lsm.py:paper --workdir=/tmp/lsm_paper
-Variants: ``tiny`` (2 voices x 10 digits x 3 utterances, 1 epoch, < 2 min smoke run) and
-``paper`` (5 voices x 10 digits x 10 utterances, 5-fold cross-validation, bits 16/12/12-8-8/8).
+Variants: ``tiny`` (2 voices x 10 digits x 3 utterances, 1 epoch, < 2 min smoke run),
+``paper`` (5 voices x 10 digits x 10 utterances, 5-fold cross-validation, bits 16/12/12-8-8/8;
+each utterance gets a random speed, pitch, room and noise level) and ``studio`` (the same with
+TI46's recording conditions: a sound booth, so no room and 40-50 dB SNR, and the speed and
+pitch of one speaker repeating a word, about +-10 % in F0 and duration; see WORKSPACE.md).
 Use your own corpus (e.g. TI46) with ``--config.data.wav_dir=/path/to/wavs``.
 """
 
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import ml_collections
 
-VARIANTS = ("tiny", "paper")
+VARIANTS = ("tiny", "paper", "studio")
 
 
 def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
@@ -61,6 +64,13 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
   c.brian2_python = "/tmp/brian2env/bin/python"
   c.brian2_utterances = 3
   c.speed_repeats = 3
+  if arg == "studio":
+    # espeak-ng pitch 40 / 50 / 60 -> F0 81 / 90 / 101 Hz (en-us), speed 145 / 160 / 175 wpm
+    # -> "seven" 0.58 / 0.53 / 0.49 s: about +-10 % around the voice's own values.
+    c.data.speed_wpm = (145, 175)
+    c.data.pitch = (40, 60)
+    c.data.snr_db = (40.0, 50.0)
+    c.data.rt60_s = (0.0, 0.0)       # 0 = no room (close-talking microphone in a booth)
   if arg == "tiny":
     c.data.voices = ("en-us", "en-gb+f3")
     c.data.utterances = 3

@@ -5,11 +5,15 @@ speed and pitch, convolved with a synthetic room impulse response (exponentially
 noise with a chosen RT60) and mixed with white noise at a chosen SNR, then written as a
 16-bit WAV named ``<digit>_<voice>_<index>.wav`` (readable by ``wav_folder.load_folder``).
 Generation is deterministic in the seed and skips files that already exist, so reruns reuse
-the data.
+the data; the folder keeps the spec it was made with (``speech_spec.json``) and a rerun with
+another spec is refused rather than silently given the old files.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -23,6 +27,7 @@ from absl import logging
 
 from omni_jax.lsm.wav_folder import DIGITS, read_wav, resample, write_wav
 
+SPEC_FILE = "speech_spec.json"
 DEFAULT_VOICES = ("en-us", "en-gb+f3", "en-gb-scotland+m3", "en-029+f2", "en-us-nyc+m7")
 
 
@@ -69,7 +74,12 @@ def trim(x: np.ndarray, sample_rate: int, level: float = 0.01, pad_s: float = 0.
 
 
 def room(x: np.ndarray, sample_rate: int, rt60: float, rng: np.random.Generator):
-  """Convolve with a synthetic room response: direct path plus a decaying noise tail."""
+  """Convolve with a synthetic room response: direct path plus a decaying noise tail.
+
+  ``rt60 <= 0`` means no room (a close-talking microphone in a sound booth): ``x`` unchanged.
+  """
+  if rt60 <= 0:
+    return x.astype(np.float32)
   n = max(int(rt60 * sample_rate), 1)
   t = np.arange(n) / sample_rate
   h = rng.standard_normal(n) * np.exp(-6.9 * t / rt60) * 0.3
@@ -104,10 +114,33 @@ def render(spec: SpeechSpec, digit: int, voice_i: int, index: int) -> np.ndarray
   return x / max(float(np.abs(x).max()), 1e-9) * 0.5
 
 
+def _check_spec(out_dir: Path, spec: SpeechSpec) -> None:
+  """Record ``spec`` in ``out_dir``; refuse a folder made with another (or an unknown) spec."""
+  record = json.loads(json.dumps(dataclasses.asdict(spec)))     # tuples -> lists
+  path = out_dir / SPEC_FILE
+  if path.exists():
+    old = json.loads(path.read_text())
+    diff = sorted(k for k in set(old) | set(record) if old.get(k) != record.get(k))
+    if diff:
+      raise ValueError(f"{out_dir} holds WAVs generated with another speech spec (differs in "
+                       f"{diff}: {[old.get(k) for k in diff]} there, "
+                       f"{[record.get(k) for k in diff]} now); use another data.cache_dir "
+                       f"or delete the folder")
+    return
+  if any(out_dir.glob("*.wav")):
+    raise ValueError(f"{out_dir} holds WAVs but no {SPEC_FILE}, so they may come from another "
+                     f"speech spec; use another data.cache_dir or delete the folder")
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(json.dumps(record, indent=1))
+  os.replace(tmp, path)
+
+
 def generate_digits(out_dir: str | Path, spec: SpeechSpec) -> list[Path]:
-  """Write every (voice, digit, utterance) WAV under ``out_dir``, reusing existing ones."""
+  """Write every (voice, digit, utterance) WAV under ``out_dir``, reusing existing ones made
+  with the same spec (a folder made with another spec raises ValueError)."""
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
+  _check_spec(out_dir, spec)
   todo = [(d, v, i) for v in range(len(spec.voices)) for d in range(10)
           for i in range(spec.utterances)]
   paths, made, t0 = [], 0, time.time()

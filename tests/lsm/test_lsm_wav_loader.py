@@ -94,3 +94,36 @@ def test_generate_digits_with_espeak_and_reuse(tmp_path):
   assert paths[0].stat().st_mtime_ns == mtime
   ds = wf.load_folder(tmp_path)
   assert sorted(ds.labels) == list(range(10)) and not ds.rejected
+
+
+def test_speech_folder_refuses_another_spec(tmp_path):
+  spec = speech.SpeechSpec(voices=("en-us",), utterances=1)
+  speech._check_spec(tmp_path, spec)                    # empty folder: records the spec
+  speech._check_spec(tmp_path, spec)                    # same spec: accepted
+  with pytest.raises(ValueError, match=r"another speech spec \(differs in \['pitch'\]"):
+    speech._check_spec(tmp_path, speech.SpeechSpec(voices=("en-us",), utterances=1,
+                                                   pitch=(40, 60)))
+  other = tmp_path / "old"
+  other.mkdir()
+  wf.write_wav(other / "one_enus_00.wav", np.zeros(160, np.float32), 16000)
+  with pytest.raises(ValueError, match="no speech_spec.json"):
+    speech._check_spec(other, spec)
+
+
+def test_room_with_zero_rt60_is_the_identity():
+  x = np.random.default_rng(0).standard_normal(100).astype(np.float32)
+  y = speech.room(x, 16000, 0.0, np.random.default_rng(1))
+  np.testing.assert_array_equal(x, y)
+  z = speech.room(x, 16000, 0.05, np.random.default_rng(1))
+  assert z.size == 100 + 800 - 1 and abs(z[0] - x[0]) < 1e-5
+
+
+def test_studio_variant_changes_only_the_recording_conditions():
+  from configs import lsm as lsm_cfg
+  paper, studio = lsm_cfg.get_config("paper").to_dict(), lsm_cfg.get_config("studio").to_dict()
+  changed = {k for k in paper["data"] if paper["data"][k] != studio["data"][k]}
+  assert changed == {"speed_wpm", "pitch", "snr_db", "rt60_s"}
+  paper.pop("data"), studio.pop("data"), paper.pop("variant"), studio.pop("variant")
+  assert paper == studio
+  with pytest.raises(ValueError, match="allowed"):
+    lsm_cfg.get_config("ti46")
