@@ -43,6 +43,9 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
   # it stops learning once its own input lifts it above the band. The others get -1.5 and
   # are depressed while their calcium is in (1.7, 4.0), i.e. while they still fire.
   # v_plus / v_minus: optional membrane condition of Zhang et al. 2015 (off at +-1e9).
+  # epochs / dw_decay: the rule converges slowly; 40 epochs with dw x0.93 per epoch (ends at
+  # 0.055 dw) instead of 12 with x0.8 lifts 5-fold accuracy 0.858 -> ~0.88 (60 epochs x0.95:
+  # 0.878; studio data 0.896 -> 0.93), flat after ~30 epochs (WORKSPACE.md, round 3).
   # group: readout neurons per class, all taught alike; the class with the most spikes of
   # its group wins (a population vote that averages the rule's stochastic weights).
   # dc_minus: depression band width (negative = dc, symmetric); c_init_plus: the taught
@@ -51,8 +54,8 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
   # (WORKSPACE.md, "this round" table).
   c.readout = ml_collections.ConfigDict(dict(
       threshold=20.0, tau_shift=5, c_th=4.0, dc=2.3, p_plus=0.1, p_minus=0.1, dw=0.06,
-      dw_decay=0.8, w_max=8.0, teacher_plus=6.0, teacher_minus=-1.5, calcium_shift=5,
-      v_plus=-1e9, v_minus=1e9, epochs=12, eval_every=6, ls_ridge=1e-4, refractory=2,
+      dw_decay=0.93, w_max=8.0, teacher_plus=6.0, teacher_minus=-1.5, calcium_shift=5,
+      v_plus=-1e9, v_minus=1e9, epochs=40, eval_every=10, ls_ridge=1e-4, refractory=2,
       group=3, dc_minus=-1.0, c_init_plus=0.0, lateral=0.0,
       calcium_range=8.0))   # 8-bit lsb 1/16; saturating above 8 is still above the bands
   c.folds = 5
