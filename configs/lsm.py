@@ -44,8 +44,8 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
   # are depressed while their calcium is in (1.7, 4.0), i.e. while they still fire.
   # v_plus / v_minus: optional membrane condition of Zhang et al. 2015 (off at +-1e9).
   # epochs / dw_decay: the rule converges slowly; 40 epochs with dw x0.93 per epoch (ends at
-  # 0.055 dw) instead of 12 with x0.8 lifts 5-fold accuracy 0.858 -> ~0.88 (60 epochs x0.95:
-  # 0.878; studio data 0.896 -> 0.93), flat after ~30 epochs (WORKSPACE.md, round 3).
+  # 0.055 dw) instead of 12 with x0.8: 5-fold accuracy 0.858 -> 0.862 (60 epochs x0.95: 0.878;
+  # studio data 0.896 -> 0.932), flat after ~30 epochs (WORKSPACE.md, round 3).
   # group: readout neurons per class, all taught alike; the class with the most spikes of
   # its group wins (a population vote that averages the rule's stochastic weights).
   # dc_minus: depression band width (negative = dc, symmetric); c_init_plus: the taught

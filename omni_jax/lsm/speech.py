@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ import numpy as np
 from absl import logging
 
 from omni_jax.lsm.wav_folder import DIGITS, read_wav, resample, write_wav
+from omni_jax.train import metrics
 
 SPEC_FILE = "speech_spec.json"
 DEFAULT_VOICES = ("en-us", "en-gb+f3", "en-gb-scotland+m3", "en-029+f2", "en-us-nyc+m7")
@@ -116,7 +116,7 @@ def render(spec: SpeechSpec, digit: int, voice_i: int, index: int) -> np.ndarray
 
 def _check_spec(out_dir: Path, spec: SpeechSpec) -> None:
   """Record ``spec`` in ``out_dir``; refuse a folder made with another (or an unknown) spec."""
-  record = json.loads(json.dumps(dataclasses.asdict(spec)))     # tuples -> lists
+  record = metrics.to_jsonable(dataclasses.asdict(spec))        # tuples -> lists
   path = out_dir / SPEC_FILE
   if path.exists():
     old = json.loads(path.read_text())
@@ -130,9 +130,7 @@ def _check_spec(out_dir: Path, spec: SpeechSpec) -> None:
   if any(out_dir.glob("*.wav")):
     raise ValueError(f"{out_dir} holds WAVs but no {SPEC_FILE}, so they may come from another "
                      f"speech spec; use another data.cache_dir or delete the folder")
-  tmp = path.with_suffix(".tmp")
-  tmp.write_text(json.dumps(record, indent=1))
-  os.replace(tmp, path)
+  metrics.write_json_atomic(str(path), record)
 
 
 def generate_digits(out_dir: str | Path, spec: SpeechSpec) -> list[Path]:
