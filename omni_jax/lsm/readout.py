@@ -193,6 +193,30 @@ def least_squares_fit(features: np.ndarray, labels: np.ndarray, num_classes: int
   return np.linalg.solve(a, x.T @ y)
 
 
+def least_squares_spiking_weights(features: np.ndarray, labels: np.ndarray, num_classes: int,
+                                  steps: float, ridge: float = 1e-4) -> np.ndarray:
+  """Least-squares weights for the spiking readout neurons themselves; (F, K).
+
+  The spiking readout has no bias input, so the fit has no intercept: ridge least squares
+  from spike counts (S, F) to +1 for the class and -1 for the others. The weights are then
+  scaled so that the desired readout's drive, averaged over the training samples and over
+  ``steps`` time steps per sample, is 1 per step (about 1.5x the drive at which the readout
+  LIF starts to fire). Running the spiking readout with these weights measures how well the
+  readout *neuron* can decide with the best linear weights: the ceiling of any learning rule
+  that drives it.
+  """
+  x = np.asarray(features, np.float64)
+  y = 2.0 * np.eye(num_classes)[labels] - 1.0
+  a = x.T @ x + ridge * np.eye(x.shape[1]) * max(np.trace(x.T @ x) / x.shape[1], 1e-12)
+  w = np.linalg.solve(a, x.T @ y)
+  drive = float((x @ w)[np.arange(len(labels)), labels].mean())
+  if not drive > 0:
+    raise ValueError(f"least-squares readout gives the desired class a mean drive of "
+                     f"{drive:.3g} per sample (needs > 0): ridge {ridge} is too strong or the "
+                     "features do not separate the classes")
+  return (w * (steps / drive)).astype(np.float32)
+
+
 def least_squares_predict(w: np.ndarray, features: np.ndarray) -> np.ndarray:
   """Class = argmax of the least-squares readout."""
   x = np.concatenate([features, np.ones((features.shape[0], 1))], 1)

@@ -113,3 +113,32 @@ def test_population_readout_equals_duplicated_single_readout():
   np.testing.assert_array_equal(np.floor(np.asarray(s2)), 2 * np.floor(np.asarray(s1)))
   np.testing.assert_array_equal(readout.predict(jnp.asarray(two), batch, lif, rule, fmt, 2),
                                 readout.predict(jnp.asarray(one), batch, lif, rule, fmt))
+
+
+def test_least_squares_spiking_weights_closed_form_and_spiking_decision():
+  # Three classes, each sample made of its class's neuron firing every 4th step plus noise.
+  rng = np.random.default_rng(0)
+  steps, n, per = 64, 6, 8
+  labels = np.repeat(np.arange(3), per)
+  spikes = (rng.random((labels.size, steps, n)) < 0.03).astype(np.uint8)
+  spikes[np.arange(labels.size), ::4, labels] = 1
+  feats = readout.count_features(spikes, np.full(labels.size, steps), 1)
+  w = readout.least_squares_spiking_weights(feats, labels, 3, float(steps), ridge=1e-6)
+  # Closed form: no intercept, +-1 targets, rescaled to a mean desired drive of 1 per step.
+  y = 2.0 * np.eye(3)[labels] - 1.0
+  x = feats.astype(np.float64)
+  ref = np.linalg.solve(x.T @ x + 1e-6 * np.trace(x.T @ x) / n * np.eye(n), x.T @ y)
+  ref /= (x @ ref)[np.arange(labels.size), labels].mean() / steps
+  np.testing.assert_allclose(w, ref, rtol=1e-5)
+  np.testing.assert_allclose((feats @ w)[np.arange(labels.size), labels].mean(), steps,
+                             rtol=1e-5)
+  # The spiking readout (no teacher, float) with these weights names every class.
+  lif = reservoir.LIFParams(threshold=20.0, tau_shift=5, refractory=2)
+  pred = readout.predict(jnp.asarray(w), jnp.asarray(spikes), lif, readout.RuleParams(),
+                         fxp.make_format(None))
+  np.testing.assert_array_equal(np.asarray(pred), labels)
+  # Features that cannot tell the classes apart give the desired class the mean target
+  # (1 - 2) / 3 < 0 as its drive: refused with the reason.
+  with pytest.raises(ValueError, match="mean drive of -0.333"):
+    readout.least_squares_spiking_weights(np.ones_like(feats), labels, 3, float(steps),
+                                          ridge=1e-6)

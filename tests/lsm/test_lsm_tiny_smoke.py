@@ -27,6 +27,7 @@ def test_lsm_tiny_config_runs_end_to_end(tmp_path):
     assert k in summary
   assert set(summary["accuracy_by_bits"]) == {"16", "12/8/8"}
   assert 0.0 <= summary["accuracy"] <= 1.0
+  assert 0.0 <= summary["accuracy_least_squares_spiking"] <= 1.0
   assert summary["gated_ungated_spikes_identical"] is True
   assert 0.0 < summary["energy_saving_gating"] <= summary["energy_saving_total"] < 1.0
   assert (tmp_path / "raster.png").stat().st_size > 0
