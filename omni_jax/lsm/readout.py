@@ -187,8 +187,13 @@ def predict(w, spikes, lif: LIFParams, rule: RuleParams, fmt: fxp.Format, group:
 def least_squares_fit(features: np.ndarray, labels: np.ndarray, num_classes: int,
                       ridge: float = 1e-2) -> np.ndarray:
   """Ridge least-squares map from features (S, F) to one-hot labels; returns (F + 1, K)."""
-  x = np.concatenate([features, np.ones((features.shape[0], 1))], 1).astype(np.float64)
-  y = np.eye(num_classes)[labels]
+  x = np.concatenate([features, np.ones((features.shape[0], 1))], 1)
+  return _ridge_solve(x, np.eye(num_classes)[labels], ridge)
+
+
+def _ridge_solve(x: np.ndarray, y: np.ndarray, ridge: float) -> np.ndarray:
+  """argmin_w |x w - y|^2 + ridge * mean(diag(x^T x)) |w|^2 (ridge relative to the data scale)."""
+  x = np.asarray(x, np.float64)
   a = x.T @ x + ridge * np.eye(x.shape[1]) * max(np.trace(x.T @ x) / x.shape[1], 1e-12)
   return np.linalg.solve(a, x.T @ y)
 
@@ -206,9 +211,7 @@ def least_squares_spiking_weights(features: np.ndarray, labels: np.ndarray, num_
   that drives it.
   """
   x = np.asarray(features, np.float64)
-  y = 2.0 * np.eye(num_classes)[labels] - 1.0
-  a = x.T @ x + ridge * np.eye(x.shape[1]) * max(np.trace(x.T @ x) / x.shape[1], 1e-12)
-  w = np.linalg.solve(a, x.T @ y)
+  w = _ridge_solve(x, 2.0 * np.eye(num_classes)[labels] - 1.0, ridge)
   drive = float((x @ w)[np.arange(len(labels)), labels].mean())
   if not drive > 0:
     raise ValueError(f"least-squares readout gives the desired class a mean drive of "
