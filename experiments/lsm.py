@@ -224,8 +224,8 @@ def least_squares_cv(cfg, res_spikes, lengths, labels, fold):
 
 
 def least_squares_spiking_cv(cfg, res_spikes, lengths, labels, fold, out_lif, rule):
-  """The readout neurons' own ceiling: the spiking readout (one LIF neuron per class, no
-  teacher) run with least-squares weights fitted on each fold's training spike counts.
+  """The readout neurons' own reference ceiling: the spiking readout (one LIF neuron per
+  class, no teacher) run with least-squares weights fitted on each fold's training counts.
 
   Float arithmetic, weights unbounded (on our data they reach +-150-180, far beyond the
   rule's w_max and the weight format): it asks what the readout neuron can decide with the

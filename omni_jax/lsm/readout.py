@@ -207,8 +207,9 @@ def least_squares_spiking_weights(features: np.ndarray, labels: np.ndarray, num_
   scaled so that the desired readout's drive, averaged over the training samples and over
   ``steps`` time steps per sample, is 1 per step (about 1.5x the drive at which the readout
   LIF starts to fire). Running the spiking readout with these weights measures how well the
-  readout *neuron* can decide with the best linear weights: the ceiling of any learning rule
-  that drives it.
+  readout *neuron* decides with the weights that are best for a linear readout: a reference
+  for what a rule driving it can reach (not a strict bound: the neuron's firing is
+  nonlinear, so other weights could suit it better).
   """
   x = np.asarray(features, np.float64)
   w = _ridge_solve(x, 2.0 * np.eye(num_classes)[labels] - 1.0, ridge)
