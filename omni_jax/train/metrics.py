@@ -36,6 +36,7 @@ def write_json_atomic(path: str, obj: Any) -> None:
     with os.fdopen(fd, "w") as f:
       json.dump(to_jsonable(obj), f, indent=2, sort_keys=True)
       f.write("\n")
+    os.chmod(tmp, 0o644)   # mkstemp makes it owner-only; a result file is for everyone to read
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
