@@ -28,7 +28,7 @@ from omni_jax.config import ConfigError, positive_int, require, to_dict
 from omni_jax.dpad import documents, pad_metrics, plots, recapture, train
 from omni_jax.dpad import fmag as fmag_lib
 from omni_jax.dpad.models import MODELS
-from omni_jax.train.metrics import MetricsLog, write_json_atomic
+from omni_jax.train.metrics import MetricsLog, atomic_path, write_json_atomic
 
 _CONFIG = common.define_config("configs/dpad.py:<variant>")
 _WORKDIR = common.define_workdir("output folder")
@@ -140,9 +140,8 @@ def build_captures(cfg, workdir: str) -> dict:
     else:
       res[k] = np.asarray(v) if not k.endswith("images") else np.stack(v)
   res["fingerprint"] = np.asarray(json.dumps(fp))
-  tmp = path + ".tmp.npz"
-  np.savez_compressed(tmp, **res)
-  os.replace(tmp, path)
+  with atomic_path(path) as tmp:
+    np.savez_compressed(tmp, **res)
   return res
 
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,7 +27,7 @@ from omni_jax.config import to_dict
 from omni_jax.lsm import ear, plots, power, readout, reservoir, speech
 from omni_jax.lsm import fixed_point as fxp
 from omni_jax.lsm import wav_folder as wf
-from omni_jax.train.metrics import write_json_atomic
+from omni_jax.train.metrics import atomic_path, write_json_atomic
 
 _CONFIG = common.define_config("configs/lsm.py:<variant>")
 _WORKDIR = common.define_workdir("output folder")
@@ -125,10 +123,8 @@ def encode(cfg, ds: wf.Dataset, workdir: Path):
   logging.info("ear + BSA: %d utterances in %.1f s, input rate %.4f spikes/channel/step",
                len(waves), time.time() - t0, spikes.sum() / (lengths.sum() * e.num_channels))
   labels = np.asarray(ds.labels)
-  fd, tmp = tempfile.mkstemp(dir=workdir, suffix=".npz")
-  os.close(fd)
-  np.savez(tmp, spikes=spikes, lengths=lengths, labels=labels, scale=scale)
-  os.replace(tmp, cache)
+  with atomic_path(str(cache)) as tmp:
+    np.savez(tmp, spikes=spikes, lengths=lengths, labels=labels, scale=scale)
   return spikes, lengths, labels, scale
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,17 +25,10 @@ from experiments import common
 from omni_jax.config import to_dict
 from omni_jax.query import cache, engines, featurize, model, plots, store
 from omni_jax.query.datasets import centers, clustered, image_crops
+from omni_jax.train.metrics import write_json_atomic
 
 _CONFIG = common.define_config("configs/query.py:<variant>")
 _WORKDIR = common.define_workdir("output folder")
-
-def write_json(path: Path, obj) -> None:
-  """Atomic JSON write."""
-  fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-  with os.fdopen(fd, "w") as f:
-    json.dump(obj, f, indent=2)
-  os.chmod(tmp, 0o644)
-  os.replace(tmp, path)
 
 
 def validate(cfg) -> None:
@@ -377,7 +369,7 @@ def main(argv) -> None:
       "skipped_shards": reader.problems,
       "config": to_dict(cfg),
   }
-  write_json(workdir / "summary.json", summary)
+  write_json_atomic(str(workdir / "summary.json"), summary)
   plots.latency_by_engine(summary["engines"], faiss_ms, workdir / "latency.png")
   plots.cache_curve(curve, workdir / "cache.png")
   logging.info("summary: %s", json.dumps({k: summary[k] for k in (

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from omni_jax.train.metrics import save_figure  # noqa: E402
+
 
 def _save(fig, path: str) -> None:
-  """Atomic PNG write."""
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".png")
-  os.close(fd)
-  fig.savefig(tmp, dpi=110, bbox_inches="tight")
-  plt.close(fig)
-  os.replace(tmp, path)
+  save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
 def raster(path: str, in_spikes: np.ndarray, res_spikes: np.ndarray, inhibitory: np.ndarray,

@@ -9,14 +9,14 @@ reported, each with a message naming the file, never guessed.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 import wave
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from omni_jax.train.metrics import atomic_path
 
 DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 MIN_SAMPLE_RATE = 8000
@@ -69,14 +69,12 @@ def write_wav(path: str | Path, x: np.ndarray, sample_rate: int) -> None:
   """Write 16-bit mono PCM atomically (temporary file, then rename)."""
   path = Path(path)
   pcm = (np.clip(x, -1.0, 32767 / 32768) * 32768.0).astype("<i2")
-  fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".wav.tmp")
-  os.close(fd)
-  with wave.open(tmp, "wb") as f:
+  # ".wav.tmp": a leftover of a killed run is not picked up as a WAV by load_folder.
+  with atomic_path(str(path), suffix=".wav.tmp") as tmp, wave.open(tmp, "wb") as f:
     f.setnchannels(1)
     f.setsampwidth(2)
     f.setframerate(int(sample_rate))
     f.writeframes(pcm.tobytes())
-  os.replace(tmp, path)
 
 
 def resample(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:

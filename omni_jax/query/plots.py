@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -11,15 +9,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from omni_jax.train.metrics import save_figure  # noqa: E402
+
 
 def _save(fig, path: Path) -> None:
-  """Atomic PNG write."""
-  fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".png")
-  os.close(fd)
-  fig.savefig(tmp, dpi=110, bbox_inches="tight")
-  plt.close(fig)
-  os.chmod(tmp, 0o644)
-  os.replace(tmp, path)
+  save_figure(fig, str(path), dpi=110, bbox_inches="tight")
 
 
 def latency_by_engine(engines: list[dict], faiss_ms: float | None, path: Path) -> None:

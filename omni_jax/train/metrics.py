@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -27,21 +28,38 @@ def to_jsonable(x: Any) -> Any:
   return x
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
-  """Writes JSON to a temporary file in the same folder, then renames it into place."""
+@contextlib.contextmanager
+def atomic_path(path: str, suffix: str | None = None) -> Iterator[str]:
+  """Yields a temporary file name next to ``path``; when the block ends without error the file
+  becomes ``path`` by one rename (readable by all: 0644), otherwise it is removed. A crash
+  never leaves a half-written result under ``path``.
+
+  The temporary name ends in ``suffix``, by default ``path``'s extension (writers such as
+  ``np.savez`` add theirs otherwise); give another where a killed process's leftover must not
+  look like data to a folder scan (e.g. ``.wav.tmp`` for WAVs).
+  """
+  path = str(path)
   d = os.path.dirname(os.path.abspath(path))
   os.makedirs(d, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp_", suffix=".json")
+  if suffix is None:
+    suffix = os.path.splitext(path)[1]
+  fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp_", suffix=suffix)
+  os.close(fd)
   try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(to_jsonable(obj), f, indent=2, sort_keys=True)
-      f.write("\n")
+    yield tmp
     os.chmod(tmp, 0o644)   # mkstemp makes it owner-only; a result file is for everyone to read
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+  """Writes JSON (keys sorted, arrays and NaN made JSON-safe) atomically (``atomic_path``)."""
+  with atomic_path(path) as tmp, open(tmp, "w") as f:
+    json.dump(to_jsonable(obj), f, indent=2, sort_keys=True)
+    f.write("\n")
 
 
 class MetricsLog:
@@ -83,13 +101,13 @@ class MetricsLog:
       f.flush()
 
 
-def save_figure(fig, path: str) -> None:
-  """Writes a matplotlib figure as PNG atomically (temporary file, then rename) and closes it."""
+def save_figure(fig, path: str, **savefig_kw) -> None:
+  """Writes a matplotlib figure as PNG atomically (``atomic_path``) and closes it."""
   import matplotlib.pyplot as plt
   fig.tight_layout()
-  fig.savefig(path + ".tmp.png")
+  with atomic_path(path) as tmp:
+    fig.savefig(tmp, **savefig_kw)
   plt.close(fig)
-  os.replace(path + ".tmp.png", path)
 
 
 def plot_curves(records: list[dict], keys: list[str], path: str, title: str,
