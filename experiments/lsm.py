@@ -123,7 +123,7 @@ def encode(cfg, ds: wf.Dataset, workdir: Path):
   logging.info("ear + BSA: %d utterances in %.1f s, input rate %.4f spikes/channel/step",
                len(waves), time.time() - t0, spikes.sum() / (lengths.sum() * e.num_channels))
   labels = np.asarray(ds.labels)
-  with atomic_path(str(cache)) as tmp:
+  with atomic_path(cache) as tmp:
     np.savez(tmp, spikes=spikes, lengths=lengths, labels=labels, scale=scale)
   return spikes, lengths, labels, scale
 
@@ -224,8 +224,8 @@ def least_squares_spiking_cv(cfg, res_spikes, lengths, labels, fold, out_lif, ru
   class, no teacher) run with least-squares weights fitted on each fold's training counts.
 
   Float arithmetic, weights unbounded (on our data they reach +-150-180, far beyond the
-  rule's w_max and the weight format): it asks what the readout neuron can decide with the
-  best linear weights, whatever a rule or a word width allows.
+  rule's w_max and the weight format): it asks what the readout neuron decides with the
+  weights that are best for a linear readout, whatever a rule or a word width allows.
   """
   feats = readout.count_features(res_spikes, lengths, 1)
   classes = int(labels.max()) + 1
@@ -389,7 +389,7 @@ def main(argv):
   }
   if rule.lateral > 0:
     summary["accuracy_without_lateral_by_bits"] = plain_bits
-  write_json_atomic(str(workdir / "summary.json"), summary)
+  write_json_atomic(workdir / "summary.json", summary)
   logging.info("summary: %s", json.dumps({k: summary[k] for k in list(summary)[:10]}))
 
 

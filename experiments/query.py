@@ -369,7 +369,7 @@ def main(argv) -> None:
       "skipped_shards": reader.problems,
       "config": to_dict(cfg),
   }
-  write_json_atomic(str(workdir / "summary.json"), summary)
+  write_json_atomic(workdir / "summary.json", summary)
   plots.latency_by_engine(summary["engines"], faiss_ms, workdir / "latency.png")
   plots.cache_curve(curve, workdir / "cache.png")
   logging.info("summary: %s", json.dumps({k: summary[k] for k in (

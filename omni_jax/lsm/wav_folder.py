@@ -70,7 +70,7 @@ def write_wav(path: str | Path, x: np.ndarray, sample_rate: int) -> None:
   path = Path(path)
   pcm = (np.clip(x, -1.0, 32767 / 32768) * 32768.0).astype("<i2")
   # ".wav.tmp": a leftover of a killed run is not picked up as a WAV by load_folder.
-  with atomic_path(str(path), suffix=".wav.tmp") as tmp, wave.open(tmp, "wb") as f:
+  with atomic_path(path, suffix=".wav.tmp") as tmp, wave.open(tmp, "wb") as f:
     f.setnchannels(1)
     f.setsampwidth(2)
     f.setframerate(int(sample_rate))

@@ -13,7 +13,7 @@ from omni_jax.train.metrics import save_figure  # noqa: E402
 
 
 def _save(fig, path: Path) -> None:
-  save_figure(fig, str(path), dpi=110, bbox_inches="tight")
+  save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
 def latency_by_engine(engines: list[dict], faiss_ms: float | None, path: Path) -> None:

@@ -29,7 +29,7 @@ def to_jsonable(x: Any) -> Any:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str, suffix: str | None = None) -> Iterator[str]:
+def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[str]:
   """Yields a temporary file name next to ``path``; when the block ends without error the file
   becomes ``path`` by one rename (readable by all: 0644), otherwise it is removed. A crash
   never leaves a half-written result under ``path``.
@@ -38,7 +38,7 @@ def atomic_path(path: str, suffix: str | None = None) -> Iterator[str]:
   ``np.savez`` add theirs otherwise); give another where a killed process's leftover must not
   look like data to a folder scan (e.g. ``.wav.tmp`` for WAVs).
   """
-  path = str(path)
+  path = os.fspath(path)
   d = os.path.dirname(os.path.abspath(path))
   os.makedirs(d, exist_ok=True)
   if suffix is None:
@@ -55,7 +55,7 @@ def atomic_path(path: str, suffix: str | None = None) -> Iterator[str]:
     raise
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
   """Writes JSON (keys sorted, arrays and NaN made JSON-safe) atomically (``atomic_path``)."""
   with atomic_path(path) as tmp, open(tmp, "w") as f:
     json.dump(to_jsonable(obj), f, indent=2, sort_keys=True)
@@ -101,7 +101,7 @@ class MetricsLog:
       f.flush()
 
 
-def save_figure(fig, path: str, **savefig_kw) -> None:
+def save_figure(fig, path: str | os.PathLike, **savefig_kw) -> None:
   """Writes a matplotlib figure as PNG atomically (``atomic_path``) and closes it."""
   import matplotlib.pyplot as plt
   fig.tight_layout()
