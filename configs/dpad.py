@@ -10,7 +10,7 @@ Run:
   python -m experiments.dpad --config=configs/dpad.py:blurry_low --workdir=/tmp/dpad_blurry
   python -m experiments.dpad --config=configs/dpad.py:sharp_low --workdir=/tmp/dpad_sharp_low
 Variants: ``tiny`` (a few documents, a few training steps: seconds, for tests),
-``default`` (the CPU-sized run reported in WORKSPACE.md: 48 training documents per kind,
+``default`` (the CPU-sized run reported in docs/dpad.md: 48 training documents per kind,
 240 held-out images per quality; a capture channel set from phone-camera physics: screen
 period 1.5-3 sensor px, lens MTF at 0.7 cycles/px 0.14-0.35 (high) / 0.05-0.14 (low), the
 low-end camera at 0.7-0.9x the resolution; ~6 min on 2 cores + ~1-3 min of rendering),

@@ -11,7 +11,7 @@ Harmony repository's gpt2-10-billion config) on 4 GPUs of 11 GB (10 GiB usable, 
 searcher's default cap) sharing 11.5 GiB/s of swap bandwidth per direction, with 8.2 GiB/s
 GPU-to-GPU links for Harmony's pipeline mode (vPP) — planner and cost model only — and
 sweeps the paper's range of settings (GPT-2 10B / 20B / 40B on 1, 2, 4, 8 GPUs). On a GPU
-host the same command measures real host<->device transfers (see WORKSPACE.md).
+host the same command measures real host<->device transfers (see docs/harmony.md, "On a GPU host").
 """
 
 import ml_collections
@@ -77,11 +77,11 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
     c.verify = False
     # GTX 1080 Ti-class GPUs: 11.3 TFLOP/s fp32 peak, priced at 7e12 (62% of peak). A
     # roofline of one GPT-2 10B block (XLA's FLOPs and bytes, 10.06 TFLOP/s measured fp32
-    # GEMM at 4096^2 on a 1080 Ti, 484 GB/s memory) gives 7.2-7.6 TFLOP/s: see WORKSPACE.md.
+    # GEMM at 4096^2 on a 1080 Ti, 484 GB/s memory) gives 7.2-7.6 TFLOP/s: see docs/harmony.md.
     c.hardware.update(measure=False, n_gpus=4, flops_per_s=7e12)
     # The paper's range: GPT-2 10B / 20B / 40B (the Harmony repository's gpt2-10-, 20-,
     # 40-billion.json: 50 / 100 / 200 layers, n_embd 4096, 32 heads) on 1-8 GPUs of one
     # host. extra_k=1 (not 3) keeps the 12 cells to minutes on 2 shared cores: on the
-    # 40B / 8-GPU cell and on the headline cell it picks the same plans (see WORKSPACE.md).
+    # 40B / 8-GPU cell and on the headline cell it picks the same plans (see docs/harmony.md).
     c.settings_sweep.update(n_gpus=(1, 2, 4, 8), num_layers=(50, 100, 200), extra_k=1)
   return c

@@ -7,7 +7,7 @@ Variants: ``tiny`` (2 voices x 10 digits x 3 utterances, 1 epoch, < 2 min smoke 
 ``paper`` (5 voices x 10 digits x 10 utterances, 5-fold cross-validation, bits 16/12/12-8-8/8;
 each utterance gets a random speed, pitch, room and noise level) and ``studio`` (the same with
 TI46's recording conditions: a sound booth, so no room and 40-50 dB SNR, and the speed and
-pitch of one speaker repeating a word, about +-10 % in F0 and duration; see WORKSPACE.md).
+pitch of one speaker repeating a word, about +-10 % in F0 and duration; see docs/lsm.md).
 Use your own corpus (e.g. TI46) with ``--config.data.wav_dir=/path/to/wavs``.
 """
 
@@ -37,7 +37,7 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
   c.reservoir = ml_collections.ConfigDict(dict(
       grid=(3, 3, 15), r=2.0, frac_inhibitory=0.2, inputs_per_channel=4, w_input=8.0,
       threshold=80.0, tau_shift=6, syn_shift=3, refractory=2, membrane_range=256.0))
-  # Calcium rule (tuned on 2-fold subsets, see WORKSPACE.md): calcium leak 2**-5, so a
+  # Calcium rule (tuned on 2-fold subsets, see docs/lsm.md): calcium leak 2**-5, so a
   # readout firing at rate r holds about 32 r. The teacher alone (+6) makes the desired
   # neuron fire at ~0.17/step (calcium ~5.3, inside the potentiation band (4.0, 6.3));
   # it stops learning once its own input lifts it above the band. The others get -1.5 and
@@ -45,13 +45,13 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
   # v_plus / v_minus: optional membrane condition of Zhang et al. 2015 (off at +-1e9).
   # epochs / dw_decay: the rule converges slowly; 40 epochs with dw x0.93 per epoch (ends at
   # 0.055 dw) instead of 12 with x0.8: 5-fold accuracy 0.858 -> 0.862 (60 epochs x0.95: 0.878;
-  # studio data 0.896 -> 0.932), flat after ~30 epochs (WORKSPACE.md, round 3).
+  # studio data 0.896 -> 0.932), flat after ~30 epochs (docs/lsm.md, round 3).
   # group: readout neurons per class, all taught alike; the class with the most spikes of
   # its group wins (a population vote that averages the rule's stochastic weights).
   # dc_minus: depression band width (negative = dc, symmetric); c_init_plus: the taught
   # neuron's calcium at the start of each sample (0 = rest); lateral: test-time inhibition
   # between readout neurons per spike. All three were tried this round and are off
-  # (WORKSPACE.md, "this round" table).
+  # (docs/lsm.md, round 2 table).
   c.readout = ml_collections.ConfigDict(dict(
       threshold=20.0, tau_shift=5, c_th=4.0, dc=2.3, p_plus=0.1, p_minus=0.1, dw=0.06,
       dw_decay=0.93, w_max=8.0, teacher_plus=6.0, teacher_minus=-1.5, calcium_shift=5,

@@ -9,7 +9,7 @@ split 8 ways by ring attention), ``omni30b`` (compile-only scale plan of
 ``experiments.bench_step``). Override any field on the command line, e.g.
 ``--config.model.moe.num_experts=8 --config.train.steps=50``. Add a modality with
 ``--config.model.modalities.thermal='{"kind": "patch", "channels": 1, ...}'`` or in a copy of
-this file (see WORKSPACE.md).
+this file (see WORKSPACE.md, "Adding a modality").
 """
 
 import ml_collections

@@ -1,6 +1,6 @@
 """Low-quality EER and oracle moiré AUC along a sweep of dpad capture channels, one chart.
 
-Run (after one ``experiments.dpad`` run per channel, e.g. the severity sweep in WORKSPACE.md):
+Run (after one ``experiments.dpad`` run per channel, e.g. the severity sweep in docs/dpad.md):
   python -m experiments.dpad_severity --out=experiments/figures/dpad_severity.png \
     --runs="0.45-0.55 (default)=/tmp/dpad_final,0.55-0.65=/tmp/dpad_sev060,..."
 Each entry of ``--runs`` is ``label=workdir`` (``|`` in a label starts a new line); the

@@ -13,3 +13,19 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
+
+
+# System packages (tests/system_packages.py): skip with the install command, fail under CI.
+import pytest  # noqa: E402
+
+from tests.system_packages import DEJAVU_FONTS, ESPEAK_NG, require  # noqa: E402
+
+
+@pytest.fixture
+def needs_espeak_ng():
+  require(ESPEAK_NG)
+
+
+@pytest.fixture
+def needs_dejavu_fonts():
+  require(DEJAVU_FONTS)

@@ -4,7 +4,7 @@ One iteration: ROLLOUT ``num_steps`` steps of ``num_envs`` environments, n-step 
 RETURNS bootstrapped from the last value, and ONE aggregated gradient step on
 policy-gradient + value + entropy loss. Many small iterations: the latency-critical regime.
 
-Reference setting (``configs/rl.py:a2c_cartpole``); measured returns in WORKSPACE.md.
+Reference setting (``configs/rl.py:a2c_cartpole``); measured returns in docs/iswitch_rl.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ regresses on ``r + gamma (1 - terminated) Q'(s', mu'(s'))`` and the actor ascend
 ``Q(s, mu(s))`` against the current critic; both gradients form one pytree so one
 aggregation moves them. Targets follow by Polyak averaging with rate ``tau``.
 
-Reference setting (``configs/rl.py:ddpg_pendulum``); measured returns in WORKSPACE.md.
+Reference setting (``configs/rl.py:ddpg_pendulum``); measured returns in docs/iswitch_rl.md.
 """
 
 from __future__ import annotations

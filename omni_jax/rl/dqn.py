@@ -7,7 +7,7 @@ bootstrapping only through true terminations) once the buffer holds ``learning_s
 transitions; the TARGET network copies the online one every ``target_every`` updates.
 Each worker keeps its own buffer (its own experience); only gradients are aggregated.
 
-Reference setting (``configs/rl.py:dqn_cartpole``); measured returns in WORKSPACE.md.
+Reference setting (``configs/rl.py:dqn_cartpole``); measured returns in docs/iswitch_rl.md.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ MINIBATCH UPDATES. Every minibatch gradient goes through the aggregator, so with
 each update is the worker-mean gradient of N local minibatches.
 
 Reference setting (``configs/rl.py:ppo_cartpole``): CartPole-v1 reaches a mean training
-return >= 475 (measured numbers in WORKSPACE.md).
+return >= 475 (measured numbers in docs/iswitch_rl.md).
 """
 
 from __future__ import annotations

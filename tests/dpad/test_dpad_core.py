@@ -149,6 +149,7 @@ def test_fmag_and_quality_bad_input():
     documents.render_document("passport", 0)
 
 
+@pytest.mark.usefixtures("needs_dejavu_fonts")   # tests/system_packages.py
 def test_documents_deterministic_and_distinct():
   a, box = documents.render_document("invoice", 3, 256)
   b, _ = documents.render_document("invoice", 3, 256)

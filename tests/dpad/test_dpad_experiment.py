@@ -23,6 +23,7 @@ def _run(workdir: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow  # end-to-end run (~1 min on 2 cores); `pytest -m slow` runs it
+@pytest.mark.usefixtures("needs_dejavu_fonts")   # tests/system_packages.py
 def test_tiny_run_writes_summary_and_figures(tmp_path):
   p = _run(tmp_path)
   assert p.returncode == 0, p.stderr[-3000:]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ KEYS = ("accuracy", "accuracy_by_bits", "energy_saving_gating", "energy_saving_t
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng")
+@pytest.mark.usefixtures("needs_espeak_ng")   # tests/system_packages.py
 def test_lsm_tiny_config_runs_end_to_end(tmp_path):
   root = Path(__file__).resolve().parents[2]
   res = subprocess.run([sys.executable, "-m", "experiments.lsm",

@@ -83,8 +83,7 @@ def test_ear_channel_peaks_follow_frequency_and_bsa_encodes():
     ear.design_cascade(ear.EarParams(f_lo=7000.0))
 
 
-@pytest.mark.skipif(speech.espeak_binary() is None,
-                    reason="espeak-ng not installed (apt-get install -y espeak-ng)")
+@pytest.mark.usefixtures("needs_espeak_ng")   # tests/system_packages.py
 def test_generate_digits_with_espeak_and_reuse(tmp_path):
   spec = speech.SpeechSpec(voices=("en-us",), utterances=1)
   paths = speech.generate_digits(tmp_path, spec)
