@@ -28,6 +28,7 @@ import numpy as np
 from omni_jax.config import check_keys, nonneg_float, one_of, positive_int, require
 from omni_jax.data.tokenizer import ByteTokenizer
 from omni_jax.modalities import MODALITY_KINDS, resolve_spec
+from omni_jax.modalities.sources import check_sources
 from omni_jax.models.layers import RMSNorm
 from omni_jax.models.transformer import REMAT_POLICIES, Backbone, BackboneSpec
 
@@ -121,6 +122,7 @@ def build_spec(model_cfg) -> OmniSpec:
 
   raw_mods = model_cfg["modalities"]
   mods = tuple((name, resolve_spec(name, raw_mods[name])) for name in sorted(raw_mods))
+  check_sources(mods)
   tok = ByteTokenizer([n for n, _ in mods])
   offsets, heads, nxt = [], [Head("text", tok.vocab_size, float(model_cfg["text_loss_weight"]))], \
       tok.vocab_size
