@@ -6,10 +6,11 @@ Variants after ':' — ``micro`` (tests), ``tiny`` (the quick start: 8 emulated 
 under 3 minutes on 2 cores), ``small`` (a longer CPU run), ``long`` (32K-token rows, sequence
 split 8 ways by ring attention), ``omni30b`` (compile-only scale plan of
 ``experiments.scale_plan``), ``bench`` (the step benchmarked by
-``experiments.bench_step``). Override any field on the command line, e.g.
-``--config.model.moe.num_experts=8 --config.train.steps=50``. Add a modality with
-``--config.model.modalities.thermal='{"kind": "patch", "channels": 1, ...}'`` or in a copy of
-this file (see WORKSPACE.md).
+``experiments.bench_step``), ``files`` (the tiny model on real files: first
+``python -m experiments.make_manifest --workdir=/tmp/omni_files``). Override any field on
+the command line, e.g. ``--config.model.moe.num_experts=8 --config.train.steps=50``. Add a
+modality with ``--config.model.modalities.thermal='{"kind": "patch", "channels": 1, ...}'``
+or in a copy of this file (see WORKSPACE.md).
 """
 
 import ml_collections
@@ -109,7 +110,15 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.data.update(seq_len=128, batch_size=32)
     c.optim.update(warmup_steps=2)
     c.train.update(steps=12, log_every=4, eval_every=0, checkpoint_every=1000)
+  elif arg == "files":
+    # The tiny model on the real-files manifest of experiments.make_manifest (photos, digits,
+    # tones, voices, clips whose audio track feeds the audio modality). Point it elsewhere
+    # with --config.data.manifest=DIR/manifest.jsonl; a learned tokenizer with
+    # --config.data.tokenizer=DIR/tokenizer.json (experiments.train_tokenizer).
+    c.model.modalities.video.update(audio_track="audio")
+    c.data.update(source="manifest", manifest="/tmp/omni_files/manifest.jsonl",
+                  on_error="skip", seq_len=128, tokenizer="bytes")
   else:
     raise ValueError(f"unknown variant {arg!r} of configs/omni_moe.py; choose tiny, micro, "
-                     "small, long, omni30b or bench")
+                     "small, long, omni30b, bench or files")
   return c
