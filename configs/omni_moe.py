@@ -41,7 +41,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   )
   c.data = dict(source="synthetic", seq_len=64, batch_size=32, seed=0, text_weight=1.0,
                 manifest="", on_error="fatal", codebook_samples=64,
-                pack=False)  # True: fill each training row's padding with text samples
+                pack=False,  # True: fill each training row's padding with text samples
+                tokenizer="bytes")  # or a tokenizer.json / SentencePiece .model path
   c.optim = dict(lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.01, b1=0.9, b2=0.95,
                  eps=1e-8, clip_norm=1.0)
   # Device layout (omni_jax/parallel/mesh.py); -1 takes the devices the others leave.
@@ -117,7 +118,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     # --config.data.tokenizer=DIR/tokenizer.json (experiments.train_tokenizer).
     c.model.modalities.video.update(audio_track="audio")
     c.data.update(source="manifest", manifest="/tmp/omni_files/manifest.jsonl",
-                  on_error="skip", seq_len=128, tokenizer="bytes")
+                  on_error="skip", seq_len=128)
   else:
     raise ValueError(f"unknown variant {arg!r} of configs/omni_moe.py; choose tiny, micro, "
                      "small, long, omni30b, bench or files")

@@ -11,7 +11,8 @@ as plain text too.
 
 :func:`make_tokenizer` turns ``config.data.tokenizer`` into a tokenizer: ``"bytes"`` (the
 default, :class:`ByteTokenizer`), a path to a ``tokenizer.json`` (HF ``tokenizers``) or to a
-SentencePiece ``.model`` (needs the ``sentencepiece`` package). :func:`train_bpe` learns a
+SentencePiece ``.model`` (through the ``sentencepiece`` package when installed, else unigram
+models via :mod:`omni_jax.data.spm`). :func:`train_bpe` learns a
 byte-level BPE from an iterator of texts (``experiments/train_tokenizer.py``).
 """
 
@@ -24,6 +25,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from omni_jax.data import spm
 from omni_jax.data.tokenizer import ByteTokenizer, special_token_names
 
 BYTES = "bytes"
@@ -200,10 +202,12 @@ def _load(value: str, modalities: tuple[str, ...], stamp: tuple[int, int]):
     return SubwordTokenizer.from_hf(hf, modalities, source=value)
   try:
     import sentencepiece  # noqa: PLC0415
-  except ImportError:
-    raise _bad(value, "SentencePiece models need the 'sentencepiece' package, which is not "
-               "installed (pip install sentencepiece), or convert the model to a "
-               "tokenizer.json") from None
+  except ImportError:  # read unigram models through protobuf + tokenizers (spm.py)
+    try:
+      hf = spm.unigram_tokenizer(spm.load_model_proto(path))
+    except spm.SentencePieceError as e:
+      raise _bad(value, str(e)) from None
+    return SubwordTokenizer.from_hf(hf, modalities, source=value)
   sp = sentencepiece.SentencePieceProcessor()
   try:
     sp.Load(str(path))
