@@ -119,6 +119,10 @@ def test_vocabulary_flows_into_the_model(bpe_path):
   row = RowBuilder(spec, 48).text("a red circle")
   tok = spec.tokenizer
   assert row.tokens[0] == tok.bos_id and tok.decode(row.tokens) == "a red circle"
+  for ms in cfg.model.modalities.values():  # no codebooks to fit: a fast stream
+    ms["codebook_size"] = 0
+  spec = build_spec(cfg.model, tokenizer=str(bpe_path))
+  byte_spec = build_spec(cfg.model)
   cfg.data.tokenizer = str(bpe_path)
   stream = OmniStream(spec, cfg.data)
   batch = stream.batch(0)
