@@ -4,6 +4,7 @@
   16-bit; EXIF rotation applied; resized (bilinear, aspect not kept) to the modality's size.
 * :func:`decode_wav` -- RIFF WAV through ``scipy.io.wavfile`` (integer PCM 8/16/24/32-bit and
   float); downmixed, resampled with ``scipy.signal.resample_poly``, trimmed / zero-padded.
+  :func:`decode_audio` also takes FLAC, MP3, OGG, M4A ... (decoded by PyAV, then the same).
 * :func:`decode_video` -- PyAV (ffmpeg): MP4, WebM, AVI, ...; ``frames`` frames sampled
   uniformly over the clip (:func:`sample_indices`), resized, plus the optional audio track.
 * :func:`decode_record` -- one manifest record to ``{modality: input}`` for an
@@ -173,6 +174,52 @@ def decode_wav(path: str | os.PathLike, *, sample_rate: int, num_samples: int,
                    channels=channels, path=path)
 
 
+def _collect_audio(path, resampler, frame, chunks: list, rate: int | None) -> int:
+  """Appends a decoded PyAV audio frame as float32 [channels, n] to ``chunks``; returns the
+  stream's sample rate (which must not change mid-stream)."""
+  for out in resampler.resample(frame):
+    if rate is not None and out.sample_rate != rate:
+      raise DecodeError(path, "audio changes sample rate mid-stream")
+    rate = out.sample_rate
+    chunks.append(out.to_ndarray())
+  return rate
+
+
+def read_av_audio(path: str | os.PathLike) -> tuple[np.ndarray, int]:
+  """Decodes the first audio stream of any file ffmpeg reads (FLAC, MP3, OGG, M4A, a video's
+  track ...) with PyAV to (float64 [frames, channels], rate)."""
+  import av  # noqa: PLC0415
+
+  path = _check_file(path)
+  chunks: list[np.ndarray] = []
+  rate = None
+  try:
+    with av.open(str(path)) as container:
+      if not container.streams.audio:
+        raise DecodeError(path, "no audio stream in the file")
+      resampler = av.AudioResampler(format="fltp")
+      for frame in container.decode(container.streams.audio[0]):
+        rate = _collect_audio(path, resampler, frame, chunks, rate)
+  except DecodeError:
+    raise
+  except (av.FFmpegError, OSError, ValueError, EOFError) as e:
+    raise DecodeError(path, f"not a decodable audio file ({e})") from None
+  if not chunks:
+    raise DecodeError(path, "the audio stream has no decodable samples")
+  return np.concatenate(chunks, axis=1).T.astype(np.float64), int(rate)
+
+
+def decode_audio(path: str | os.PathLike, *, sample_rate: int, num_samples: int,
+                 channels: int = 1) -> np.ndarray:
+  """Like :func:`decode_wav` for any audio file: ``.wav`` through scipy (:func:`read_wav`),
+  other suffixes through PyAV (:func:`read_av_audio`)."""
+  if Path(path).suffix.lower() == ".wav":
+    return decode_wav(path, sample_rate=sample_rate, num_samples=num_samples, channels=channels)
+  x, rate = read_av_audio(path)
+  return fit_audio(x, rate, sample_rate=sample_rate, num_samples=num_samples,
+                   channels=channels, path=path)
+
+
 # ------------------------------------------------------------------------------- video
 def sample_indices(num_frames: int, count: int) -> np.ndarray:
   """``count`` frame indices spread uniformly over ``num_frames`` frames, first and last
@@ -231,11 +278,7 @@ def decode_video(path: str | os.PathLike, *, frames: int, size: tuple[int, int],
             kept.append(scaler.reformat(frame, width=width, height=height, format=fmt)
                         .to_ndarray())
           else:
-            for out in resampler.resample(frame):
-              if rate is not None and out.sample_rate != rate:
-                raise DecodeError(path, "audio track changes sample rate mid-stream")
-              rate = out.sample_rate
-              chunks.append(out.to_ndarray())
+            rate = _collect_audio(path, resampler, frame, chunks, rate)
   except DecodeError:
     raise
   except (av.FFmpegError, OSError, ValueError, EOFError) as e:
@@ -330,8 +373,8 @@ def decode_record(record: Mapping[str, Any], spec, base_dir: str | os.PathLike
     if decoder == "image":
       out[name] = decode_image(path, tuple(ms["size"]), ms["channels"])
     elif decoder == "audio":
-      out[name] = decode_wav(path, sample_rate=ms["sample_rate"],
-                             num_samples=ms["num_samples"], channels=ms["channels"])
+      out[name] = decode_audio(path, sample_rate=ms["sample_rate"],
+                               num_samples=ms["num_samples"], channels=ms["channels"])
     elif decoder == "video":
       track_to = ms["audio_track"]
       frames, track = decode_video(path, frames=ms["frames"], size=tuple(ms["size"]),

@@ -22,6 +22,36 @@ def write_wav(path: str | os.PathLike, samples: np.ndarray, rate: int) -> None:
   scipy.io.wavfile.write(path, int(rate), np.round(x * 32767).astype("<i2"))
 
 
+AUDIO_CODECS = {".flac": "flac", ".mp3": "libmp3lame", ".ogg": "libopus", ".m4a": "aac"}
+
+
+def write_audio(path: str | os.PathLike, samples: np.ndarray, rate: int) -> None:
+  """Encodes mono float samples in [-1, 1] with PyAV; the codec follows the suffix
+  (:data:`AUDIO_CODECS`; ``.wav`` goes to :func:`write_wav`)."""
+  import av  # noqa: PLC0415
+
+  suffix = os.path.splitext(str(path))[1].lower()
+  if suffix == ".wav":
+    write_wav(path, samples, rate)
+    return
+  if suffix not in AUDIO_CODECS:
+    raise ValueError(f"unknown audio suffix {suffix!r}; known: {sorted(AUDIO_CODECS)} and .wav")
+  x = np.clip(np.asarray(samples, np.float64), -1.0, 1.0)
+  if x.ndim != 1:
+    raise ValueError(f"samples must be mono [n], got shape {x.shape}")
+  codec = AUDIO_CODECS[suffix]
+  fmt = "s16" if codec == "flac" else "fltp"
+  data = np.round(x * 32767).astype(np.int16)[None] if fmt == "s16" else x.astype(np.float32)[None]
+  with av.open(str(path), "w") as container:
+    stream = container.add_stream(codec, rate=int(rate))
+    stream.layout = "mono"
+    frame = av.AudioFrame.from_ndarray(data, format=fmt, layout="mono")
+    frame.sample_rate = int(rate)
+    frame.pts = 0
+    container.mux(stream.encode(frame))
+    container.mux(stream.encode())
+
+
 def write_video(path: str | os.PathLike, frames: np.ndarray, fps: int, *,
                 audio: np.ndarray | None = None, sample_rate: int = 16_000,
                 options: dict[str, str] | None = None) -> None:

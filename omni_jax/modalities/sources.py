@@ -9,8 +9,9 @@ Every modality has three source fields (defaults keep existing configs unchanged
 
   - ``image``: PNG/JPEG/... via Pillow to ``[*size, channels]`` float32 in [0, 1]
     (kinds with ``size`` and ``channels``: ``patch``);
-  - ``audio``: WAV to ``[num_samples]`` (or ``[num_samples, channels]``) float32, resampled
-    to ``sample_rate`` (kinds with ``sample_rate``, ``num_samples``, ``channels``: ``frames``);
+  - ``audio``: WAV (or FLAC, MP3, OGG ... through PyAV) to ``[num_samples]`` (or
+    ``[num_samples, channels]``) float32, resampled to ``sample_rate`` (kinds with
+    ``sample_rate``, ``num_samples``, ``channels``: ``frames``);
   - ``video``: MP4/WebM/AVI via PyAV to ``[frames, *size, channels]`` float32 in [0, 1]
     (kinds with ``frames``, ``size``, ``channels``: ``video``);
   - ``ids``: an inline JSON list of integer ids (integer 1-D kinds: ``tokens``);

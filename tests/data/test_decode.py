@@ -10,8 +10,15 @@ import scipy.io.wavfile
 import scipy.signal
 from PIL import Image
 
-from omni_jax.data.decode import DecodeError, decode_image, decode_video, decode_wav, sample_indices
-from omni_jax.data.encode import write_video, write_wav
+from omni_jax.data.decode import (
+  DecodeError,
+  decode_audio,
+  decode_image,
+  decode_video,
+  decode_wav,
+  sample_indices,
+)
+from omni_jax.data.encode import write_audio, write_video, write_wav
 
 
 # ------------------------------------------------------------------------------ video
@@ -117,6 +124,20 @@ def test_wav_short_file_is_zero_padded_and_channels_kept(tmp_path):
     decode_wav(tmp_path / "s.wav", sample_rate=8000, num_samples=1000, channels=3)
 
 
+@pytest.mark.parametrize("suffix,atol", [(".flac", 2e-3), (".mp3", 0.05), (".ogg", 0.05)])
+def test_compressed_audio_files_decode_through_pyav(tmp_path, suffix, atol):
+  x = 0.5 * np.sin(2 * np.pi * 440.0 * np.arange(24_000) / 48_000)
+  write_audio(tmp_path / f"t{suffix}", x, 48_000)
+  y = decode_audio(tmp_path / f"t{suffix}", sample_rate=8000, num_samples=3000)
+  mid = y[1000:3000]  # past codec priming and the resampling filter's start
+  spectrum = np.abs(np.fft.rfft(mid * np.hanning(len(mid))))
+  assert abs(np.argmax(spectrum) * 8000 / len(mid) - 440.0) <= 8000 / len(mid)  # rate kept
+  assert fit_sine(mid, 8000, 440.0) == pytest.approx(0.5, abs=atol)  # lossy codecs: 5 %
+  if suffix == ".flac":  # lossless: the int16 samples resampled, as a WAV would be
+    ref = scipy.signal.resample_poly(np.round(x * 32767) / 32768, 1, 6)[:3000]
+    np.testing.assert_allclose(y, ref, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype,scale,zero", [(np.uint8, 128, 128), ("<i2", 32768, 0),
                                               ("<i4", 2 ** 31, 0), ("<f4", 1, 0)])
 def test_wav_sample_formats_scale_to_unit_range(tmp_path, dtype, scale, zero):
@@ -215,3 +236,12 @@ def test_bad_wavs_raise(bad, name, match):
 def test_bad_videos_raise(bad, name, match):
   with pytest.raises(DecodeError, match=match):
     decode_video(bad / name, frames=2, size=(8, 8), channels=3)
+
+
+def test_bad_compressed_audio_raises(bad):
+  (bad / "junk.flac").write_bytes(b"fLaC but not really" * 5)
+  with pytest.raises(DecodeError, match="not a decodable audio file"):
+    decode_audio(bad / "junk.flac", sample_rate=8000, num_samples=100)
+  write_video(bad / "silent.mp4", gray_clip(4), fps=10)
+  with pytest.raises(DecodeError, match="no audio stream"):
+    decode_audio(bad / "silent.mp4", sample_rate=8000, num_samples=100)
