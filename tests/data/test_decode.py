@@ -238,6 +238,15 @@ def test_bad_videos_raise(bad, name, match):
     decode_video(bad / name, frames=2, size=(8, 8), channels=3)
 
 
+def test_video_with_no_frames_raises(tmp_path):
+  # A video stream without packets (the audio track makes the muxer write the file; MP4
+  # would drop the empty track, Matroska keeps it).
+  write_video(tmp_path / "empty.mkv", np.zeros((0, 16, 16, 3), np.uint8), fps=10,
+              audio=np.zeros(16_000), sample_rate=16_000)
+  with pytest.raises(DecodeError, match="no decodable frames"):
+    decode_video(tmp_path / "empty.mkv", frames=2, size=(8, 8), channels=3)
+
+
 def test_bad_compressed_audio_raises(bad):
   (bad / "junk.flac").write_bytes(b"fLaC but not really" * 5)
   with pytest.raises(DecodeError, match="not a decodable audio file"):
