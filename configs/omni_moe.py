@@ -6,10 +6,11 @@ Variants after ':' — ``micro`` (tests), ``tiny`` (the quick start: 8 emulated 
 under 3 minutes on 2 cores), ``small`` (a longer CPU run), ``long`` (32K-token rows, sequence
 split 8 ways by ring attention), ``omni30b`` (compile-only scale plan of
 ``experiments.scale_plan``), ``bench`` (the step benchmarked by
-``experiments.bench_step``). Override any field on the command line, e.g.
-``--config.model.moe.num_experts=8 --config.train.steps=50``. Add a modality with
-``--config.model.modalities.thermal='{"kind": "patch", "channels": 1, ...}'`` or in a copy of
-this file (see WORKSPACE.md, "Adding a modality").
+``experiments.bench_step``), ``files`` (the tiny model on real files: first
+``python -m experiments.make_manifest --workdir=/tmp/omni_files``). Override any field on
+the command line, e.g. ``--config.model.moe.num_experts=8 --config.train.steps=50``. Add a
+modality with ``--config.model.modalities.thermal='{"kind": "patch", "channels": 1, ...}'``
+or in a copy of this file (see WORKSPACE.md, "Adding a modality").
 """
 
 import ml_collections
@@ -40,7 +41,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   )
   c.data = dict(source="synthetic", seq_len=64, batch_size=32, seed=0, text_weight=1.0,
                 manifest="", on_error="fatal", codebook_samples=64,
-                pack=False)  # True: fill each training row's padding with text samples
+                pack=False,  # True: fill each training row's padding with text samples
+                tokenizer="bytes")  # or a tokenizer.json / SentencePiece .model path
   c.optim = dict(lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.01, b1=0.9, b2=0.95,
                  eps=1e-8, clip_norm=1.0)
   # Device layout (omni_jax/parallel/mesh.py); -1 takes the devices the others leave.
@@ -109,7 +111,15 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.data.update(seq_len=128, batch_size=32)
     c.optim.update(warmup_steps=2)
     c.train.update(steps=12, log_every=4, eval_every=0, checkpoint_every=1000)
+  elif arg == "files":
+    # The tiny model on the real-files manifest of experiments.make_manifest (photos, digits,
+    # tones, voices, clips whose audio track feeds the audio modality). Point it elsewhere
+    # with --config.data.manifest=DIR/manifest.jsonl; a learned tokenizer with
+    # --config.data.tokenizer=DIR/tokenizer.json (experiments.train_tokenizer).
+    c.model.modalities.video.update(audio_track="audio")
+    c.data.update(source="manifest", manifest="/tmp/omni_files/manifest.jsonl",
+                  on_error="skip", seq_len=128)
   else:
     raise ValueError(f"unknown variant {arg!r} of configs/omni_moe.py; choose tiny, micro, "
-                     "small, long, omni30b or bench")
+                     "small, long, omni30b, bench or files")
   return c

@@ -42,7 +42,11 @@ class OmniStream:
   """Deterministic batches for an :class:`OmniSpec` from ``config.data``."""
 
   def __init__(self, spec: OmniSpec, data_cfg):
-    check_keys(data_cfg, (*DATA_KEYS, "pack"), "data.", required=DATA_KEYS)
+    check_keys(data_cfg, (*DATA_KEYS, "pack", "tokenizer"), "data.", required=DATA_KEYS)
+    tokenizer = str(data_cfg.get("tokenizer", "bytes"))
+    require(tokenizer == spec.tokenizer_source, "data.tokenizer", tokenizer,
+            f"the model spec was built with tokenizer {spec.tokenizer_source!r}: pass "
+            "config.data.tokenizer to build_spec")
     self.source = one_of(data_cfg, "source", ("synthetic", "manifest"), "data.")
     self.seq_len = positive_int(data_cfg, "seq_len", "data.")
     self.batch_size = positive_int(data_cfg, "batch_size", "data.")

@@ -39,6 +39,15 @@ def _check_modalities(modalities: Sequence[str]) -> tuple[str, ...]:
   return names
 
 
+def special_token_names(modalities: Sequence[str]) -> tuple[str, ...]:
+  """The special tokens of a tokenizer for ``modalities``, in id order: pad, bos, eos, then
+  each modality's begin, end, slot and gen (shared by every tokenizer, learned ones too)."""
+  names = list(_BASE_SPECIALS)
+  for m in _check_modalities(modalities):
+    names.extend(modality_specials(m))
+  return tuple(names)
+
+
 class ByteTokenizer:
   """UTF-8 byte tokenizer; ids >= 256 are special tokens (see module docstring)."""
 

@@ -15,7 +15,9 @@ which holds everything the omni model, the data pipeline and the trainer need:
   targets, when the modality is also generated (``codebook_size > 0``).
 
 New modalities that fit a generic kind (``patch``, ``frames``, ``tokens``) need only a
-config entry; anything else registers one new kind (see ``video.py``).
+config entry; anything else registers one new kind (see ``video.py``). Where a modality's
+inputs come from in a manifest (record key, file decoder) is set by the source fields of
+``sources.py``, common to every kind.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from omni_jax.config import ConfigError, check_keys, nonneg_float, positive_int, require
+from omni_jax.modalities.sources import SOURCE_DEFAULTS, resolve_source
 from omni_jax.models.layers import RMSNorm, SwiGLU, encoder_attention
 from omni_jax.registry import Registry
 
@@ -40,6 +43,7 @@ COMMON_DEFAULTS: dict[str, Any] = dict(
     encoder_heads=4,
     codebook_size=0,       # > 0: the model also generates this modality's VQ codes
     gen_loss_weight=1.0,   # weight of the code-generation loss
+    **SOURCE_DEFAULTS,     # manifest key, file decoder, video audio track (sources.py)
 )
 
 
@@ -88,6 +92,7 @@ def resolve_spec(name: str, raw: Mapping[str, Any]) -> dict[str, Any]:
   nonneg_float(spec, "gen_loss_weight", prefix)
   if kind.validate is not None:
     kind.validate(spec, prefix)
+  resolve_source(spec, kind, prefix)
   return spec
 
 

@@ -2,8 +2,9 @@
 
 Batch layout (all fixed shapes, so one compile serves every mix of modalities):
 
-* ``tokens`` int32 [B, T]: ids in the *input* vocabulary — text bytes and specials
-  (:class:`~omni_jax.data.tokenizer.ByteTokenizer`), then each generated modality's codes
+* ``tokens`` int32 [B, T]: ids in the *input* vocabulary — text ids and specials of the
+  tokenizer (``config.data.tokenizer``: :class:`~omni_jax.data.tokenizer.ByteTokenizer` by
+  default, or a learned one from :mod:`omni_jax.data.bpe`), then each generated modality's codes
   at ``spec.code_offsets[name]``;
 * ``<m>`` [B, *input_shape]: raw inputs of modality ``m``; ``<m>_pos`` int32 [B, N_m]:
   the *distinct* placeholder positions its N_m features fill; ``<m>_mask`` bool [B]: rows
@@ -25,9 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from omni_jax.config import check_keys, nonneg_float, one_of, positive_int, require
-from omni_jax.data.tokenizer import ByteTokenizer
+from omni_jax.config import ConfigError, check_keys, nonneg_float, one_of, positive_int, require
+from omni_jax.data.bpe import make_tokenizer
 from omni_jax.modalities import MODALITY_KINDS, resolve_spec
+from omni_jax.modalities.sources import check_sources
 from omni_jax.models.layers import RMSNorm
 from omni_jax.models.transformer import REMAT_POLICIES, Backbone, BackboneSpec
 
@@ -56,10 +58,12 @@ class OmniSpec:
   heads: tuple[Head, ...]                    # heads[0] is text; head id = index + 1
   lb_coef: float
   z_coef: float
+  tokenizer_source: str = "bytes"            # config.data.tokenizer
 
   @property
-  def tokenizer(self) -> ByteTokenizer:
-    return ByteTokenizer([n for n, _ in self.modalities])
+  def tokenizer(self):
+    """The text tokenizer (ByteTokenizer or SubwordTokenizer; files are loaded once)."""
+    return make_tokenizer(self.tokenizer_source, [n for n, _ in self.modalities])
 
   def modality(self, name: str) -> Any:
     return dict(self.modalities)[name]
@@ -68,8 +72,11 @@ class OmniSpec:
     return [h.name for h in self.heads].index(name) + 1
 
 
-def build_spec(model_cfg) -> OmniSpec:
-  """Validates ``config.model`` and returns the :class:`OmniSpec`; errors name the key."""
+def build_spec(model_cfg, tokenizer: str = "bytes") -> OmniSpec:
+  """Validates ``config.model`` and returns the :class:`OmniSpec`; errors name the key.
+
+  ``tokenizer`` is ``config.data.tokenizer``: its vocabulary size sets ``text_vocab``.
+  """
   check_keys(model_cfg, MODEL_KEYS, "model.", required=MODEL_KEYS)
   p = "model."
   for k in ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff"):
@@ -121,7 +128,11 @@ def build_spec(model_cfg) -> OmniSpec:
 
   raw_mods = model_cfg["modalities"]
   mods = tuple((name, resolve_spec(name, raw_mods[name])) for name in sorted(raw_mods))
-  tok = ByteTokenizer([n for n, _ in mods])
+  check_sources(mods)
+  try:
+    tok = make_tokenizer(tokenizer, [n for n, _ in mods])
+  except ValueError as e:
+    raise ConfigError(f"config.data.tokenizer: {e}") from None
   offsets, heads, nxt = [], [Head("text", tok.vocab_size, float(model_cfg["text_loss_weight"]))], \
       tok.vocab_size
   for name, ms in mods:
@@ -131,7 +142,8 @@ def build_spec(model_cfg) -> OmniSpec:
       nxt += ms["codebook_size"]
   return OmniSpec(backbone=backbone, modalities=mods, text_vocab=tok.vocab_size,
                   code_offsets=tuple(offsets), input_vocab=-(-nxt // 128) * 128,
-                  heads=tuple(heads), lb_coef=float(moe["lb_coef"]), z_coef=float(moe["z_coef"]))
+                  heads=tuple(heads), lb_coef=float(moe["lb_coef"]), z_coef=float(moe["z_coef"]),
+                  tokenizer_source=str(tokenizer))
 
 
 def scatter_features(x, feats, pos, mask):

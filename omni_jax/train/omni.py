@@ -129,7 +129,7 @@ def check_batch_fits_mesh(stream: OmniStream, mesh, microbatches: int = 4) -> No
 def validate(config) -> tuple[OmniSpec, OmniStream, LoopConfig]:
   """Every config check, before any compile."""
   check_keys(config, TOP_KEYS, "", required=REQUIRED_KEYS)
-  spec = build_spec(config.model)
+  spec = build_spec(config.model, tokenizer=config.data.get("tokenizer", "bytes"))
   loop = LoopConfig.from_config(config.train)
   make_optimizer(config.optim, loop.steps)
   stream = OmniStream(spec, config.data)

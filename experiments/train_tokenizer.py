@@ -1,0 +1,63 @@
+r"""Trains a byte-level BPE tokenizer on a manifest's text; writes tokenizer.json + summary.json.
+
+  python -m experiments.train_tokenizer --config=configs/tokenizer.py:text \
+      --config.data.manifest=DIR/manifest.jsonl --workdir=DIR/tok
+
+summary.json: ``vocab_size`` (learned ids + the omni special tokens of the byte tokenizer's
+layout for image/audio/video), ``base_vocab_size``, ``compression`` (UTF-8 bytes per token on
+the held-out records' text; the byte tokenizer's is 1.0), ``train_texts``, ``heldout_texts``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from absl import app, logging
+
+from experiments import common
+from omni_jax.config import ConfigError, check_keys, positive_int, require
+from omni_jax.data import bpe
+from omni_jax.train.metrics import write_json_atomic
+
+_CONFIG = common.define_config("configs/tokenizer.py:<variant>")
+_WORKDIR = common.define_workdir()
+MODALITIES = ("audio", "image", "video")
+
+
+def main(argv) -> None:
+  del argv
+  cfg = _CONFIG.value
+  check_keys(cfg, ("data", "tokenizer"), "", required=("data", "tokenizer"))
+  check_keys(cfg.data, ("manifest", "heldout_fraction"), "data.", required=("manifest",))
+  check_keys(cfg.tokenizer, ("vocab_size", "min_frequency"), "tokenizer.",
+             required=("vocab_size",))
+  require(bool(cfg.data.manifest) and Path(cfg.data.manifest).is_file(), "data.manifest",
+          cfg.data.manifest, "must name an existing JSONL manifest")
+  vocab = positive_int(cfg.tokenizer, "vocab_size", "tokenizer.")
+  require(vocab >= 256, "tokenizer.vocab_size", vocab, "must be >= 256 (the byte alphabet)")
+  if not _WORKDIR.value:
+    raise ConfigError("--workdir is required")
+  out = Path(_WORKDIR.value)
+  out.mkdir(parents=True, exist_ok=True)
+  train, held = bpe.manifest_texts(cfg.data.manifest, float(cfg.data.get("heldout_fraction",
+                                                                         0.1)))
+  hf = bpe.train_bpe(train, vocab, min_frequency=int(cfg.tokenizer.get("min_frequency", 2)))
+  hf.save(str(out / "tokenizer.json"))
+  tok = bpe.make_tokenizer(str(out / "tokenizer.json"), MODALITIES)
+  measured = held or train
+  n_bytes = sum(len(t.encode("utf-8")) for t in measured)
+  n_tokens = sum(len(tok.encode(t)) for t in measured)
+  summary = dict(manifest=str(cfg.data.manifest), vocab_size=tok.vocab_size,
+                 base_vocab_size=tok.base_vocab_size, num_specials=tok.num_specials,
+                 compression=n_bytes / max(n_tokens, 1),
+                 compression_on="heldout" if held else "train (no record held out)",
+                 train_texts=len(train), heldout_texts=len(held), heldout_bytes=n_bytes,
+                 heldout_tokens=n_tokens)
+  write_json_atomic(out / "summary.json", summary)
+  logging.info("tokenizer: %d learned ids (+%d specials), %.2f bytes/token on %s -> %s",
+               tok.base_vocab_size, tok.num_specials, summary["compression"],
+               summary["compression_on"], out / "tokenizer.json")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,392 @@
+"""File decoders: image, WAV and video files to a modality's fixed-shape model input.
+
+* :func:`decode_image` -- Pillow; any of its formats (PNG, JPEG, ...), 1-4 channels, 8- or
+  16-bit; EXIF rotation applied; resized (bilinear, aspect not kept) to the modality's size.
+* :func:`decode_wav` -- RIFF WAV through ``scipy.io.wavfile`` (integer PCM 8/16/24/32-bit and
+  float); downmixed, resampled with ``scipy.signal.resample_poly``, trimmed / zero-padded.
+  :func:`decode_audio` also takes FLAC, MP3, OGG, M4A ... (decoded by PyAV, then the same).
+* :func:`decode_video` -- PyAV (ffmpeg): MP4, WebM, AVI, ...; ``frames`` frames sampled
+  uniformly over the clip (:func:`sample_indices`), resized, plus the optional audio track.
+* :func:`decode_record` -- one manifest record to ``{modality: input}`` for an
+  :class:`~omni_jax.models.omni.OmniSpec`, following each modality's source fields
+  (``omni_jax/modalities/sources.py``).
+
+Every problem with a file raises :class:`DecodeError` (path + what is wrong); a record
+whose keys or values are wrong raises :class:`RecordError`. Both are ``ValueError``s, so a
+pipeline can catch one type, report it as ``manifest:line: what`` and count it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.io.wavfile
+import scipy.signal
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from omni_jax.modalities import MODALITY_KINDS
+from omni_jax.modalities.sources import RESERVED_KEYS
+
+_IMAGE_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
+_WIDE_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")  # one channel, > 8 bits
+MAX_VIDEO_BYTES = 1 << 30  # decoded frames (at the modality's size) kept per clip, at most
+
+
+class RecordError(ValueError):
+  """A manifest record has a wrong key or value (not a file problem)."""
+
+
+class DecodeError(RecordError):
+  """A file is missing, truncated or undecodable; the message starts with its path."""
+
+  def __init__(self, path: str | os.PathLike, problem: str):
+    super().__init__(f"{path}: {problem}")
+    self.path = str(path)
+    self.problem = problem
+
+
+def _check_file(path: str | os.PathLike) -> Path:
+  path = Path(path)
+  if not path.is_file():
+    raise DecodeError(path, "file not found" if not path.exists() else "not a regular file")
+  if path.stat().st_size == 0:
+    raise DecodeError(path, "file is empty (0 bytes)")
+  return path
+
+
+# ------------------------------------------------------------------------------ images
+def decode_image(path: str | os.PathLike, size: tuple[int, int], channels: int) -> np.ndarray:
+  """Returns float32 ``[H, W, channels]`` in [0, 1] (``F``-mode images keep their values).
+
+  Channel rules: 1 = grey (colour files converted to luma), 2 = grey + alpha, 3 = RGB (grey
+  repeated, alpha dropped), 4 = RGBA (opaque alpha added). 16-bit grey (e.g. depth PNGs) is
+  scaled by 1/65535 and serves 1 or 3 channels. More than 4 channels: use the ``npy`` decoder.
+  """
+  path = _check_file(path)
+  height, width = size
+  if channels not in _IMAGE_MODES:
+    raise DecodeError(path, f"image files hold 1-4 channels, the modality wants {channels}; "
+                      "store such arrays as .npy and use decoder 'npy'")
+  try:
+    with Image.open(path) as img:
+      img.load()
+      img = ImageOps.exif_transpose(img)
+  except (UnidentifiedImageError, OSError, ValueError, SyntaxError,
+          Image.DecompressionBombError) as e:
+    raise DecodeError(path, f"not a readable image ({e})") from None
+  if img.mode in _WIDE_MODES:
+    arr = np.asarray(img, np.float32)
+    if img.mode != "F":
+      if arr.min() < 0 or arr.max() > 65535:
+        raise DecodeError(path, f"{img.mode} image values outside the 16-bit range [0, 65535]")
+      arr = arr / 65535.0
+    if channels not in (1, 3):
+      raise DecodeError(path, f"a one-channel {img.mode} image can feed 1 or 3 channels, "
+                        f"not {channels}")
+    if arr.shape != (height, width):
+      arr = np.asarray(Image.fromarray(arr, "F").resize((width, height),
+                                                        Image.Resampling.BILINEAR))
+    return np.repeat(arr[..., None], channels, axis=-1).astype(np.float32)
+  try:
+    img = img.convert(_IMAGE_MODES[channels])
+    if img.size != (width, height):
+      img = img.resize((width, height), Image.Resampling.BILINEAR)
+  except (OSError, ValueError) as e:
+    raise DecodeError(path, f"cannot convert the {img.mode} image to {channels} channels: {e}"
+                      ) from None
+  arr = np.asarray(img, np.float32) / 255.0
+  return arr.reshape(height, width, channels)
+
+
+# ------------------------------------------------------------------------------- audio
+def fit_audio(x: np.ndarray, rate: int, *, sample_rate: int, num_samples: int, channels: int,
+              path: str | os.PathLike = "<audio>") -> np.ndarray:
+  """Samples ``x`` [frames, file_channels] at ``rate`` Hz -> the modality's float32 input.
+
+  Mono targets average the file's channels; multi-channel targets need the same channel
+  count. Resampled to ``sample_rate`` with ``resample_poly`` (only the input the output
+  needs plus the filter's reach is resampled, so long files cost what their head costs),
+  then trimmed or zero-padded to ``num_samples``. Returns [num_samples] (channels == 1) or
+  [num_samples, channels].
+  """
+  x = np.asarray(x, np.float64)
+  if x.ndim == 1:
+    x = x[:, None]
+  if x.shape[0] == 0:
+    raise DecodeError(path, "audio has no samples")
+  if channels == 1:
+    x = x.mean(axis=1, keepdims=True)
+  elif x.shape[1] != channels:
+    raise DecodeError(path, f"audio has {x.shape[1]} channel(s); the modality wants {channels} "
+                      "(only downmixing to 1 channel is automatic)")
+  if rate != sample_rate:
+    g = math.gcd(int(rate), int(sample_rate))
+    up, down = sample_rate // g, rate // g
+    reach = math.ceil(10 * max(up, down) / up) + 1  # resample_poly's default filter half-width
+    need = math.ceil(num_samples * down / up) + reach
+    x = scipy.signal.resample_poly(x[:need], up, down, axis=0)
+  out = np.zeros((num_samples, channels), np.float32)
+  keep = min(num_samples, x.shape[0])
+  out[:keep] = x[:keep]
+  return out[:, 0] if channels == 1 else out
+
+
+def read_wav(path: str | os.PathLike) -> tuple[np.ndarray, int]:
+  """Reads a WAV file to (float64 [frames, channels] in [-1, 1] for integer PCM, rate)."""
+  path = _check_file(path)
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter("error", scipy.io.wavfile.WavFileWarning)
+      rate, data = scipy.io.wavfile.read(path)
+  except scipy.io.wavfile.WavFileWarning as e:
+    raise DecodeError(path, f"truncated or malformed WAV ({e})") from None
+  except (ValueError, OSError, EOFError, struct.error) as e:
+    raise DecodeError(path, f"not a readable WAV ({e or type(e).__name__}); need a RIFF WAV "
+                      "with integer PCM or float samples") from None
+  if rate <= 0:
+    raise DecodeError(path, f"WAV header has sample rate {rate}")
+  data = np.asarray(data)
+  if data.dtype == np.uint8:  # 8-bit WAV is unsigned with 128 as zero
+    x = (data.astype(np.float64) - 128.0) / 128.0
+  elif np.issubdtype(data.dtype, np.integer):
+    x = data.astype(np.float64) / float(2 ** (8 * data.dtype.itemsize - 1))
+  else:
+    x = data.astype(np.float64)
+  if x.ndim == 1:
+    x = x[:, None]
+  if x.shape[0] == 0:
+    raise DecodeError(path, "WAV has no samples")
+  return x, int(rate)
+
+
+def decode_wav(path: str | os.PathLike, *, sample_rate: int, num_samples: int,
+               channels: int = 1) -> np.ndarray:
+  """A WAV at any rate / channel count -> float32 [num_samples] (or [num_samples, channels])."""
+  x, rate = read_wav(path)
+  return fit_audio(x, rate, sample_rate=sample_rate, num_samples=num_samples,
+                   channels=channels, path=path)
+
+
+def _collect_audio(path, resampler, frame, chunks: list, rate: int | None) -> int:
+  """Appends a decoded PyAV audio frame as float32 [channels, n] to ``chunks``; returns the
+  stream's sample rate (which must not change mid-stream)."""
+  for out in resampler.resample(frame):
+    if rate is not None and out.sample_rate != rate:
+      raise DecodeError(path, "audio changes sample rate mid-stream")
+    rate = out.sample_rate
+    chunks.append(out.to_ndarray())
+  return rate
+
+
+def read_av_audio(path: str | os.PathLike) -> tuple[np.ndarray, int]:
+  """Decodes the first audio stream of any file ffmpeg reads (FLAC, MP3, OGG, M4A, a video's
+  track ...) with PyAV to (float64 [frames, channels], rate)."""
+  import av  # noqa: PLC0415
+
+  path = _check_file(path)
+  chunks: list[np.ndarray] = []
+  rate = None
+  try:
+    with av.open(str(path)) as container:
+      if not container.streams.audio:
+        raise DecodeError(path, "no audio stream in the file")
+      resampler = av.AudioResampler(format="fltp")
+      for frame in container.decode(container.streams.audio[0]):
+        rate = _collect_audio(path, resampler, frame, chunks, rate)
+  except DecodeError:
+    raise
+  except (av.FFmpegError, OSError, ValueError, EOFError) as e:
+    raise DecodeError(path, f"not a decodable audio file ({e})") from None
+  if not chunks:
+    raise DecodeError(path, "the audio stream has no decodable samples")
+  return np.concatenate(chunks, axis=1).T.astype(np.float64), int(rate)
+
+
+def decode_audio(path: str | os.PathLike, *, sample_rate: int, num_samples: int,
+                 channels: int = 1) -> np.ndarray:
+  """Like :func:`decode_wav` for any audio file: ``.wav`` through scipy (:func:`read_wav`),
+  other suffixes through PyAV (:func:`read_av_audio`)."""
+  if Path(path).suffix.lower() == ".wav":
+    return decode_wav(path, sample_rate=sample_rate, num_samples=num_samples, channels=channels)
+  x, rate = read_av_audio(path)
+  return fit_audio(x, rate, sample_rate=sample_rate, num_samples=num_samples,
+                   channels=channels, path=path)
+
+
+# ------------------------------------------------------------------------------- video
+def sample_indices(num_frames: int, count: int) -> np.ndarray:
+  """``count`` frame indices spread uniformly over ``num_frames`` frames, first and last
+  included (``round(i * (num_frames - 1) / (count - 1))``); one frame -> the middle one.
+  Clips shorter than ``count`` repeat frames."""
+  if num_frames <= 0 or count <= 0:
+    raise ValueError(f"need num_frames > 0 and count > 0, got {num_frames}, {count}")
+  if count == 1:
+    return np.asarray([(num_frames - 1) // 2])
+  return np.floor(np.arange(count) * (num_frames - 1) / (count - 1) + 0.5).astype(np.int64)
+
+
+def decode_video(path: str | os.PathLike, *, frames: int, size: tuple[int, int],
+                 channels: int, audio: Mapping[str, Any] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
+  """Returns (float32 [frames, H, W, channels] in [0, 1], audio input or None).
+
+  Every frame of the first video stream is decoded and scaled to ``size`` (so memory is
+  the clip's frame count times one small frame; clips over :data:`MAX_VIDEO_BYTES` are an
+  error), then :func:`sample_indices` picks ``frames`` of them. ``channels`` is 3 (RGB) or
+  1 (grey). ``audio``: the spec of the modality fed by the clip's audio track (with
+  ``sample_rate``, ``num_samples``, ``channels``), or None to ignore the track; a clip
+  without a track then gives None. A container whose index promises more frames than
+  decode raises (truncated file).
+  """
+  import av  # noqa: PLC0415  (PyAV loads ffmpeg: only when a video is decoded)
+  from av.video.reformatter import VideoReformatter  # noqa: PLC0415
+
+  path = _check_file(path)
+  height, width = size
+  fmt = {3: "rgb24", 1: "gray"}.get(channels)
+  if fmt is None:
+    raise DecodeError(path, f"video frames have 3 (RGB) or 1 (grey) channels, the modality "
+                      f"wants {channels}")
+  kept: list[np.ndarray] = []
+  chunks: list[np.ndarray] = []
+  rate = None
+  budget = MAX_VIDEO_BYTES // (height * width * channels)
+  try:
+    with av.open(str(path)) as container:
+      if not container.streams.video:
+        raise DecodeError(path, "no video stream in the file")
+      vstream = container.streams.video[0]
+      scaler = VideoReformatter()  # one scaler context for the clip (4x faster than per frame)
+      promised = int(vstream.frames or 0)
+      streams = [vstream]
+      if audio is not None and container.streams.audio:
+        streams.append(container.streams.audio[0])
+        resampler = av.AudioResampler(format="fltp")
+      for packet in container.demux(*streams):
+        for frame in packet.decode():
+          if isinstance(frame, av.VideoFrame):
+            if len(kept) >= budget:
+              raise DecodeError(path, f"more than {budget} frames at {height}x{width}; cut "
+                                "the video into shorter clips")
+            kept.append(scaler.reformat(frame, width=width, height=height, format=fmt)
+                        .to_ndarray())
+          else:
+            rate = _collect_audio(path, resampler, frame, chunks, rate)
+  except DecodeError:
+    raise
+  except (av.FFmpegError, OSError, ValueError, EOFError) as e:
+    raise DecodeError(path, f"not a decodable video ({e})") from None
+  if not kept:
+    raise DecodeError(path, "the video stream has no decodable frames")
+  if promised and len(kept) < promised:
+    raise DecodeError(path, f"truncated video: the container lists {promised} frames, only "
+                      f"{len(kept)} decode")
+  pick = np.stack([kept[i] for i in sample_indices(len(kept), frames)])
+  pick = pick.reshape(frames, height, width, channels).astype(np.float32) / 255.0
+  track = None
+  if audio is not None and chunks:
+    samples = np.concatenate(chunks, axis=1).T  # [n, track channels]
+    track = fit_audio(samples, rate, sample_rate=audio["sample_rate"],
+                      num_samples=audio["num_samples"], channels=audio["channels"], path=path)
+  return pick, track
+
+
+# ------------------------------------------------------------------------------ records
+def record_keys(spec) -> tuple[str, ...]:
+  """Keys a manifest record may have for ``spec``: ``id``, ``text`` and each modality's
+  ``source_key``."""
+  return (*RESERVED_KEYS, *(ms["source_key"] for _, ms in spec.modalities))
+
+
+def _resolve_path(base_dir: Path, key: str, value) -> Path:
+  if not isinstance(value, str) or not value:
+    raise RecordError(f"'{key}' must be a non-empty path string, got {value!r}")
+  path = Path(value)
+  return path if path.is_absolute() else base_dir / path
+
+
+def _decode_ids(key: str, value, ms, kind) -> np.ndarray:
+  shape = kind.input_shape(ms)
+  if (not isinstance(value, list) or len(value) != shape[0]
+      or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+    raise RecordError(f"'{key}' must be a list of {shape[0]} integers, got {value!r:.80}")
+  ids = np.asarray(value, kind.input_dtype)
+  vocab = ms.get("vocab")
+  if vocab is not None and (ids.min() < 0 or ids.max() >= vocab):
+    raise RecordError(f"'{key}' ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")
+  return ids
+
+
+def _decode_npy(path: Path, ms, kind) -> np.ndarray:
+  path = _check_file(path)
+  try:
+    arr = np.load(path, allow_pickle=False)
+  except (ValueError, OSError, EOFError) as e:
+    raise DecodeError(path, f"not a readable .npy array ({e})") from None
+  shape = tuple(kind.input_shape(ms))
+  if arr.shape != shape:
+    raise DecodeError(path, f"array has shape {arr.shape}; the modality wants {shape}")
+  if not np.can_cast(arr.dtype, kind.input_dtype, casting="same_kind"):
+    raise DecodeError(path, f"array dtype {arr.dtype} does not cast to "
+                      f"{np.dtype(kind.input_dtype)}")
+  return arr.astype(kind.input_dtype)
+
+
+def decode_record(record: Mapping[str, Any], spec, base_dir: str | os.PathLike
+                  ) -> dict[str, np.ndarray]:
+  """One manifest record -> ``{modality name: model input}`` (shape ``input_shape``, dtype
+  ``input_dtype`` of the modality's kind), for the modalities the record carries.
+
+  ``spec`` is an :class:`~omni_jax.models.omni.OmniSpec`; relative paths resolve against
+  ``base_dir`` (the manifest's folder). Keys other than :func:`record_keys` raise
+  RecordError; ``null`` values mean "absent". A video modality with ``audio_track`` also
+  fills that modality from the clip's track; a record that gives the same modality both ways
+  raises RecordError. File problems raise DecodeError. ``text`` is not touched here.
+  """
+  if not isinstance(record, Mapping):
+    raise RecordError(f"a record must be a JSON object, got {type(record).__name__}")
+  allowed = record_keys(spec)
+  unknown = sorted(set(record) - set(allowed))
+  if unknown:
+    raise RecordError(f"unknown key(s) {unknown}; allowed keys: {list(allowed)}")
+  base_dir = Path(base_dir)
+  mods = dict(spec.modalities)
+  out: dict[str, np.ndarray] = {}
+  for name, ms in spec.modalities:
+    key = ms["source_key"]
+    value = record.get(key)
+    if value is None:
+      continue
+    kind = MODALITY_KINDS.get(ms["kind"])
+    decoder = ms["decoder"]
+    if decoder == "ids":
+      out[name] = _decode_ids(key, value, ms, kind)
+      continue
+    path = _resolve_path(base_dir, key, value)
+    if decoder == "image":
+      out[name] = decode_image(path, tuple(ms["size"]), ms["channels"])
+    elif decoder == "audio":
+      out[name] = decode_audio(path, sample_rate=ms["sample_rate"],
+                               num_samples=ms["num_samples"], channels=ms["channels"])
+    elif decoder == "video":
+      track_to = ms["audio_track"]
+      frames, track = decode_video(path, frames=ms["frames"], size=tuple(ms["size"]),
+                                   channels=ms["channels"],
+                                   audio=mods[track_to] if track_to else None)
+      out[name] = frames
+      if track is not None:
+        if record.get(mods[track_to]["source_key"]) is not None:
+          raise RecordError(f"modality {track_to!r} is given twice: by "
+                            f"'{mods[track_to]['source_key']}' and by the audio track of "
+                            f"'{key}'; drop one")
+        out[track_to] = track
+    else:  # npy
+      out[name] = _decode_npy(path, ms, kind)
+  return out
