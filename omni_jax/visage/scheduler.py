@@ -4,7 +4,8 @@ Builds run one after another on the edge computer; uploads go one after another 
 link; an upload starts when its build is done and the link is free (a two-stage flow
 shop). An insight lands when its upload completes. The objective is the value-weighted sum
 of landing times; the order is exhaustive (optimal) for up to ``exact_max`` jobs and
-otherwise the ratio rule: highest value / (build + upload seconds) first.
+otherwise the ratio rule: highest value / (build + upload seconds) first. A job with nothing
+to upload (its build found no answer) finishes with its build and leaves the link free.
 """
 
 from __future__ import annotations
@@ -45,11 +46,15 @@ class Job:
 
 
 def simulate(jobs: list[Job], order: list[int], link: Link, start_s: float = 0.0) -> list[float]:
-  """Landing time of each job (indexed like ``jobs``) when run in ``order``."""
+  """Landing time of each job (indexed like ``jobs``) when run in ``order``; a job with
+  ``nbytes == 0`` uploads nothing: its time is the end of its build."""
   t_build, t_link = start_s, start_s
   done = [math.nan] * len(jobs)
   for i in order:
     t_build += jobs[i].build_s
+    if jobs[i].nbytes == 0:
+      done[i] = t_build
+      continue
     t_link = max(t_build, t_link) + link.transfer_s(jobs[i].nbytes)
     done[i] = t_link
   return done
