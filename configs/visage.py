@@ -52,9 +52,13 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       crop_pad_m=6.0, ransac_px=1.5, min_points=20, init_reproj_px=15.0,
       final_reproj_px=3.0, gps_sigma=0.3, alt_sigma=0.5, att_sigma=0.03, ba_iters=25,
       top_band=0.6, ring=1.8,
-      # the GPS receiver's error model (datasheet values, the same receiver the survey
-      # simulates): Gauss-Markov bias sigma / correlation time + white noise, per axis
-      gps_bias=1.5, gps_tau_s=60.0, gps_white=0.15, alt_bias=3.0, alt_white=0.3))
+      # the GPS prior: the receiver's Gauss-Markov bias + white noise model, its correlation
+      # time and white sigma estimated from the tags (gps_model.py); the bias's absolute
+      # sigma cannot be seen in the tags and comes from a datasheet:
+      gps_abs_sigma=2.12, alt_abs_sigma=4.24, gps_min_white=0.05,
+      gps_abs_source=("u-blox NEO-M8 data sheet: horizontal position accuracy 2.5 m CEP "
+                      "(GPS) -> sigma per axis = CEP / 1.1774 = 2.12 m; vertical: "
+                      "assumed 2x horizontal (no data sheet figure)")))
   c.link = ml_collections.ConfigDict(dict(bandwidth_bps=1e6, latency_s=0.3, loss=0.01))
   c.exact_max_jobs = 7
   c.detect_on_cover = True                 # run the 2D detectors on a footprint cover only

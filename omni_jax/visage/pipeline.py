@@ -25,7 +25,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from omni_jax.visage import geometry, local3d, queries, scheduler
+from omni_jax.visage import geometry, gps_model, local3d, queries, scheduler
 from omni_jax.visage import graph as graph_lib
 from omni_jax.visage.colour_model import ColourModel
 from omni_jax.visage.geometry import intrinsics, rotation_from_attitude
@@ -120,6 +120,16 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
   t0 = time.perf_counter()
   g = graph_lib.gps_graph(cams_all, size[0], size[1], cfg.graph.min_overlap)
   t_graph = time.perf_counter() - t0
+  # the receiver's error model from the tags themselves (absolute accuracy: datasheet)
+  t0 = time.perf_counter()
+  gps_error = gps_model.estimate(tags, float(cfg.local3d.gps_abs_sigma),
+                                 float(cfg.local3d.alt_abs_sigma),
+                                 float(cfg.local3d.gps_min_white))
+  gps_error["source_abs_sigma"] = str(cfg.local3d.gps_abs_source)
+  t_gps_model = time.perf_counter() - t0
+  logging.info("GPS error model from %d lines: horizontal %s, vertical %s (%.2f s)",
+               gps_error["lines"], {kk: round(v, 3) for kk, v in gps_error["horizontal"].items()},
+               {kk: round(v, 3) for kk, v in gps_error["vertical"].items()}, t_gps_model)
   missing_gps = [i for i, c in enumerate(cams_all) if c is None]
   t_load = 0.0
   t_match_only = 0.0
@@ -210,7 +220,8 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
 
     def build(views=views, tgt=tgt, crop_m=crop_m, ti=ti):
       m = local3d.reconstruct(views, feats, cams, k, images, tgt.xy, crop_m, lc, seed=ti,
-                              min_inliers=cfg.graph.min_inliers, times=times)
+                              min_inliers=cfg.graph.min_inliers, times=times,
+                              gps_error=gps_error)
       if "failed" not in m.info:
         m.height = local3d.measure_height(m, tgt.seed, k, lc)
       return m
@@ -252,7 +263,7 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
                  names_q, len(comp), model.height, answered, build_s, nbytes)
   # 6. schedule
   link = scheduler.Link(cfg.link.bandwidth_bps, cfg.link.latency_s, cfg.link.loss)
-  start = t_load + t_cover + t_match_only + t_detect
+  start = t_load + t_cover + t_match_only + t_detect + t_gps_model
   js = [j for _, j in jobs]
   order = scheduler.schedule(js, link, cfg.exact_max_jobs) if js else []
   # run in that order: a build that answers nothing occupies the edge box, uploads nothing
@@ -319,6 +330,7 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
   }
   details = {
       "bad_images": bad, "graph_warnings": g.warnings, "empty_queries": empty,
+      "gps_error_model": gps_error,
       "images_loaded": n_ok, "gps_edges": sum(e["source"] == "gps" for e in g.edges.values()),
       "match_only_edges": sum(e["source"] == "match-only" for e in g.edges.values()),
       "confirmed_edges": sum(e.get("inliers", 0) >= cfg.graph.min_inliers
@@ -326,6 +338,7 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
       "detected_images": n_det,
       "timing_s": {"load_before_detection": t_load, "load_all": t_load_all,
                    "detect": t_detect, "cover": t_cover, "gps_graph": t_graph,
+                   "gps_error_model": t_gps_model,
                    "match_only_candidates": t_match_only,
                    "compile_excluded": compile_s, "features_per_image": feat_per_img,
                    "confirm_per_edge": conf_per_edge, "local_build_per_view": rec_per_view},
