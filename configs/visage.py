@@ -59,7 +59,10 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       gps_abs_source=("u-blox NEO-M8 data sheet: horizontal position accuracy 2.5 m CEP "
                       "(GPS) -> sigma per axis = CEP / 1.1774 = 2.12 m; vertical: "
                       "assumed 2x horizontal (no data sheet figure)")))
-  c.link = ml_collections.ConfigDict(dict(bandwidth_bps=1e6, latency_s=0.3, loss=0.01))
+  # uploads over TCP: goodput = Mathis et al. (MSS / RTT * 1.22 / sqrt(loss)), RTT = 2 x
+  # latency, capped by the bandwidth (scheduler.Link)
+  c.link = ml_collections.ConfigDict(dict(bandwidth_bps=1e6, latency_s=0.3, loss=0.01,
+                                          mss_bytes=1460))
   c.exact_max_jobs = 7
   c.detect_on_cover = True                 # run the 2D detectors on a footprint cover only
   c.cover_margin_px = 30                   # cover images see each ground cell this far inside

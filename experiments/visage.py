@@ -46,9 +46,10 @@ def validate(cfg) -> None:
   if not 0 <= cfg.flight.no_gps_fraction <= 1:
     raise ConfigError(f"config.flight.no_gps_fraction = {cfg.flight.no_gps_fraction!r} is not "
                       "allowed: must be in [0, 1]")
-  if cfg.link.bandwidth_bps <= 0 or not 0 <= cfg.link.loss < 1 or cfg.link.latency_s < 0:
+  if (cfg.link.bandwidth_bps <= 0 or not 0 <= cfg.link.loss < 1 or cfg.link.latency_s < 0
+      or cfg.link.mss_bytes <= 0):
     raise ConfigError(f"config.link = {to_dict(cfg.link)} is not allowed: bandwidth_bps > 0, "
-                      "latency_s >= 0, 0 <= loss < 1")
+                      "latency_s >= 0, 0 <= loss < 1, mss_bytes > 0")
   if not cfg.queries:
     raise ConfigError("config.queries is empty: give at least one of "
                       f"{queries.QUERIES.names()}")

@@ -262,7 +262,9 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
     logging.info("target %d %s: %d views, height %s, answers %s, build %.2f s, %d bytes", ti,
                  names_q, len(comp), model.height, answered, build_s, nbytes)
   # 6. schedule
-  link = scheduler.Link(cfg.link.bandwidth_bps, cfg.link.latency_s, cfg.link.loss)
+  link = scheduler.Link(cfg.link.bandwidth_bps, cfg.link.latency_s, cfg.link.loss,
+                        int(cfg.link.mss_bytes))
+  logging.info("uplink: %s", link.describe())
   start = t_load + t_cover + t_match_only + t_detect + t_gps_model
   js = [j for _, j in jobs]
   order = scheduler.schedule(js, link, cfg.exact_max_jobs) if js else []
@@ -331,6 +333,7 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
   details = {
       "bad_images": bad, "graph_warnings": g.warnings, "empty_queries": empty,
       "gps_error_model": gps_error,
+      "link": {"model": link.describe(), "goodput_bps": link.goodput_bps()},
       "images_loaded": n_ok, "gps_edges": sum(e["source"] == "gps" for e in g.edges.values()),
       "match_only_edges": sum(e["source"] == "match-only" for e in g.edges.values()),
       "confirmed_edges": sum(e.get("inliers", 0) >= cfg.graph.min_inliers
