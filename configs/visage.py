@@ -3,6 +3,8 @@
 Run:
   python -m experiments.visage --config=configs/visage.py:tiny --workdir=/tmp/visage_tiny
   python -m experiments.visage --config=configs/visage.py:default --workdir=/tmp/visage
+A calibration survey (another site and seed, no defects) is rendered once into
+<workdir>/calibration; its labelled example patches teach the queries their colours.
 Variants: ``tiny`` (4 lines x 6 images at 160x120, tests and smoke runs) and ``default``
 (10 lines x 50 images = 500 at 320x240 over a 1 Mbit/s link). The rendered survey is
 cached in <workdir>/survey and reused by reruns with the same site/flight/seed.
@@ -32,6 +34,13 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       gps_bias=1.5, gps_tau_s=60.0, gps_white=0.15, alt_white=0.3, alt_jitter=0.3,
       att_jitter=0.02, att_noise=0.009, yaw_noise=0.017, no_gps_fraction=0.0))
   c.keypoints = 512
+  # the calibration survey a user labels once (another site, another seed, no defects):
+  # example patches of each asset kind in ``annotated_images`` images fit the per-kind colour
+  # Gaussians; all its images fit the normal-materials model (``colour_model.fit``)
+  c.calibration = ml_collections.ConfigDict(dict(
+      seed=1000, dir="", lines=4, images_per_line=10, tanks=3, piles=3, buildings=1,
+      kinds=("tank", "pile"), annotated_images=6, min_sigma=0.008, prototypes=32,
+      quantile=0.999, margin=1.5, min_radius=0.02))
   c.queries = (dict(name="anomalous_colour", priority=3.0),     # a tuple: overridable
                dict(name="changed_since_last", priority=2.0),   # as a string on the CLI
                dict(name="assets_taller_than", h=8.0, priority=1.0))
@@ -43,10 +52,17 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       crop_pad_m=6.0, ransac_px=1.5, min_points=20, init_reproj_px=15.0,
       final_reproj_px=3.0, gps_sigma=0.3, alt_sigma=0.5, att_sigma=0.03, ba_iters=25,
       top_band=0.6, ring=1.8,
-      # the GPS receiver's error model (datasheet values, the same receiver the survey
-      # simulates): Gauss-Markov bias sigma / correlation time + white noise, per axis
-      gps_bias=1.5, gps_tau_s=60.0, gps_white=0.15, alt_bias=3.0, alt_white=0.3))
-  c.link = ml_collections.ConfigDict(dict(bandwidth_bps=1e6, latency_s=0.3, loss=0.01))
+      # the GPS prior: the receiver's Gauss-Markov bias + white noise model, its correlation
+      # time and white sigma estimated from the tags (gps_model.py); the bias's absolute
+      # sigma cannot be seen in the tags and comes from a datasheet:
+      gps_abs_sigma=2.12, alt_abs_sigma=4.24, gps_min_white=0.05,
+      gps_abs_source=("u-blox NEO-M8 data sheet: horizontal position accuracy 2.5 m CEP "
+                      "(GPS) -> sigma per axis = CEP / 1.1774 = 2.12 m; vertical: "
+                      "assumed 2x horizontal (no data sheet figure)")))
+  # uploads over TCP: goodput = Mathis et al. (MSS / RTT * 1.22 / sqrt(loss)), RTT = 2 x
+  # latency, capped by the bandwidth (scheduler.Link)
+  c.link = ml_collections.ConfigDict(dict(bandwidth_bps=1e6, latency_s=0.3, loss=0.01,
+                                          mss_bytes=1460))
   c.exact_max_jobs = 7
   c.detect_on_cover = True                 # run the 2D detectors on a footprint cover only
   c.cover_margin_px = 30                   # cover images see each ground cell this far inside
@@ -57,6 +73,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
     c.site.update(dict(tanks=3, piles=1, buildings=1, defect_fraction=0.5, new_fraction=0.3))
     c.flight.update(dict(width=160, height=120, focal_px=150.0, lines=4, images_per_line=6,
                          front_overlap=0.75, side_overlap=0.6))
+    c.calibration.update(dict(lines=4, images_per_line=8))
     c.keypoints = 256
     c.local3d.max_views = 6
     c.cover_margin_px = 20

@@ -2,17 +2,21 @@
 
   python -m experiments.visage --config=configs/visage.py:default --workdir=/tmp/visage
 
-Renders (or reuses) a synthetic drone survey in <workdir>/survey, runs the registered
-queries' 2D detectors on every image, builds the GPS overlap graph, confirms the edges a
+Renders (or reuses) a synthetic drone survey in <workdir>/survey and a calibration survey
+(another site and seed, no defects) in <workdir>/calibration, learns the queries' colour
+model from the calibration survey's example patches (saved as colour_model.json), runs the
+registered queries' 2D detectors on the survey, builds the GPS overlap graph, confirms the edges a
 subgraph needs with feature matches, reconstructs each target's subgraph locally (relative
 poses, triangulation, bundle adjustment), measures its height, and schedules builds and
-uploads over the configured link. Writes summary.json (the issue's keys), details.json
-(timings, baseline method, per-target records, bad images, warnings) and map.png.
+uploads over the configured link; finally scores the run against the simulator's truth
+(apart from the pipeline). Writes summary.json (the issue's keys), details.json (timings,
+baseline method, per-target records, scores, bad images, warnings) and map.png.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from absl import app, flags, logging
@@ -28,7 +32,8 @@ _WORKDIR = common.define_workdir("output folder")
 def validate(cfg) -> None:
   """One clear error for a bad config value, before any work."""
   from omni_jax.visage import queries
-  check_keys(cfg, ("variant", "seed", "survey_dir", "site", "flight", "keypoints", "queries",
+  check_keys(cfg, ("variant", "seed", "survey_dir", "site", "flight", "calibration",
+                   "keypoints", "queries",
                    "target_radius", "graph", "local3d", "link", "exact_max_jobs",
                    "detect_on_cover", "cover_margin_px", "baseline_sample_images",
                    "baseline_sample_edges", "colmap_images"))
@@ -41,14 +46,25 @@ def validate(cfg) -> None:
   if not 0 <= cfg.flight.no_gps_fraction <= 1:
     raise ConfigError(f"config.flight.no_gps_fraction = {cfg.flight.no_gps_fraction!r} is not "
                       "allowed: must be in [0, 1]")
-  if cfg.link.bandwidth_bps <= 0 or not 0 <= cfg.link.loss < 1 or cfg.link.latency_s < 0:
+  if (cfg.link.bandwidth_bps <= 0 or not 0 <= cfg.link.loss < 1 or cfg.link.latency_s < 0
+      or cfg.link.mss_bytes <= 0):
     raise ConfigError(f"config.link = {to_dict(cfg.link)} is not allowed: bandwidth_bps > 0, "
-                      "latency_s >= 0, 0 <= loss < 1")
+                      "latency_s >= 0, 0 <= loss < 1, mss_bytes > 0")
   if not cfg.queries:
     raise ConfigError("config.queries is empty: give at least one of "
                       f"{queries.QUERIES.names()}")
   for q in cfg.queries:
-    queries.make_query(q)
+    kinds = getattr(queries.make_query(q), "kinds", None)
+    bad = [k for k in kinds or () if k not in cfg.calibration.kinds]
+    if bad:
+      raise ConfigError(f"config.queries: {q['name']} asks for asset kinds {bad} the "
+                        f"calibration does not label; allowed: {list(cfg.calibration.kinds)}")
+  if cfg.calibration.seed == cfg.seed:
+    raise ConfigError(f"config.calibration.seed = {cfg.calibration.seed} is not allowed: the "
+                      "calibration survey must be another site than the reported one "
+                      f"(config.seed = {cfg.seed})")
+  for key in ("lines", "images_per_line", "annotated_images", "prototypes"):
+    positive_int(cfg.calibration, key, "calibration.")
   if cfg.local3d.min_views < 2 or cfg.local3d.max_views < cfg.local3d.min_views:
     raise ConfigError(f"config.local3d.min_views/max_views = {cfg.local3d.min_views}/"
                       f"{cfg.local3d.max_views} is not allowed: 2 <= min_views <= max_views")
@@ -59,16 +75,35 @@ def main(argv) -> None:
   common.setup_devices()
   cfg = _CONFIG.value
   validate(cfg)
-  from omni_jax.visage import pipeline, plots
+  from omni_jax.visage import colour_model, pipeline, plots, scoring, simulate
   workdir = Path(_WORKDIR.value)
   workdir.mkdir(parents=True, exist_ok=True)
   root = Path(cfg.survey_dir) if cfg.survey_dir else workdir / "survey"
-  pipeline.generate_survey(cfg, root)
-  summary, details = pipeline.run(cfg, root)
+  truth = simulate.generate_survey(cfg.site, cfg.flight, cfg.seed, root)
+  cal = cfg.calibration
+  cal_root = Path(cal.dir) if cal.dir else workdir / "calibration"
+  cal_site = cfg.site.copy_and_resolve_references()
+  cal_site.update(dict(tanks=cal.tanks, piles=cal.piles, buildings=cal.buildings,
+                       defect_fraction=0.0))
+  cal_flight = cfg.flight.copy_and_resolve_references()
+  cal_flight.update(dict(lines=cal.lines, images_per_line=cal.images_per_line,
+                         no_gps_fraction=0.0))
+  simulate.generate_survey(cal_site, cal_flight, cal.seed, cal_root,
+                           annotate={"images": cal.annotated_images, "kinds": list(cal.kinds)})
+  t0 = time.perf_counter()
+  colours = colour_model.fit(cal_root, cal.kinds, min_sigma=cal.min_sigma,
+                             n_prototypes=cal.prototypes, quantile=cal.quantile,
+                             margin=cal.margin, min_radius=cal.min_radius, seed=cal.seed)
+  fit_s = time.perf_counter() - t0
+  colours.save(workdir / "colour_model.json")
+  summary, details = pipeline.run(cfg, root, colours)
   plot = details.pop("_plot")
-  write_json_atomic(str(workdir / "summary.json"), summary)
-  write_json_atomic(str(workdir / "details.json"), details | {"config": to_dict(cfg)})
-  plots.survey_map(plot, str(workdir / "map.png"),
+  details["scores"] = scoring.score(summary, details, truth, cfg.queries)   # truth: scoring only
+  details["colour_model"] = {"path": str(workdir / "colour_model.json"), "fit_s": fit_s,
+                             "calibration_survey": str(cal_root)} | colours.to_dict()
+  write_json_atomic(workdir / "summary.json", summary)
+  write_json_atomic(workdir / "details.json", details | {"config": to_dict(cfg)})
+  plots.survey_map(plot | {"truth": truth}, str(workdir / "map.png"),
                    f"Visage {cfg.variant}: {summary['images']} images, "
                    f"{summary['subgraphs']} subgraphs, first insight "
                    f"{summary['time_to_first_insight_s'] or float('nan'):.1f} s vs baseline "

@@ -173,16 +173,21 @@ def _bucket(n: int, step: int) -> int:
 # ---------------------------------------------------------------- reconstruction
 def reconstruct(views: list[int], feats: dict, cams: dict, k: np.ndarray, images: dict,
                 crop_xy: np.ndarray, crop_radius_m: float, cfg, seed: int = 0,
-                min_inliers: int = 0, times: dict | None = None) -> LocalModel:
+                min_inliers: int = 0, times: dict | None = None,
+                gps_error: dict | None = None) -> LocalModel:
   """Local cloud and refined poses of ``views`` around ground point ``crop_xy``.
 
   The pairwise matches inside the crop confirm the subgraph's edges: only views connected
   to ``views[0]`` (the seed) by pairs with >= ``min_inliers`` inliers are kept
   (``info["pair_inliers"]`` has every pair's count, ``model.images`` the kept views).
-  ``times`` (image -> capture time, s) switches the GPS prior of the bundle adjustment to
-  the receiver's correlated error model (:func:`gps_prior`); without it every fix is an
-  independent ``gps_sigma`` / ``alt_sigma`` measurement.
+  ``times`` (image -> capture time, s) with ``gps_error`` (the receiver's error model
+  estimated from the tags, :func:`omni_jax.visage.gps_model.estimate`) switch the GPS prior
+  of the bundle adjustment to correlated errors (:func:`gps_prior`); without them every fix
+  is an independent ``gps_sigma`` / ``alt_sigma`` measurement.
   """
+  if (times is None) != (gps_error is None):
+    raise ValueError("reconstruct: give both times and gps_error (correlated GPS prior) or "
+                     "neither (independent fixes)")
   n = len(views)
   nv = int(cfg.max_views)
   kj = jnp.asarray(k, jnp.float32)
@@ -259,7 +264,7 @@ def reconstruct(views: list[int], feats: dict, cams: dict, k: np.ndarray, images
   keep_pt &= x0[:, 2] < cs[0, 2] - 1.0
   prior_sig = jnp.asarray([cfg.gps_sigma, cfg.gps_sigma, cfg.alt_sigma], jnp.float32)
   prior_w = None if times is None else jnp.asarray(
-      gps_prior([times[v] for v in views], nv, cfg), jnp.float32)
+      gps_prior([times[v] for v in views], nv, gps_error, cfg), jnp.float32)
   rot, cen, pts = rs, cs, x0
   for _ in range(2):
     sel = np.nonzero(keep_pt)[0]
@@ -301,18 +306,23 @@ def reconstruct(views: list[int], feats: dict, cams: dict, k: np.ndarray, images
   return LocalModel(views, pts[keep_pt], cols[keep_pt], rot[:n], cen[:n], None, info)
 
 
-def gps_prior(times_s, n_pad: int, cfg) -> np.ndarray:
+def gps_prior(times_s, n_pad: int, gps_error: dict, cfg) -> np.ndarray:
   """GPS information matrix (3 n_pad, 3 n_pad) for views captured at ``times_s``: the
-  receiver's Gauss-Markov bias + white noise model (``cfg.gps_bias``, ``gps_tau_s``,
-  ``gps_white``, ``alt_bias``, ``alt_white``) over the real views; padding cameras (no
-  observations) get independent ``gps_sigma`` / ``alt_sigma`` priors."""
+  receiver's Gauss-Markov bias + white noise model ``gps_error`` (``{"horizontal": {bias,
+  tau_s, white}, "vertical": {...}}``, estimated from the tags) over the real views;
+  padding cameras (no observations) get independent ``gps_sigma`` / ``alt_sigma`` priors.
+  Horizontal and vertical correlation times may differ: each axis block uses its own."""
   n = len(times_s)
   if n > n_pad:
     raise ValueError(f"gps_prior: {n} views do not fit {n_pad} camera slots")
   w = np.zeros((3 * n_pad, 3 * n_pad))
-  w[:3 * n, :3 * n] = geometry.gps_information(
-      times_s, [cfg.gps_bias, cfg.gps_bias, cfg.alt_bias], float(cfg.gps_tau_s),
-      [cfg.gps_white, cfg.gps_white, cfg.alt_white])
+  h, v = gps_error["horizontal"], gps_error["vertical"]
+  # the axes are independent: assemble per axis (each with its own tau), camera-major
+  info = np.zeros((3 * n, 3 * n))
+  for ax, m in enumerate((h, h, v)):
+    blk = geometry.gps_information(times_s, m["bias"], float(m["tau_s"]), m["white"])
+    info[ax::3, ax::3] = blk[ax::3, ax::3]
+  w[:3 * n, :3 * n] = info
   pad = np.tile(1.0 / np.array([cfg.gps_sigma, cfg.gps_sigma, cfg.alt_sigma]) ** 2, n_pad - n)
   w[3 * n:, 3 * n:] = np.diag(pad)
   return w

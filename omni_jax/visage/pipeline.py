@@ -7,23 +7,27 @@ edge confirmation, reconstruction, measurement) and upload in the scheduled orde
 baseline builds one model from all images (features, matching every GPS edge, measured;
 triangulation + bundle adjustment extrapolated linearly from the measured per-view cost of
 the local builds) and uploads it whole before any insight.
+
+What the pipeline sees: the survey's images, tags and the last survey's inventory on disk,
+and a colour model learned from a separate calibration survey. It never reads the
+renderer's palette or the ground truth: scoring against ``truth.json`` is done afterwards
+by :mod:`omni_jax.visage.scoring`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from omni_jax.visage import geometry, local3d, queries, scheduler, survey
+from omni_jax.visage import geometry, gps_model, local3d, queries, scheduler
 from omni_jax.visage import graph as graph_lib
+from omni_jax.visage.colour_model import ColourModel
 from omni_jax.visage.geometry import intrinsics, rotation_from_attitude
 
 _COMPILES: list[str] = []
@@ -31,7 +35,7 @@ jax.monitoring.register_event_duration_secs_listener(
     lambda name, *_, **__: _COMPILES.append(name) if "backend_compile" in name else None)
 
 TAGS = "tags.json"
-TRUTH = "truth.json"
+INVENTORY = "inventory.json"
 OWN_BASELINE_METHOD = (
     "measured: load of all images; per-image feature cost and per-edge matching cost (on "
     "samples when configured) x all images / all GPS edges; extrapolated: triangulation + "
@@ -41,54 +45,6 @@ OWN_BASELINE_METHOD = (
 
 
 # ---------------------------------------------------------------- survey on disk
-def _progress(what: str, done: int, total: int, t0: float) -> None:
-  el = time.time() - t0
-  rate = done / max(el, 1e-9)
-  logging.info("%s: %d/%d (%.1f/s, ETA %.0f s)", what, done, total, rate,
-               (total - done) / max(rate, 1e-9))
-
-
-def generate_survey(cfg, root: Path) -> dict:
-  """Renders the survey into ``root`` (images/, tags.json, truth.json, site.npz) unless a
-  survey with the same settings is already there; returns the truth record."""
-  from skimage import io
-  fp = json.dumps({"site": cfg.site.to_dict(), "flight": cfg.flight.to_dict(),
-                   "seed": cfg.seed}, sort_keys=True)
-  if (root / TRUTH).exists():
-    truth = json.loads((root / TRUTH).read_text())
-    if truth.get("fingerprint") == fp:
-      logging.info("reusing survey in %s", root)
-      return truth
-  (root / "images").mkdir(parents=True, exist_ok=True)
-  rng = np.random.default_rng(cfg.seed)
-  fl = cfg.flight
-  site = survey.make_site(cfg.site, survey.plan_extent(fl), rng)
-  shots = survey.plan_flight(fl, rng)
-  dev = (jnp.asarray(site.height), jnp.asarray(site.albedo))
-  t0 = time.time()
-  for i, s in enumerate(shots):
-    io.imsave(root / "images" / s.name, survey.render_shot(fl, site, s, rng, dev),
-              check_contrast=False)
-    if (i + 1) % 50 == 0 or i + 1 == len(shots):
-      _progress("render", i + 1, len(shots), t0)
-  no_gps = set(rng.choice(len(shots), int(round(fl.no_gps_fraction * len(shots))),
-                          replace=False).tolist())
-  tags = [{"name": s.name, "time_s": s.time_s, "line": s.line,
-           "gps": None if i in no_gps else s.gps.tolist(), "attitude": s.att.tolist()}
-          for i, s in enumerate(shots)]
-  (root / TAGS).write_text(json.dumps({"width": fl.width, "height": fl.height,
-                                       "focal_px": fl.focal_px, "images": tags}))
-  step = max(1, int(round(1.0 / site.res)))
-  np.savez_compressed(root / "site.npz", albedo=site.albedo[::step, ::step],
-                      res=site.res * step)
-  inv = [[a.x + rng.normal(0, 1.0), a.y + rng.normal(0, 1.0)] for a in site.assets if not a.new]
-  truth = {"fingerprint": fp, "assets": [dataclasses.asdict(a) for a in site.assets],
-           "buildings": site.buildings, "inventory": inv,
-           "true_centres": [s.true_c.tolist() for s in shots]}
-  (root / TRUTH).write_text(json.dumps(truth))
-  return truth
-
-
 def load_images(root: Path, tags: list[dict], size: tuple[int, int]):
   """Decodes every tagged image; returns (images, bad) where ``bad`` maps a file name to
   why it was left out (missing, corrupt, wrong size)."""
@@ -121,32 +77,25 @@ def _timed(fn, *a, **kw):
   return out, time.perf_counter() - t0
 
 
-def _truth_for(xy, assets, query, context) -> dict | None:
-  """The true asset a target stands for (nearest within its radius + 6 m), if any."""
-  best = min(assets, key=lambda a: np.hypot(a["x"] - xy[0], a["y"] - xy[1]), default=None)
-  if best is None or np.hypot(best["x"] - xy[0], best["y"] - xy[1]) > best["radius"] + 6.0:
-    return None
-  if query == "changed_since_last" and not best["new"]:
-    return None
-  if query == "anomalous_colour" and not best["defect"]:
-    return None
-  return best
-
-
-def run(cfg, root: Path) -> tuple[dict, dict]:
-  """Runs Visage on the survey in ``root``; returns (summary, details)."""
+def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
+  """Runs Visage on the survey in ``root`` with the learned colour model; returns (summary,
+  details). Insights carry no truth: :func:`omni_jax.visage.scoring.score` adds it."""
   meta = json.loads((root / TAGS).read_text())
   tags = meta["images"]
   size = (int(meta["width"]), int(meta["height"]))
-  k = intrinsics(size[0], size[1], float(meta["focal_px"]))
-  truth = json.loads((root / TRUTH).read_text())
+  focal = float(meta["focal_px"])
+  k = intrinsics(size[0], size[1], focal)
   cams_all = [None if t["gps"] is None else (k, rotation_from_attitude(*t["attitude"]),
                                              np.asarray(t["gps"])) for t in tags]
   yaws = {i: t["attitude"][0] for i, t in enumerate(tags)}
   times = {i: float(t["time_s"]) for i, t in enumerate(tags)}
   names = [t["name"] for t in tags]
-  qs = [queries.make_query(q) for q in cfg.queries]
-  ctx = {"inventory": truth["inventory"]}
+  qs = [queries.make_query(q, colours) for q in cfg.queries]
+  inv_path = root / INVENTORY
+  ctx = {"inventory": json.loads(inv_path.read_text())["assets_xy"] if inv_path.exists()
+         else []}
+  if not inv_path.exists() and any(q.name == "changed_since_last" for q in qs):
+    logging.warning("no %s: changed_since_last treats every asset as new", inv_path)
   images: dict[int, np.ndarray] = {}
   bad: dict[str, str] = {}
 
@@ -171,6 +120,16 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
   t0 = time.perf_counter()
   g = graph_lib.gps_graph(cams_all, size[0], size[1], cfg.graph.min_overlap)
   t_graph = time.perf_counter() - t0
+  # the receiver's error model from the tags themselves (absolute accuracy: datasheet)
+  t0 = time.perf_counter()
+  gps_error = gps_model.estimate(tags, float(cfg.local3d.gps_abs_sigma),
+                                 float(cfg.local3d.alt_abs_sigma),
+                                 float(cfg.local3d.gps_min_white))
+  gps_error["source_abs_sigma"] = str(cfg.local3d.gps_abs_source)
+  t_gps_model = time.perf_counter() - t0
+  logging.info("GPS error model from %d lines: horizontal %s, vertical %s (%.2f s)",
+               gps_error["lines"], {kk: round(v, 3) for kk, v in gps_error["horizontal"].items()},
+               {kk: round(v, 3) for kk, v in gps_error["vertical"].items()}, t_gps_model)
   missing_gps = [i for i, c in enumerate(cams_all) if c is None]
   t_load = 0.0
   t_match_only = 0.0
@@ -256,11 +215,13 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
     feats.update(new)
     # charge every view it uses, as if built alone (features shared between targets)
     t_feat_cost = t_feat / max(len(need), 1) * len(views) + t_view_load
-    crop_m = lc.crop_factor * tgt.seed.radius_px * cfg.flight.altitude / k[0, 0] + lc.crop_pad_m
+    crop_m = (lc.crop_factor * tgt.seed.radius_px * cams[tgt.seed.image][2][2] / focal
+              + lc.crop_pad_m)
 
     def build(views=views, tgt=tgt, crop_m=crop_m, ti=ti):
       m = local3d.reconstruct(views, feats, cams, k, images, tgt.xy, crop_m, lc, seed=ti,
-                              min_inliers=cfg.graph.min_inliers, times=times)
+                              min_inliers=cfg.graph.min_inliers, times=times,
+                              gps_error=gps_error)
       if "failed" not in m.info:
         m.height = local3d.measure_height(m, tgt.seed, k, lc)
       return m
@@ -274,7 +235,7 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
     base = max((np.linalg.norm(cams[a][2][:2] - cams[b][2][:2]) for a in comp for b in comp),
                default=0.0)
     rec.update(views=comp, baseline_m=float(base), load_s=t_view_load)
-    need_base = lc.min_baseline_ratio * cfg.flight.altitude
+    need_base = lc.min_baseline_ratio * float(np.median([cams[v][2][2] for v in comp]))
     if "failed" in model.info or base < need_base:
       rec["skipped"] = model.info.get("failed") or (
           f"baseline {base:.1f} m < {need_base:.1f} m")
@@ -286,34 +247,41 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
       model, t_build = _timed(build)
       compile_s += max(t_cold - t_build, 0.0)
     build_s = t_feat_cost + t_build
-    truths = []
-    for qq, tt in site:
-      tr = _truth_for(tt.xy, truth["assets"], qq.name, ctx)
-      truths.append(None if tr is None else tr["height"])
-    rec.update(crop_m=crop_m, build_s=build_s, bytes=model.payload_bytes(), height=model.height,
-               truths=truths, info={kk: v for kk, v in model.info.items()
-                                    if kk != "pair_inliers"})
+    # after the measurement: which of the site's queries does it answer (e.g. taller than h)?
+    answered = [qq.answers(model.height) for qq, _ in site]
+    nbytes = model.payload_bytes() if any(answered) else 0   # nothing to say: no upload
+    rec.update(crop_m=crop_m, build_s=build_s, bytes=nbytes, height=model.height,
+               answered=answered, target_xy=[tt.xy.tolist() for _, tt in site],
+               info={kk: v for kk, v in model.info.items() if kk != "pair_inliers"})
     records.append(rec)
     models.append(model)
+    # the order is chosen before any build, so from candidate values and the model's size
     value = sum(qq.priority for qq, _ in site)
     jobs.append((len(records) - 1, scheduler.Job(f"t{ti}", build_s, model.payload_bytes(),
                                                  value)))
-    logging.info("target %d %s: %d views, height %s (truth %s), build %.2f s, %d bytes", ti,
-                 names_q, len(comp), model.height, truths, build_s, model.payload_bytes())
+    logging.info("target %d %s: %d views, height %s, answers %s, build %.2f s, %d bytes", ti,
+                 names_q, len(comp), model.height, answered, build_s, nbytes)
   # 6. schedule
-  link = scheduler.Link(cfg.link.bandwidth_bps, cfg.link.latency_s, cfg.link.loss)
-  start = t_load + t_cover + t_match_only + t_detect
+  link = scheduler.Link(cfg.link.bandwidth_bps, cfg.link.latency_s, cfg.link.loss,
+                        int(cfg.link.mss_bytes))
+  logging.info("uplink: %s", link.describe())
+  start = t_load + t_cover + t_match_only + t_detect + t_gps_model
   js = [j for _, j in jobs]
   order = scheduler.schedule(js, link, cfg.exact_max_jobs) if js else []
-  landing = scheduler.simulate(js, order, link, start_s=start) if js else []
-  insights = []
+  # run in that order: a build that answers nothing occupies the edge box, uploads nothing
+  ran = [dataclasses.replace(j, nbytes=records[r]["bytes"]) for r, j in jobs]
+  done = scheduler.simulate(ran, order, link, start_s=start) if js else []
+  insights, landing = [], []
   for pos in order:
     r = records[jobs[pos][0]]
-    r["landing_s"] = landing[pos]
-    for qn, t in zip(r["queries"], r["truths"], strict=True):
-      v = r["height"]
-      insights.append({"query": qn, "value": v, "truth": t,
-                       "error": None if v is None or t is None else abs(v - t) / t})
+    r["done_s"] = done[pos]
+    if not any(r["answered"]):
+      continue
+    r["landing_s"] = done[pos]
+    landing.append(done[pos])
+    for qn, ok in zip(r["queries"], r["answered"], strict=True):
+      if ok:
+        insights.append({"query": qn, "value": r["height"], "target": r["target"]})
   # 7. baseline: one model from every image, then upload it whole
   t_load_rest = load(range(len(tags)))
   n_ok = len(images)
@@ -338,7 +306,8 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
                   if built else 0.0)
   crop_area = sum(np.pi * r["crop_m"] ** 2 for r in built)
   pts_density = sum(len(m.points) for m in models) / max(crop_area, 1e-9)
-  ext = survey.plan_extent(cfg.flight)
+  fps = np.concatenate([graph_lib.footprint(*cams[i], *size) for i in cams])
+  ext = np.ptp(fps, 0)                            # surveyed area from the tagged footprints
   full_points = pts_density * ext[0] * ext[1]
   base_bytes = int(full_points * local3d.POINT_BYTES + n_ok * local3d.POSE_BYTES)
   overlap_edges = sum(e["source"] != "target" for e in g.edges.values())
@@ -348,7 +317,7 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
          "points": full_points}
   own["total_s"] = own["build_s"] + own["upload_s"]
   ref = colmap_reference(cfg, root, tags, images, cams, len(g.edges) - sum(
-      e["source"] == "target" for e in g.edges.values()), link, n_ok, t_load_all, t_graph)
+      e["source"] == "target" for e in g.edges.values()), link, n_ok, t_load_all, t_graph, focal)
   used = ref if ref.get("total_s") else own
   baseline, base_bytes = used["total_s"], int(used["bytes"])
   ttfi = min(landing) if landing else None
@@ -358,12 +327,13 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
       "time_to_all_insights_s": max(landing) if landing else None,
       "baseline_time_s": baseline,
       "speedup": baseline / ttfi if ttfi else None,
-      "uploaded_bytes": int(sum(j.nbytes for j in js)),
+      "uploaded_bytes": int(sum(j.nbytes for j in ran)),
       "baseline_uploaded_bytes": base_bytes,
   }
-  errs = [i["error"] for i in insights if i["error"] is not None]
   details = {
       "bad_images": bad, "graph_warnings": g.warnings, "empty_queries": empty,
+      "gps_error_model": gps_error,
+      "link": {"model": link.describe(), "goodput_bps": link.goodput_bps()},
       "images_loaded": n_ok, "gps_edges": sum(e["source"] == "gps" for e in g.edges.values()),
       "match_only_edges": sum(e["source"] == "match-only" for e in g.edges.values()),
       "confirmed_edges": sum(e.get("inliers", 0) >= cfg.graph.min_inliers
@@ -371,6 +341,7 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
       "detected_images": n_det,
       "timing_s": {"load_before_detection": t_load, "load_all": t_load_all,
                    "detect": t_detect, "cover": t_cover, "gps_graph": t_graph,
+                   "gps_error_model": t_gps_model,
                    "match_only_candidates": t_match_only,
                    "compile_excluded": compile_s, "features_per_image": feat_per_img,
                    "confirm_per_edge": conf_per_edge, "local_build_per_view": rec_per_view},
@@ -379,10 +350,10 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
       "speedup_vs_own_kernels": own["total_s"] / ttfi if ttfi else None,
       "baseline_own_kernels": own | {"method": OWN_BASELINE_METHOD},
       "order": [records[jobs[p][0]]["target"] for p in order],
-      "targets": records, "max_relative_error": max(errs) if errs else None,
-      "median_relative_error": float(np.median(errs)) if errs else None,
+      "targets": records,
+      "candidates": {q.describe(): [t.xy.tolist() for qq, t in targets if qq is q] for q in qs},
   }
-  plot_data = {"tags": tags, "cams": cams, "graph": g, "records": records, "truth": truth,
+  plot_data = {"tags": tags, "cams": cams, "graph": g, "records": records,
                "root": root, "min_inliers": cfg.graph.min_inliers}
   return summary, details | {"_plot": plot_data}
 
@@ -401,7 +372,7 @@ def refine_seed(q, tgt, view: int, images, cams, k, size):
 
 
 def colmap_reference(cfg, root, tags, images, cams, n_edges, link, n_ok, t_load_all,
-                     t_graph) -> dict:
+                     t_graph, k_focal: float) -> dict:
   """COLMAP on a compact block of ``cfg.colmap_images`` images near the survey centre;
   full-survey time extrapolated linearly: extraction and mapping per image x all images,
   matching per pair x all GPS edges (spatial matching), plus the upload of a model with
@@ -415,7 +386,7 @@ def colmap_reference(cfg, root, tags, images, cams, n_edges, link, n_ok, t_load_
   ids = sorted(ids, key=lambda i: np.linalg.norm(cams[i][2][:2] - centre))
   block = [tags[i]["name"] for i in ids[:cfg.colmap_images] if i in images]
   logging.info("COLMAP reference on %d images ...", len(block))
-  ref = colmap_ref.run_reference(root, block, root.parent, float(cfg.flight.focal_px))
+  ref = colmap_ref.run_reference(root, block, root.parent, float(k_focal))
   if not ref.get("available") or not ref.get("registered"):
     return ref | {"note": "no usable reference run"}
   pts_per_img = ref["points"] / ref["registered"]
@@ -426,12 +397,3 @@ def colmap_reference(cfg, root, tags, images, cams, n_edges, link, n_ok, t_load_
                 "total_s": build + link.transfer_s(nbytes),
                 "method": "measured on a block of images, extrapolated linearly to all "
                           "images and GPS edges; upload of its sparse model"}
-
-
-def corrupt_for_test(root: Path, name: str, how: str) -> None:
-  """Test helper: delete (``how='missing'``) or garble (``'corrupt'``) one image."""
-  p = root / "images" / name
-  if how == "missing":
-    os.remove(p)
-  else:
-    p.write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)

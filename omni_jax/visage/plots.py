@@ -12,7 +12,9 @@ QUERY_COLOURS = {"assets_taller_than": "tab:blue", "anomalous_colour": "tab:red"
 
 def survey_map(plot: dict, path: str, title: str) -> None:
   """Site albedo, GPS track, graph edges (grey: GPS only; green: confirmed by matches),
-  each chosen subgraph's views and edges, targets coloured by query, true assets."""
+  each chosen subgraph's views and edges, targets coloured by query (star: the queries it
+  answers; hollow circle: built and measured, answers none, e.g. not taller than h), true
+  assets."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -39,16 +41,26 @@ def survey_map(plot: dict, path: str, title: str) -> None:
   seen = set()
   for r in plot["records"]:
     col = QUERY_COLOURS.get(r["query_name"], "tab:orange")
-    qn = " + ".join(r["queries"])
-    lab = qn if qn not in seen else None
-    seen.add(qn)
     vs = [v for v in r["views"] if v in pos]
     for i, a in enumerate(vs):
       for b in vs[i + 1:]:
         ax.plot(*np.stack([pos[a], pos[b]]).T, lw=1.0, color=col, alpha=0.6)
     ax.scatter(*np.array([pos[v] for v in vs]).T, s=14, color=col, zorder=4)
-    mk = "x" if "skipped" in r else "*"
-    ax.scatter([r["xy"][0]], [r["xy"][1]], marker=mk, s=120, color=col, zorder=5, label=lab)
+    answered = [q for q, ok in zip(r["queries"], r.get("answered", []), strict=False) if ok]
+    if "skipped" in r:
+      qn = " + ".join(r["queries"]) + " (skipped)"
+      lab = qn if qn not in seen else None
+      seen.add(qn)
+      ax.scatter([r["xy"][0]], [r["xy"][1]], marker="x", s=120, color=col, zorder=5, label=lab)
+    elif not answered:                   # built and measured, but answers no query
+      lab = "built, no answer" if "built, no answer" not in seen else None
+      seen.add("built, no answer")
+      ax.scatter([r["xy"][0]], [r["xy"][1]], marker="o", s=70, facecolors="none",
+                 edgecolors=col, zorder=5, label=lab)
+    else:
+      lab = " + ".join(answered) if " + ".join(answered) not in seen else None
+      seen.add(" + ".join(answered))
+      ax.scatter([r["xy"][0]], [r["xy"][1]], marker="*", s=120, color=col, zorder=5, label=lab)
     if r.get("height") is not None:
       ax.annotate(f"{r['height']:.1f} m", r["xy"], fontsize=7, xytext=(4, 4),
                   textcoords="offset points")

@@ -1,9 +1,13 @@
 """Application knowledge as pluggable queries, each a cheap 2D detector on single images.
 
-A query marks images of interest (``detect``) and, once detections are grouped into ground
-targets, may keep or drop a target (``keep``, e.g. "not in last survey's inventory"). Every
-detection carries the image region of the structure to measure in 3D. New queries register
-with ``@QUERIES.register("name")`` and are built from config by :func:`make_query`.
+A query marks images of interest (``detect``); once detections are grouped into ground
+targets it may keep or drop a target before any 3D (``keep``, e.g. "not in the last survey's
+inventory"), and once the target's structure is measured in 3D it decides whether the target
+answers it (``answers``, e.g. "taller than h"). Every detection carries the image region of
+the structure to measure. Colour knowledge comes from a :class:`ColourModel` learned from a
+few labelled calibration images (:mod:`omni_jax.visage.colour_model`), never from the
+renderer. New queries register with ``@QUERIES.register("name")`` and are built from config
+by :func:`make_query`.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import numpy as np
 from scipy import ndimage
 
 from omni_jax.registry import Registry
-from omni_jax.visage.survey import ASSET_KINDS, COLOURS
+from omni_jax.visage.colour_model import ColourModel, block_mean, chromaticity
 
 QUERIES: Registry = Registry("visage query")
 
@@ -31,18 +35,6 @@ class Detection:
   partial: bool = False       # cut by the image border (fine to find a target, not to measure)
 
 
-def chromaticity(img: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """(H, W, 2) r/g chromaticity and (H, W) brightness of an RGB uint8 image."""
-  x = np.asarray(img, np.float32) / 255.0
-  s = x.sum(-1) + 1e-6
-  return np.stack([x[..., 0] / s, x[..., 1] / s], -1), s / 3
-
-
-def _chroma_of(rgb) -> np.ndarray:
-  c = np.asarray(rgb, np.float32)
-  return c[:2] / c.sum()
-
-
 class ImageView:
   """One image as the detectors see it: 2x2 block-averaged (a quarter of the pixels;
   structures of interest span tens of pixels), chromaticity and brightness computed once
@@ -50,23 +42,21 @@ class ImageView:
   SCALE = 2
 
   def __init__(self, img: np.ndarray):
-    h, w = img.shape[0] // self.SCALE * self.SCALE, img.shape[1] // self.SCALE * self.SCALE
-    x = np.asarray(img[:h, :w, :3], np.float32)
-    x = x.reshape(h // 2, 2, w // 2, 2, 3).mean((1, 3))
     self.shape = img.shape[:2]
     self.keep_partial = False            # set for a cover pass: blobs cut by the border count
-    self.chroma, self.value = chromaticity(x)
+    self.chroma, self.value = chromaticity(block_mean(img, self.SCALE))
     self._masks: dict = {}
 
   @classmethod
   def of(cls, img) -> ImageView:
     return img if isinstance(img, ImageView) else cls(img)
 
-  def asset_mask(self, kinds=ASSET_KINDS) -> np.ndarray:
-    """Known asset colours (cached per kinds)."""
-    key = tuple(kinds)
+  def asset_mask(self, colours: ColourModel, kinds) -> np.ndarray:
+    """Pixels of the listed asset kinds' learned colours, opened (cached per model, kinds)."""
+    key = (id(colours), tuple(kinds))
     if key not in self._masks:
-      self._masks[key] = asset_mask_from(self.chroma, self.value, kinds)
+      self._masks[key] = ndimage.binary_opening(
+          colours.kind_mask(self.chroma, self.value, kinds))
     return self._masks[key]
 
   def full(self, mask: np.ndarray) -> np.ndarray:
@@ -79,20 +69,6 @@ class ImageView:
   def xy(self, c) -> tuple[float, float]:
     """Detector pixel centre -> full-resolution pixel centre."""
     return (c[0] * self.SCALE + (self.SCALE - 1) / 2, c[1] * self.SCALE + (self.SCALE - 1) / 2)
-
-
-def asset_mask_from(ch, v, kinds=ASSET_KINDS, tol: float = 0.035) -> np.ndarray:
-  """Pixels whose chromaticity is within ``tol`` of a known asset paint/material colour."""
-  m = np.zeros(ch.shape[:2], bool)
-  for k in kinds:
-    m |= np.linalg.norm(ch - _chroma_of(COLOURS[k]), axis=-1) < tol
-  return ndimage.binary_opening(m & (v > 0.12))
-
-
-def asset_mask(img: np.ndarray, kinds=ASSET_KINDS) -> np.ndarray:
-  """Full-resolution asset-colour mask of an image (via the detector view)."""
-  view = ImageView.of(img)
-  return view.full(view.asset_mask(kinds))
 
 
 def blobs(mask: np.ndarray, min_area: int, border: int = 2, keep_partial: bool = False):
@@ -129,76 +105,103 @@ def _touches_border(m: np.ndarray, border: int = 2) -> bool:
 
 
 class Query:
-  """Base query: subclasses implement ``detect``; ``priority`` weighs its insights."""
+  """Base query: subclasses implement ``detect``; ``priority`` weighs its insights.
+
+  ``colours`` is the learned colour model (:class:`ColourModel`); a query can be built
+  without one (to check a config) but detects only with one (:meth:`bind`)."""
   name = "query"
 
-  def __init__(self, priority: float = 1.0, min_area: int = 60):
+  def __init__(self, priority: float = 1.0, min_area: int = 60,
+               colours: ColourModel | None = None):
     if priority <= 0:
       raise ValueError(f"query {self.name}: priority must be > 0, got {priority}")
     self.priority = float(priority)
     self.min_area = int(min_area)
+    self.colours = None
+    if colours is not None:
+      self.bind(colours)
+
+  def bind(self, colours: ColourModel) -> Query:
+    """Attach the colour model (checks the kinds this query needs were learned)."""
+    self.colours = colours
+    return self
+
+  def _model(self) -> ColourModel:
+    if self.colours is None:
+      raise ValueError(f"query {self.name} has no colour model: build it with "
+                       "make_query(spec, colours) or call bind(colours)")
+    return self.colours
 
   def detect(self, img: np.ndarray, index: int) -> list[Detection]:
     raise NotImplementedError
 
   def keep(self, ground_xy: np.ndarray, context: dict) -> bool:  # noqa: ARG002
-    """Whether a target (ground position) is an answer; default: every target."""
+    """Before any 3D: whether a target (ground position) is worth building; default all."""
+    return True
+
+  def answers(self, height: float | None) -> bool:  # noqa: ARG002
+    """After the 3D measurement: whether the target answers the query; default yes."""
     return True
 
   def describe(self) -> str:
     return self.name
 
 
+def _all_kinds(colours: ColourModel) -> tuple[str, ...]:
+  return tuple(sorted(colours.kinds))
+
+
 @QUERIES.register("assets_taller_than")
 class AssetsTallerThan(Query):
-  """Tanks and piles (known material colours); the 3D height answers "taller than h"."""
+  """Assets of the learned kinds (all of them unless ``kinds`` is given) whose measured
+  height exceeds ``h`` metres. The 2D detector finds candidates; a candidate is an answer
+  only when its 3D height was measured and is greater than ``h`` (:meth:`answers`)."""
   name = "assets_taller_than"
 
-  def __init__(self, h: float = 6.0, kinds=ASSET_KINDS, **kw):
+  def __init__(self, h: float = 6.0, kinds=None, **kw):
+    if not np.isfinite(h) or h < 0:
+      raise ValueError(f"assets_taller_than: h must be a finite height >= 0 m, got {h!r}")
+    self.h = float(h)
+    self.kinds = None if kinds is None else tuple(kinds)
     super().__init__(**kw)
-    bad = [k for k in kinds if k not in ASSET_KINDS]
-    if bad:
-      raise ValueError(f"assets_taller_than: unknown asset kinds {bad}; allowed {ASSET_KINDS}")
-    self.h, self.kinds = float(h), tuple(kinds)
+
+  def bind(self, colours):
+    if self.kinds is not None:
+      bad = [k for k in self.kinds if k not in colours.kinds]
+      if bad:
+        raise ValueError(f"assets_taller_than: unknown asset kinds {bad}; the colour model "
+                         f"learned {sorted(colours.kinds)}")
+    return super().bind(colours)
 
   def detect(self, img, index):
-    view = ImageView.of(img)
-    return _asset_detections(self.name, view, index, view.asset_mask(self.kinds),
-                             self.min_area)
+    view, cm = ImageView.of(img), self._model()
+    return _asset_detections(self.name, view, index,
+                             view.asset_mask(cm, self.kinds or _all_kinds(cm)), self.min_area)
+
+  def answers(self, height):
+    return height is not None and height > self.h
 
   def describe(self):
     return f"{self.name}(h={self.h:g} m)"
 
 
-def _segment_distance(p: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-  """Distance of points (..., 2) to the segment a-b."""
-  t = np.clip(((p - a) @ (b - a)) / float((b - a) @ (b - a)), 0.0, 1.0)
-  return np.linalg.norm(p - (a + t[..., None] * (b - a)), axis=-1)
-
-
 @QUERIES.register("anomalous_colour")
 class AnomalousColour(Query):
-  """Colours the site's known palette does not explain (farther than ``tol`` in
-  chromaticity from every known material and from the grass-dirt mixing line), e.g. rust
-  on a tank roof; the structure measured is the asset region the anomaly sits on."""
+  """Colours the learned normal materials do not explain (:meth:`ColourModel.anomalous`),
+  e.g. rust on a tank roof; the structure measured is the asset region the anomaly sits on
+  (learned asset colours joined with the anomaly)."""
   name = "anomalous_colour"
-  KNOWN = ("grass", "dirt", "roof", "tank", "pile")
 
-  def __init__(self, tol: float = 0.08, **kw):
+  def __init__(self, **kw):
     kw.setdefault("min_area", 12)
     super().__init__(**kw)
-    self.tol = float(tol)
 
   def detect(self, img, index):
-    view = ImageView.of(img)
-    ch, v = view.chroma, view.value
-    d = _segment_distance(ch, _chroma_of(COLOURS["grass"]), _chroma_of(COLOURS["dirt"]))
-    for k in self.KNOWN:
-      d = np.minimum(d, np.linalg.norm(ch - _chroma_of(COLOURS[k]), axis=-1))
-    odd = (d > self.tol) & (v > 0.12)
+    view, cm = ImageView.of(img), self._model()
+    odd = cm.anomalous(view.chroma, view.value)
     if not odd.any():
       return []
-    structure = view.asset_mask() | odd
+    structure = view.asset_mask(cm, _all_kinds(cm)) | odd
     out = []
     s = ImageView.SCALE
     for c, r, a, m in blobs(ndimage.binary_opening(odd), max(1, self.min_area // s ** 2),
@@ -213,7 +216,8 @@ class AnomalousColour(Query):
 
 @QUERIES.register("changed_since_last")
 class ChangedSinceLast(Query):
-  """Assets not in the last survey's inventory (ground positions within ``radius`` m)."""
+  """Assets (learned colours) not in the last survey's inventory (none within ``radius``
+  m); the inventory comes in ``context["inventory"]``."""
   name = "changed_since_last"
 
   def __init__(self, radius: float = 8.0, **kw):
@@ -221,22 +225,24 @@ class ChangedSinceLast(Query):
     self.radius = float(radius)
 
   def detect(self, img, index):
-    view = ImageView.of(img)
-    return _asset_detections(self.name, view, index, view.asset_mask(), self.min_area)
+    view, cm = ImageView.of(img), self._model()
+    return _asset_detections(self.name, view, index, view.asset_mask(cm, _all_kinds(cm)),
+                             self.min_area)
 
   def keep(self, ground_xy, context):
     inv = np.asarray(context.get("inventory", np.zeros((0, 2))), float).reshape(-1, 2)
     return bool(len(inv) == 0 or np.min(np.linalg.norm(inv - ground_xy, axis=1)) > self.radius)
 
 
-def make_query(spec) -> Query:
-  """A query from a config entry ``{"name": ..., <params>}``; unknown names list the
-  registered ones."""
+def make_query(spec, colours: ColourModel | None = None) -> Query:
+  """A query from a config entry ``{"name": ..., <params>}``, bound to ``colours`` when
+  given; unknown names list the registered ones."""
   spec = dict(spec)
   name = spec.pop("name", None)
   if name not in QUERIES:
     raise ValueError(f"unknown visage query {name!r}; registered: {QUERIES.names()}")
   try:
-    return QUERIES.get(name)(**spec)
+    q = QUERIES.get(name)(**spec)
   except TypeError as e:
     raise ValueError(f"bad parameters for visage query {name!r}: {e}") from None
+  return q if colours is None else q.bind(colours)

@@ -9,7 +9,8 @@ scikit-image (grass, gravel, brick) tinted per material, mixed at incommensurate
 the pattern does not repeat within a footprint, times Lambert shading of the surface.
 
 Ground truth (assets with their true heights, which have defects, which are new since the
-last survey) stays in :class:`Site` for scoring only; the pipeline sees images and tags.
+last survey) stays in :class:`Site` for scoring only; the pipeline sees images and tags
+(written to disk by :mod:`omni_jax.visage.simulate`) and never imports this module.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ import numpy as np
 
 from omni_jax.visage import geometry
 
-# material colours (linear RGB, 0..1): what the application's 2D detectors are told about
+# material colours (linear RGB, 0..1) of the renderer; the pipeline's detectors never see
+# them: they learn colours from a calibration survey's example patches (colour_model.py)
 COLOURS = {
     "grass": (0.36, 0.50, 0.24), "dirt": (0.52, 0.45, 0.33), "roof": (0.55, 0.33, 0.28),
     "tank": (0.62, 0.74, 0.90), "pile": (0.78, 0.77, 0.72), "rust": (0.85, 0.30, 0.08),
 }
-ASSET_KINDS = ("tank", "pile")
 
 
 @dataclasses.dataclass

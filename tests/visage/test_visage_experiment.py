@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from configs import visage as visage_config
-from omni_jax.visage import pipeline
+from omni_jax.visage import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"images", "subgraphs", "insights", "time_to_first_insight_s", "time_to_all_insights_s",
@@ -22,14 +22,14 @@ def test_tiny_run_with_bad_input(tmp_path):
   cfg = visage_config.get_config("tiny")
   cfg.flight.no_gps_fraction = 0.12
   survey = tmp_path / "survey"
-  truth = pipeline.generate_survey(cfg, survey)
+  truth = simulate.generate_survey(cfg.site, cfg.flight, cfg.seed, survey)
   assert len(truth["assets"]) == 4 and len(list((survey / "images").iterdir())) == 24
-  pipeline.corrupt_for_test(survey, "IMG_0003.png", "missing")
-  pipeline.corrupt_for_test(survey, "IMG_0011.png", "corrupt")
+  simulate.corrupt_for_test(survey, "IMG_0003.png", "missing")
+  simulate.corrupt_for_test(survey, "IMG_0011.png", "corrupt")
   cmd = [sys.executable, "-m", "experiments.visage", "--config=configs/visage.py:tiny",
          f"--workdir={tmp_path / 'run'}", f"--config.survey_dir={survey}",
          "--config.flight.no_gps_fraction=0.12",
-         "--config.queries=({'name': 'assets_taller_than', 'h': 8.0},"
+         "--config.queries=({'name': 'assets_taller_than', 'h': 5.0},"
          "{'name': 'changed_since_last', 'radius': 500.0})"]
   p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert p.returncode == 0, p.stderr[-3000:]
@@ -42,7 +42,8 @@ def test_tiny_run_with_bad_input(tmp_path):
   assert set(s) == KEYS
   assert s["images"] == 24 and s["subgraphs"] >= 1 and len(s["insights"]) >= s["subgraphs"]
   for ins in s["insights"]:
-    assert set(ins) == {"query", "value", "truth", "error"}
+    assert set(ins) == {"query", "value", "truth", "error", "target"}
+    assert ins["value"] > 5.0                      # taller than h, as measured
     if ins["truth"] is not None and ins["value"] is not None:
       assert abs(ins["error"] - abs(ins["value"] - ins["truth"]) / ins["truth"]) < 1e-9
       assert ins["error"] < 0.1
@@ -52,6 +53,13 @@ def test_tiny_run_with_bad_input(tmp_path):
   d = json.loads((tmp_path / "run" / "details.json").read_text())
   assert set(d["bad_images"]) == {"IMG_0003.png", "IMG_0011.png"}
   assert d["empty_queries"] == ["changed_since_last"] and d["match_only_edges"] > 0
+  # the colour model was learned from the calibration survey and recorded with the run
+  cm = json.loads((tmp_path / "run" / "colour_model.json").read_text())
+  assert set(cm["kinds"]) == {"tank", "pile"} and cm["source"]["annotated_images"] >= 1
+  assert (tmp_path / "run" / "calibration" / "annotations.json").exists()
+  sc = d["scores"]["queries"]["assets_taller_than(h=5 m)"]
+  assert sc["relevant"] == 4 and sc["answers"] == len(s["insights"])
+  assert sc["answer_hits"] + sc["answer_false"] == sc["answers"]
   assert (tmp_path / "run" / "map.png").stat().st_size > 10_000
 
 

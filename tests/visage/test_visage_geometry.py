@@ -139,12 +139,20 @@ def test_local_gps_prior_models_real_views_and_pins_padding_cameras():
   from ml_collections import ConfigDict
 
   from omni_jax.visage import local3d
-  cfg = ConfigDict(dict(gps_bias=1.5, gps_tau_s=60.0, gps_white=0.15, alt_bias=3.0,
-                        alt_white=0.3, gps_sigma=0.3, alt_sigma=0.5))
-  w = local3d.gps_prior([0.0, 0.8, 50.0], 5, cfg)
+  cfg = ConfigDict(dict(gps_sigma=0.3, alt_sigma=0.5))
+  model = {"horizontal": {"bias": 1.5, "tau_s": 60.0, "white": 0.15},
+           "vertical": {"bias": 3.0, "tau_s": 60.0, "white": 0.3}}
+  w = local3d.gps_prior([0.0, 0.8, 50.0], 5, model, cfg)
   np.testing.assert_allclose(w[:9, :9], g.gps_information([0.0, 0.8, 50.0], [1.5, 1.5, 3.0],
                                                           60.0, [0.15, 0.15, 0.3]))
   np.testing.assert_allclose(w[9:, 9:], np.diag([1 / 0.09, 1 / 0.09, 4.0] * 2))
   assert not w[:9, 9:].any() and not w[9:, :9].any()
+  # per-axis correlation times: the vertical block is the inverse of its own covariance
+  model["vertical"]["tau_s"] = 20.0
+  w = local3d.gps_prior([0.0, 0.8, 50.0], 3, model, cfg)
+  t = np.array([0.0, 0.8, 50.0])
+  cov_z = 9.0 * np.exp(-np.abs(t[:, None] - t[None]) / 20.0) + 0.09 * np.eye(3)
+  np.testing.assert_allclose(w[2::3, 2::3], np.linalg.inv(cov_z), rtol=1e-9)
+  assert not w[0::3, 2::3].any()
   with pytest.raises(ValueError, match="do not fit"):
-    local3d.gps_prior([0.0] * 6, 5, cfg)
+    local3d.gps_prior([0.0] * 6, 5, model, cfg)

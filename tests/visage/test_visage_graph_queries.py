@@ -1,4 +1,5 @@
-"""Footprint overlap graph, match-only fallback, and the registered 2D queries."""
+"""Footprint overlap graph, match-only fallback, and bad query specs (the queries
+themselves: test_visage_queries.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import pytest
 
 from omni_jax.visage import graph, queries
 from omni_jax.visage.geometry import intrinsics, rotation_from_attitude
-from omni_jax.visage.survey import COLOURS
 
 
 def test_convex_clip_and_overlap_of_squares():
@@ -44,35 +44,9 @@ def test_images_without_gps_get_match_only_candidates_with_a_warning():
   assert len(g.warnings) == 1 and "without GPS" in g.warnings[0] and "D" in g.warnings[0]
 
 
-def _scene_image(rust=False):
-  rng = np.random.default_rng(1)
-  img = np.ones((120, 160, 3)) * COLOURS["grass"] * rng.uniform(0.8, 1.2, (120, 160, 1))
-  yy, xx = np.mgrid[0:120, 0:160]
-  disc = (xx - 60) ** 2 + (yy - 50) ** 2 < 15 ** 2
-  img[disc] = np.asarray(COLOURS["tank"]) * rng.uniform(0.7, 1.05, (disc.sum(), 1))
-  if rust:
-    img[(xx - 65) ** 2 + (yy - 48) ** 2 < 5 ** 2] = COLOURS["rust"]
-  return (img * 255).astype(np.uint8), disc
-
-
-def test_asset_and_anomaly_detectors_and_empty_result():
-  img, disc = _scene_image(rust=True)
-  hits = queries.make_query({"name": "assets_taller_than", "h": 5}).detect(img, 7)
-  assert len(hits) == 1 and hits[0].image == 7
-  assert np.hypot(hits[0].xy[0] - 60, hits[0].xy[1] - 50) < 2.0
-  anom = queries.make_query({"name": "anomalous_colour"}).detect(img, 7)
-  assert len(anom) == 1 and np.hypot(anom[0].xy[0] - 65, anom[0].xy[1] - 48) < 1.5
-  assert anom[0].region[50, 60] and anom[0].region.sum() >= 0.9 * disc.sum()  # the tank
-  plain, _ = _scene_image()
-  assert queries.make_query({"name": "anomalous_colour"}).detect(plain, 0) == []
-  ch = queries.make_query({"name": "changed_since_last", "radius": 5})
-  assert not ch.keep(np.array([1.0, 1.0]), {"inventory": [[0.0, 0.0]]})
-  assert ch.keep(np.array([9.0, 1.0]), {"inventory": [[0.0, 0.0]]})
-
-
 @pytest.mark.parametrize("spec,msg", [({"name": "rooftops"}, "unknown visage query"),
-                                      ({"name": "assets_taller_than", "kinds": ["car"]},
-                                       "unknown asset kinds"),
+                                      ({"name": "assets_taller_than", "h": float("nan")},
+                                       "h must be a finite height"),
                                       ({"name": "anomalous_colour", "sigma": 3},
                                        "bad parameters"),
                                       ({"name": "anomalous_colour", "priority": 0},

@@ -17,9 +17,29 @@ def test_landing_times_closed_form():
   # a: built 0-1, sent 1-2. b: built 1-5, sent 5-6. c: built 5-5.5, waits, sent 6-16.
   assert s.simulate(JOBS, [0, 1, 2], LINK) == [2.0, 6.0, 16.0]
   assert s.weighted_completion(JOBS, [0, 1, 2], LINK) == 2.0 + 3 * 6.0 + 16.0
-  # latency and loss: 0.3 s + 8 * 125000 / (1e6 * 0.8) s
-  assert s.Link(1e6, 0.3, 0.2).transfer_s(125_000) == pytest.approx(0.3 + 1.25)
   assert s.simulate(JOBS, [1], LINK, start_s=10.0)[1] == 15.0
+  # a job with nothing to upload (no answer) ends with its build and leaves the link free
+  quiet = [JOBS[0], s.Job("n", 2.0, 0, 1.0), JOBS[1]]
+  assert s.simulate(quiet, [0, 1, 2], LINK) == [2.0, 3.0, 8.0]
+
+
+def test_tcp_goodput_is_mathis_under_loss_capped_by_the_link():
+  # 1 % loss, 300 ms one way (RTT 0.6 s), MSS 1460 B: 1460 * 8 / 0.6 * sqrt(1.5) / 0.1
+  lossy = s.Link(1e6, 0.3, 0.01)
+  mathis = 1460 * 8 / 0.6 * 1.5 ** 0.5 / 0.1
+  assert mathis == pytest.approx(238_416, rel=1e-4)
+  assert lossy.goodput_bps() == pytest.approx(mathis)
+  assert lossy.transfer_s(125_000) == pytest.approx(0.3 + 1e6 / mathis)      # 4.49 s
+  # REFERENCES.md's figure: RTT 300 ms, p = 1 % -> about 59 KB/s
+  assert s.Link(1e9, 0.15, 0.01).goodput_bps() / 8 == pytest.approx(59_600, rel=0.01)
+  # a slow link caps it; no loss or no delay: the bandwidth
+  assert s.Link(1e5, 0.3, 0.01).goodput_bps() == 1e5
+  assert s.Link(1e6, 0.3, 0.0).transfer_s(125_000) == pytest.approx(1.3)
+  # goodput falls as 1 / sqrt(p) and as 1 / RTT
+  assert s.Link(1e9, 0.3, 0.04).goodput_bps() == pytest.approx(
+      s.Link(1e9, 0.3, 0.01).goodput_bps() / 2)
+  assert s.Link(1e9, 0.6, 0.01).goodput_bps() == pytest.approx(
+      s.Link(1e9, 0.3, 0.01).goodput_bps() / 2)
 
 
 def test_hand_case_optimum_beats_the_ratio_rule():
@@ -57,7 +77,8 @@ def test_brute_force_matches_a_plain_reference_on_five_jobs():
 
 @pytest.mark.parametrize("kw,msg", [({"bandwidth_bps": 0}, "bandwidth_bps must be > 0"),
                                     ({"bandwidth_bps": 1e6, "loss": 1.0}, "loss must be in"),
-                                    ({"bandwidth_bps": 1e6, "latency_s": -1}, "latency_s")])
+                                    ({"bandwidth_bps": 1e6, "latency_s": -1}, "latency_s"),
+                                    ({"bandwidth_bps": 1e6, "mss_bytes": 0}, "mss_bytes")])
 def test_bad_link_is_one_clear_error(kw, msg):
   with pytest.raises(ValueError, match=msg):
     s.Link(**kw)
