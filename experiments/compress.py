@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from pathlib import Path
 
 import flax.linen as nn
@@ -38,6 +37,7 @@ from omni_jax.collectives import aggregate, timing
 from omni_jax.collectives.pipesgd import pipelined
 from omni_jax.config import ConfigError, check_keys, nonneg_float, one_of, positive_int, to_dict
 from omni_jax.train.metrics import MetricsLog, plot_curves, write_json_atomic
+from omni_jax.train.progress import Progress, time_calls
 
 CONFIG = common.define_config("configs/compress.py:<codec>[,tiny]")
 WORKDIR = common.define_workdir("output folder")
@@ -160,7 +160,8 @@ def train(cfg, name: str, width: int, data, log_path: str | None) -> dict:
   step = make_step(model, tx, agg, mesh)
   evaluate = jax.jit(lambda p, x: jnp.argmax(model.apply(p, x), -1))
   log = MetricsLog(log_path) if log_path else None
-  wires, t0, records, compressed_steps = [], time.time(), [], []
+  wires, records, compressed_steps = [], [], []
+  prog = Progress(f"{name} w{width}", cfg.steps, unit="steps")
   rng = np.random.default_rng(cfg.seed + 1)
   acc = float("nan")
   for t in range(cfg.steps):
@@ -185,10 +186,8 @@ def train(cfg, name: str, width: int, data, log_path: str | None) -> dict:
       records.append(rec)
       if log:
         log.write(rec)
-      rate = (t + 1) / (time.time() - t0)
-      logging.info("%s w%d step %d/%d loss %.4f acc %s (%.1f steps/s, ETA %.0f s)", name, width,
-                   t + 1, cfg.steps, rec["loss"], rec.get("test_accuracy", "-"), rate,
-                   (cfg.steps - t - 1) / rate)
+      prog.update(t + 1, f"loss {rec['loss']:.4f} acc {rec.get('test_accuracy', '-')}",
+                  force=True)
   wire_per_step = float(np.mean(wires))
   n_values = sum(p.size for p in jax.tree.leaves(params))
   raw = 0.0 if n_dev == 1 else 2.0 * (n_dev - 1) * math.ceil(n_values / n_dev) * 4
@@ -202,22 +201,10 @@ def train(cfg, name: str, width: int, data, log_path: str | None) -> dict:
         if on.any() else None}
   return {**extra, "final_accuracy": acc, "wire_bytes_per_step": wire_per_step,
           "raw_bytes_per_step": raw, "params": n_values, "devices": n_dev,
-          "train_seconds": time.time() - t0, "records": records}
+          "train_seconds": prog.elapsed, "records": records}
 
 
 # ---------------------------------------------------------------- measure
-def _best_seconds(fn, arg, repeats: int) -> float:
-  """Fastest of ``repeats`` timed calls after a warm-up call: on a shared host the minimum
-  is the time least disturbed by other processes."""
-  jax.block_until_ready(fn(arg))
-  ts = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(arg))
-    ts.append(time.perf_counter() - t0)
-  return float(np.min(ts))
-
-
 def measure(cfg, name: str, data, n_dev: int) -> dict:
   """One worker's forward+backward seconds and the codec's encode/decode bytes per second."""
   xtr, ytr = data[0], data[1]
@@ -226,7 +213,7 @@ def measure(cfg, name: str, data, n_dev: int) -> dict:
   local = cfg.batch_size // n_dev
   x, y = jnp.asarray(xtr[:local]), jnp.asarray(ytr[:local])
   grad = jax.jit(lambda p: jax.grad(loss_fn)(p, model, x, y))
-  compute_s = _best_seconds(grad, params, cfg.timing.repeats)
+  compute_s = min(time_calls(grad, params, repeats=cfg.timing.repeats))
   out = {"compute_s": compute_s, "encode_bytes_per_s": math.inf, "decode_bytes_per_s": math.inf}
   if name == "none":
     return out
@@ -236,8 +223,9 @@ def measure(cfg, name: str, data, n_dev: int) -> dict:
   encode, decode = jax.jit(encode), jax.jit(decode)
   payload = encode(flat)
   nbytes = flat.size * 4
-  out["encode_bytes_per_s"] = nbytes / _best_seconds(encode, flat, cfg.timing.repeats)
-  out["decode_bytes_per_s"] = nbytes / _best_seconds(decode, payload, cfg.timing.repeats)
+  reps = cfg.timing.repeats
+  out["encode_bytes_per_s"] = nbytes / min(time_calls(encode, flat, repeats=reps))
+  out["decode_bytes_per_s"] = nbytes / min(time_calls(decode, payload, repeats=reps))
   return out
 
 

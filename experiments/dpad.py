@@ -29,6 +29,7 @@ from omni_jax.dpad import documents, pad_metrics, plots, recapture, train
 from omni_jax.dpad import fmag as fmag_lib
 from omni_jax.dpad.models import MODELS
 from omni_jax.train.metrics import MetricsLog, atomic_path, write_json_atomic
+from omni_jax.train.progress import Progress
 
 _CONFIG = common.define_config("configs/dpad.py:<variant>")
 _WORKDIR = common.define_workdir("output folder")
@@ -110,7 +111,7 @@ def build_captures(cfg, workdir: str) -> dict:
            for q in ("high", "low")]
   out = {f"{s}_{q}_{f}": [] for s, q in (("train", "high"), ("test", "high"), ("test", "low"))
          for f in ("images", "labels", "periods", "scales", "kinds", "docs")}
-  t0 = time.time()
+  prog = Progress("captures", len(jobs), unit="documents x qualities")
   for j, (split, kind, i, q) in enumerate(jobs):
     doc_seed = 1000 * (documents.KINDS.index(kind) + 1) + i + 100_000 * cfg.seed
     page, _ = documents.render_document(kind, doc_seed, d.canvas)
@@ -124,10 +125,7 @@ def build_captures(cfg, workdir: str) -> dict:
       out[pre + "scales"].append(float(p["scale"]))
       out[pre + "kinds"].append(kind)
       out[pre + "docs"].append(doc_seed)
-    if (j + 1) % max(1, len(jobs) // 8) == 0 or j + 1 == len(jobs):
-      rate = (j + 1) / (time.time() - t0)
-      logging.info("captures: %d/%d documents x qualities (%.1f/s, ETA %.0f s)", j + 1,
-                   len(jobs), rate, (len(jobs) - j - 1) / rate)
+    prog.update(j + 1)
   res = {}
   for k, v in out.items():
     if k.endswith("images") and k.startswith("test_low"):

@@ -44,6 +44,7 @@ from omni_jax.memory import seqmodel as sm
 from omni_jax.memory.costmodel import Hardware
 from omni_jax.memory.plots import plot_settings_sweep, plot_timelines
 from omni_jax.train.metrics import write_json_atomic
+from omni_jax.train.progress import Progress, time_calls
 
 _CONFIG = common.define_config("configs/harmony.py:<variant>")
 _WORKDIR = common.define_workdir("output folder")
@@ -174,34 +175,24 @@ def profile(cfg, model, params, workdir: str) -> pf.ModelProfile:
   return prof
 
 
-def _timed(fn, repeats: int = 5) -> float:
-  """Best of ``repeats`` after a warm-up: a rate's capacity on a shared machine."""
-  fn()
-  ts = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    ts.append(time.perf_counter() - t0)
-  return float(np.min(ts))
-
-
 def measure_hardware(nbytes: int = 32 * 2**20) -> dict:
   """This machine's host->device and device->host copy rates and Adam update rates."""
   dev, host = ex.shardings()
   n = nbytes // 4
   h = jax.device_put(np.ones(n, np.float32), host)
   d = jax.device_put(np.ones(n, np.float32), dev)
-  t_in = _timed(lambda: jax.block_until_ready(jax.device_put(h, dev)).delete())
-  t_out = _timed(lambda: jax.block_until_ready(jax.device_put(d, host)).delete())
+  t_in = min(time_calls(lambda: jax.block_until_ready(jax.device_put(h, dev)).delete()))
+  t_out = min(time_calls(lambda: jax.block_until_ready(jax.device_put(d, host)).delete()))
   p = {"w": np.ones(n, np.float32)}
   cfg = sm.AdamConfig()
   opt = {"mu": {"w": np.zeros(n, np.float32)}, "nu": {"w": np.zeros(n, np.float32)}}
   host_upd = ex.HarmonyExecutor._host_program(cfg)
   hp, hg, ho = (jax.device_put(x, host) for x in (p, p, opt))
-  t_host = _timed(lambda: jax.block_until_ready(host_upd([hp], [hg], [ho], np.float32(1))))
+  t_host = min(time_calls(
+      lambda: jax.block_until_ready(host_upd([hp], [hg], [ho], np.float32(1)))))
   dev_upd = jax.jit(lambda p, g, o, s: sm.adam_update(p, g, o, s, cfg))
   dp, dg, do = (jax.device_put(x, dev) for x in (p, p, opt))
-  t_dev = _timed(lambda: jax.block_until_ready(dev_upd(dp, dg, do, np.float32(1))))
+  t_dev = min(time_calls(lambda: jax.block_until_ready(dev_upd(dp, dg, do, np.float32(1)))))
   return {"swap_bw_in": nbytes / t_in, "swap_bw_out": nbytes / t_out,
           "host_update_params_per_s": n / t_host, "device_update_params_per_s": n / t_dev}
 
@@ -351,21 +342,20 @@ def settings_sweep(cfg, prof: pf.ModelProfile, hw: Hardware, workdir: str) -> li
   path = os.path.join(workdir, "settings_sweep_cache.json")
   cache = json.load(open(path)) if os.path.exists(path) else {}
   keys = [_cell_key(cfg, prof, hw, g, n) for g, n in cells]
-  out, t_start, planned = [], time.time(), 0
+  out = []
+  # cached cells cost nothing: the rate and ETA count only the cells planned now
+  prog = Progress("settings sweep", sum(k not in cache for k in keys), unit="cells")
   for i, ((g, n), key) in enumerate(zip(cells, keys, strict=True)):
     fresh = key not in cache
     if fresh:
       cache[key] = plan_cell(cfg, prof, hw, g, n)
       write_json_atomic(path, cache)
-      planned += 1
     c = cache[key]
     out.append(c)
-    rate = planned / max(time.time() - t_start, 1e-9)   # cells planned per second
-    left = sum(k not in cache for k in keys[i + 1:])
-    logging.info("settings sweep %d/%d: %d blocks on %d GPUs %s (%.1f s): %s x less swap, %s "
-                 "x faster than lms (ETA %s)", i + 1, len(cells), n, g,
-                 "planned" if fresh else "cached", c["plan_s"], _fmt(c["swap_reduction_vs_lms"]),
-                 _fmt(c["speedup_vs_lms"]), f"{left / rate:.0f} s" if rate else "n/a")
+    prog.update(prog.done + fresh, f"(cell {i + 1}/{len(cells)}: {n} blocks on {g} GPUs "
+                f"{'planned' if fresh else 'cached'} in {c['plan_s']:.1f} s: "
+                f"{_fmt(c['swap_reduction_vs_lms'])} x less swap, {_fmt(c['speedup_vs_lms'])} "
+                "x faster than lms)", force=True)
   return out
 
 
@@ -416,7 +406,7 @@ def execute(cfg, kind: str, plan: sch.Plan, model, inputs, targets, workdir: str
   runner = (ex.HarmonyExecutor(model, plan, cfg.batch, cfg.device_budget_bytes, adam)
             if kind == "harmony" else exl.LmsExecutor(model, plan, cfg.batch, adam))
   times, losses, bytes_per_iter, out = [], [], None, {}
-  t_start = time.time()
+  prog = Progress(kind, cfg.steps, unit="it")
   for step in range(cfg.steps):
     before = dict(mover.bytes)
     last = step == cfg.steps - 1
@@ -438,11 +428,8 @@ def execute(cfg, kind: str, plan: sch.Plan, model, inputs, targets, workdir: str
                        "param_rel_err_max_leaf": _rel(state.params, ref_p),
                        "loss": loss, "reference_loss": ref_loss}
       logging.info("harmony vs plain training after step 1: %s", out["verify"])
-    done = step + 1
-    rate = done / (time.time() - t_start)
-    logging.info("%s step %d/%d: %.2f s, loss %.4f, %d bytes moved (%.2f it/s, ETA %.0f s)",
-                 kind, done, cfg.steps, times[-1], loss, sum(bytes_per_iter.values()), rate,
-                 (cfg.steps - done) / rate)
+    prog.update(step + 1, f"step {times[-1]:.2f} s, loss {loss:.4f}, "
+                f"{sum(bytes_per_iter.values())} bytes moved", force=True)
   busy: dict[str, float] = {}
   t_last = times[-1]
   for stream, _, start, end in mover.events:   # busy seconds per stream in the last step

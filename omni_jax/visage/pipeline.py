@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from omni_jax.train.progress import Progress, timed
 from omni_jax.visage import geometry, local3d, queries, scheduler, survey
 from omni_jax.visage import graph as graph_lib
 from omni_jax.visage.geometry import intrinsics, rotation_from_attitude
@@ -41,13 +42,6 @@ OWN_BASELINE_METHOD = (
 
 
 # ---------------------------------------------------------------- survey on disk
-def _progress(what: str, done: int, total: int, t0: float) -> None:
-  el = time.time() - t0
-  rate = done / max(el, 1e-9)
-  logging.info("%s: %d/%d (%.1f/s, ETA %.0f s)", what, done, total, rate,
-               (total - done) / max(rate, 1e-9))
-
-
 def generate_survey(cfg, root: Path) -> dict:
   """Renders the survey into ``root`` (images/, tags.json, truth.json, site.npz) unless a
   survey with the same settings is already there; returns the truth record."""
@@ -65,12 +59,11 @@ def generate_survey(cfg, root: Path) -> dict:
   site = survey.make_site(cfg.site, survey.plan_extent(fl), rng)
   shots = survey.plan_flight(fl, rng)
   dev = (jnp.asarray(site.height), jnp.asarray(site.albedo))
-  t0 = time.time()
+  prog = Progress("render", len(shots), unit="images")
   for i, s in enumerate(shots):
     io.imsave(root / "images" / s.name, survey.render_shot(fl, site, s, rng, dev),
               check_contrast=False)
-    if (i + 1) % 50 == 0 or i + 1 == len(shots):
-      _progress("render", i + 1, len(shots), t0)
+    prog.update(i + 1)
   no_gps = set(rng.choice(len(shots), int(round(fl.no_gps_fraction * len(shots))),
                           replace=False).tolist())
   tags = [{"name": s.name, "time_s": s.time_s, "line": s.line,
@@ -114,13 +107,6 @@ def load_images(root: Path, tags: list[dict], size: tuple[int, int]):
 
 
 # ---------------------------------------------------------------- pipeline
-def _timed(fn, *a, **kw):
-  t0 = time.perf_counter()
-  out = fn(*a, **kw)
-  jax.block_until_ready(out) if not isinstance(out, local3d.LocalModel) else None
-  return out, time.perf_counter() - t0
-
-
 def _truth_for(xy, assets, query, context) -> dict | None:
   """The true asset a target stands for (nearest within its radius + 6 m), if any."""
   best = min(assets, key=lambda a: np.hypot(a["x"] - xy[0], a["y"] - xy[1]), default=None)
@@ -251,7 +237,7 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
     t_view_load += load(views)
     views = [v for v in views if v in images]
     need = [v for v in views if v not in feats]
-    new, t_feat = _timed(graph_lib.extract_features, {v: images[v] for v in need}, yaws,
+    new, t_feat = timed(graph_lib.extract_features, {v: images[v] for v in need}, yaws,
                          cfg.keypoints)
     feats.update(new)
     # charge every view it uses, as if built alone (features shared between targets)
@@ -266,7 +252,7 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
       return m
 
     n_compiles = len(_COMPILES)
-    model, t_build = _timed(build)
+    model, t_build = timed(build)
     for (a, b), cnt in model.info["pair_inliers"].items():   # subgraph edges, confirmed
       e = g.edges.setdefault((min(a, b), max(a, b)), {"overlap": None, "source": "target"})
       e["inliers"] = max(e.get("inliers", 0), cnt)
@@ -283,7 +269,7 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
       continue
     if len(_COMPILES) > n_compiles:                          # time it again, compiled
       t_cold = t_build
-      model, t_build = _timed(build)
+      model, t_build = timed(build)
       compile_s += max(t_cold - t_build, 0.0)
     build_s = t_feat_cost + t_build
     truths = []
@@ -322,7 +308,7 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
   rest = [i for i in images if i not in feats]
   if cfg.baseline_sample_images:                # per-image cost measured on a sample
     rest = sorted(rng.choice(rest, min(len(rest), cfg.baseline_sample_images), replace=False))
-  new, t_feat_rest = _timed(graph_lib.extract_features, {i: images[i] for i in rest}, yaws,
+  new, t_feat_rest = timed(graph_lib.extract_features, {i: images[i] for i in rest}, yaws,
                             cfg.keypoints)
   feats.update(new)
   feat_per_img = t_feat_rest / max(len(rest), 1)
@@ -331,7 +317,7 @@ def run(cfg, root: Path) -> tuple[dict, dict]:
   if cfg.baseline_sample_edges and len(all_pairs) > cfg.baseline_sample_edges:
     pick = rng.choice(len(all_pairs), cfg.baseline_sample_edges, replace=False)
     all_pairs = [all_pairs[i] for i in sorted(pick)]
-  _, t_conf_rest = _timed(graph_lib.confirm_edges, g, feats, k, all_pairs, seed=cfg.seed)
+  _, t_conf_rest = timed(graph_lib.confirm_edges, g, feats, k, all_pairs, seed=cfg.seed)
   conf_per_edge = t_conf_rest / max(len(all_pairs), 1)
   built = [r for r in records if "build_s" in r]
   rec_per_view = (sum(r["build_s"] for r in built) / max(sum(len(r["views"]) for r in built), 1)
