@@ -27,7 +27,8 @@ from omni_jax.config import to_dict
 from omni_jax.lsm import ear, plots, power, readout, reservoir, speech
 from omni_jax.lsm import fixed_point as fxp
 from omni_jax.lsm import wav_folder as wf
-from omni_jax.train.metrics import atomic_path, write_json_atomic
+from omni_jax.train.metrics import MetricsLog, atomic_path, write_json_atomic
+from omni_jax.train.progress import Progress
 
 _CONFIG = common.define_config("configs/lsm.py:<variant>")
 _WORKDIR = common.define_workdir("output folder")
@@ -178,6 +179,7 @@ def train_folds(cfg, spikes, labels, fold, fmt, out_lif, rule, bits, metrics):
                             in_axes=(0, None, None, None, None)), static_argnums=(2, 3))
   preds = None
   epochs = cfg.readout.epochs
+  prog = Progress(f"bits {bits}", epochs, unit="epochs")
   for epoch in range(epochs):
     t0 = time.time()
     order = np.stack([rng.permutation(np.flatnonzero(fold != f))[:n_train] for f in range(k)])
@@ -186,18 +188,17 @@ def train_folds(cfg, spikes, labels, fold, fmt, out_lif, rule, bits, metrics):
     rule_e = rule._replace(dw=rule.dw * cfg.readout.dw_decay ** epoch)
     w = jax.block_until_ready(train_v(keys, w, s, y, jnp.asarray(order), out_lif, rule_e, fmt))
     if (epoch + 1) % cfg.readout.eval_every and epoch + 1 < epochs:
-      logging.info("bits %s epoch %d/%d (%.1f s)", bits, epoch + 1, epochs, time.time() - t0)
+      prog.update(epoch + 1, f"epochs ({time.time() - t0:.1f} s)", force=True)
       continue
     all_pred = np.asarray(pred_v(w, s, out_lif, rule, fmt))       # (folds, S)
     preds = all_pred[fold, np.arange(labels.size)]
     acc = float((preds == labels).mean())
     dt = time.time() - t0
-    logging.info("bits %s epoch %d/%d: cv accuracy %.4f (%.1f s/epoch, %.0f sample-steps/s, "
-                 "ETA %.0f s)", bits, epoch + 1, cfg.readout.epochs, acc, dt,
-                 k * n_train * spikes.shape[1] / dt, dt * (cfg.readout.epochs - epoch - 1))
-    metrics.write(json.dumps({"bits": bits, "epoch": epoch + 1, "accuracy": acc,
-                              "seconds": dt}) + "\n")
-    metrics.flush()
+    prog.update(epoch + 1, f"epochs: cv accuracy {acc:.4f} ({dt:.1f} s/epoch, "
+                f"{k * n_train * spikes.shape[1] / dt:.0f} sample-steps/s)", force=True)
+    # TensorBoard: step = epoch, one series per precision (string fields name the series)
+    metrics.write({"series": f"bits {bits}", "bits": bits, "epoch": epoch + 1,
+                   "step": epoch + 1, "accuracy": acc, "seconds": dt})
   preds_plain = preds
   if rule.lateral > 0:   # the same weights without the test-time lateral inhibition
     plain = np.asarray(pred_v(w, s, out_lif, rule._replace(lateral=0.0), fmt))
@@ -296,6 +297,7 @@ def main(argv):
   if cfg is None or not _WORKDIR.value:
     raise app.UsageError("--config=configs/lsm.py:<variant> and --workdir are required")
   validate(cfg)
+  common.register_config()
   workdir = Path(_WORKDIR.value)
   workdir.mkdir(parents=True, exist_ok=True)
   t_start = time.time()
@@ -312,37 +314,37 @@ def main(argv):
   emodel = power.model_for(r.syn_shift > 0)
   acc_bits, ls_bits, energy_bits, rates, plain_bits = {}, {}, {}, {}, {}
   ref = {}
-  with open(workdir / "metrics.jsonl", "w") as metrics:
-    for bits in cfg.bits:
-      fmt = fmt_for(cfg, bits)
-      res_s, st = reservoir.simulate_batch_jit(net, fmt, jnp.asarray(spikes), lif=res_lif,
-                                               gate=True)
-      res_s = np.asarray(res_s, np.uint8)
-      tot = reservoir.total_stats(st, lengths)
-      rates[str(bits)] = tot.spikes / (tot.steps * net.w_res.shape[0])
-      if bits == cfg.reference_bits:
-        ung_s, ung_st = reservoir.simulate_batch_jit(net, fmt, jnp.asarray(spikes),
-                                                     lif=res_lif, gate=False)
-        ref["identical"] = bool((np.asarray(ung_s, np.uint8) == res_s).all())
-        ref["ungated"] = reservoir.total_stats(ung_st, lengths)
-        ref["spikes"] = res_s
-      preds, preds_plain = train_folds(cfg, res_s, labels, fold, fmt, out_lif, rule, bits,
-                                       metrics)
-      acc_bits[str(bits)] = float((preds == labels).mean())
-      plain_bits[str(bits)] = float((preds_plain == labels).mean())
-      ls_bits[str(bits)] = least_squares_cv(cfg, res_s, lengths, labels, fold)
-      m_bits, w_bits, _ = parse_precision(bits)
-      energy_bits[str(bits)] = power.energy_pj(readout_counts(tot, outputs), m_bits, w_bits,
-                                               emodel)
-      if bits == cfg.reference_bits:
-        ref["preds"] = preds
-        ref["ls_spiking"] = least_squares_spiking_cv(cfg, res_s, lengths, labels, fold,
-                                                     out_lif, rule)
-        logging.info("bits %s: spiking readout with least-squares weights %.4f", bits,
-                     ref["ls_spiking"])
-      logging.info("bits %s: calcium-rule acc %.4f, least-squares acc %.4f, rate %.4f, "
-                   "energy %.3g pJ", bits, acc_bits[str(bits)], ls_bits[str(bits)],
-                   rates[str(bits)], energy_bits[str(bits)])
+  metrics = MetricsLog(workdir / "metrics.jsonl")
+  for bits in cfg.bits:
+    fmt = fmt_for(cfg, bits)
+    res_s, st = reservoir.simulate_batch_jit(net, fmt, jnp.asarray(spikes), lif=res_lif,
+                                             gate=True)
+    res_s = np.asarray(res_s, np.uint8)
+    tot = reservoir.total_stats(st, lengths)
+    rates[str(bits)] = tot.spikes / (tot.steps * net.w_res.shape[0])
+    if bits == cfg.reference_bits:
+      ung_s, ung_st = reservoir.simulate_batch_jit(net, fmt, jnp.asarray(spikes),
+                                                   lif=res_lif, gate=False)
+      ref["identical"] = bool((np.asarray(ung_s, np.uint8) == res_s).all())
+      ref["ungated"] = reservoir.total_stats(ung_st, lengths)
+      ref["spikes"] = res_s
+    preds, preds_plain = train_folds(cfg, res_s, labels, fold, fmt, out_lif, rule, bits,
+                                     metrics)
+    acc_bits[str(bits)] = float((preds == labels).mean())
+    plain_bits[str(bits)] = float((preds_plain == labels).mean())
+    ls_bits[str(bits)] = least_squares_cv(cfg, res_s, lengths, labels, fold)
+    m_bits, w_bits, _ = parse_precision(bits)
+    energy_bits[str(bits)] = power.energy_pj(readout_counts(tot, outputs), m_bits, w_bits,
+                                             emodel)
+    if bits == cfg.reference_bits:
+      ref["preds"] = preds
+      ref["ls_spiking"] = least_squares_spiking_cv(cfg, res_s, lengths, labels, fold,
+                                                   out_lif, rule)
+      logging.info("bits %s: spiking readout with least-squares weights %.4f", bits,
+                   ref["ls_spiking"])
+    logging.info("bits %s: calcium-rule acc %.4f, least-squares acc %.4f, rate %.4f, "
+                 "energy %.3g pJ", bits, acc_bits[str(bits)], ls_bits[str(bits)],
+                 rates[str(bits)], energy_bits[str(bits)])
   rb = str(cfg.reference_bits)
   base = power.energy_pj(readout_counts(ref["ungated"], outputs), cfg.reference_bits,
                          cfg.reference_bits, emodel)
