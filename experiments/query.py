@@ -22,10 +22,12 @@ import numpy as np
 from absl import app, flags, logging
 
 from experiments import common
+from omni_jax import peers
 from omni_jax.config import to_dict
 from omni_jax.query import cache, engines, featurize, model, plots, store
 from omni_jax.query.datasets import centers, clustered, image_crops
 from omni_jax.train.metrics import write_json_atomic
+from omni_jax.train.progress import Progress, time_calls, timed
 
 _CONFIG = common.define_config("configs/query.py:<variant>")
 _WORKDIR = common.define_workdir("output folder")
@@ -63,14 +65,14 @@ def build_store(cfg, root: Path) -> dict:
   if r.meta.get("build") != fingerprint:
     raise ValueError(f"{root} was built with {r.meta.get('build')}, config asks for "
                      f"{fingerprint}: use another --workdir or config.store.dir")
-  cen, t0, start = centers(cfg), time.time(), r.count
+  cen = centers(cfg)
+  prog = Progress("ingest synthetic", sc.num_items, unit="vectors", start=min(r.count,
+                                                                              sc.num_items))
   for lo in range(r.count, sc.num_items, sc.rows_per_shard):
     n = min(sc.rows_per_shard, sc.num_items - lo)
     rng = np.random.default_rng([cfg.seed, 1, lo])
     store.append(root, clustered(cfg, cen, n, rng), rows_per_shard=sc.rows_per_shard)
-    done, el = lo + n - start, time.time() - t0
-    logging.info("ingest synthetic: %d/%d vectors (%.0f/s, ETA %.0f s)", lo + n, sc.num_items,
-                 done / el, (sc.num_items - lo - n) / max(done / el, 1e-9))
+    prog.update(lo + n)
   r = store.StoreReader(root)
   if cfg.real.enabled:
     try:
@@ -83,9 +85,8 @@ def build_store(cfg, root: Path) -> dict:
       crops, names = image_crops(cfg, np.random.default_rng([cfg.seed, 2]),
                                  cfg.real.crops_per_image)
       feat = featurize.make_featurizer("image", sc.dim, cfg.seed, image_size=cfg.real.image_size)
-      t0 = time.time()
-      emb = feat.embed(crops)
-      logging.info("featurized %d image crops in %.1f s", len(crops), time.time() - t0)
+      emb, secs = timed(feat.embed, crops)
+      logging.info("featurized %d image crops in %.1f s", len(crops), secs)
       store.append(root, emb, names=names, rows_per_shard=sc.rows_per_shard)
     info["real_items"] = store.StoreReader(root).count - sc.num_items
     info["real_note"] = "random-init flax CNN features of scikit-image sample-image crops"
@@ -125,21 +126,6 @@ def recall(got: np.ndarray, want: np.ndarray) -> float:
 
 
 # ---------------------------------------------------------------- timing
-class Progress:
-  """Log lines with rate and ETA, at most every ``every`` seconds."""
-
-  def __init__(self, what: str, total: int, every: float = 10.0):
-    self.what, self.total, self.every, self.t0, self.last = what, total, every, time.time(), 0.0
-
-  def step(self, done: int) -> None:
-    el = time.time() - self.t0
-    if el - self.last >= self.every or done == self.total:
-      self.last = el
-      rate = done / max(el, 1e-9)
-      logging.info("%s: %d/%d (%.1f/s, ETA %.0f s)", self.what, done, self.total, rate,
-                   (self.total - done) / max(rate, 1e-9))
-
-
 def time_engines(cfg, reader, qs, truth) -> tuple[list[dict], list[float]]:
   """Cold-read latency, recall@k and bytes per query of each disk engine (interleaved)."""
   built = {n: engines.make_engine(n, reader, cfg.channels, cfg.block_rows, cfg.shortlist)
@@ -149,7 +135,7 @@ def time_engines(cfg, reader, qs, truth) -> tuple[list[dict], list[float]]:
     for q in qs[:cfg.warmup]:
       e.search(q, cfg.k)                                 # compile every block shape
   rec = {n: {"lat": [], "rec": [], "read": [], "ret": [], "io": [], "xfer": []} for n in built}
-  io_share, xfer, prog = [], [], Progress("cold queries", len(qs))
+  io_share, xfer, prog = [], [], Progress("cold queries", len(qs), unit="queries")
   for qi, q in enumerate(qs):
     for n, e in built.items():
       if cfg.cold:
@@ -164,7 +150,7 @@ def time_engines(cfg, reader, qs, truth) -> tuple[list[dict], list[float]]:
       if n == "host":
         io_share.append(res.io_seconds / res.seconds)
         xfer.append(res.bytes_read / max(res.transfer_seconds, 1e-9))
-    prog.step(qi + 1)
+    prog.update(qi + 1)
   for e in built.values():
     e.close()
   return [summarize(n, v) for n, v in rec.items()], io_share, float(np.median(xfer))
@@ -205,7 +191,8 @@ def time_faiss(cfg, x: np.ndarray, qs, truth) -> tuple[float | None, str, float 
   try:
     import faiss
   except ImportError as e:
-    return None, f"faiss-cpu not importable ({e}); pip install faiss-cpu to compare", None
+    return None, peers.missing("faiss-cpu", e, "no faiss latency to compare with")["reason"], \
+        None
   index = faiss.IndexFlatIP(x.shape[1])
   index.add(np.ascontiguousarray(x, np.float32))
   lat, rec = [], []
@@ -295,12 +282,7 @@ def block_seconds(cfg, reader) -> float:
   b = np.asarray(reader.dense(sh)[:cfg.block_rows])
   b = np.resize(b, (cfg.block_rows, reader.dim)).astype(np.float32)
   q = jnp.asarray(b[0])
-  engines.score_topk(q, b, cfg.block_rows, k=cfg.k)[0].block_until_ready()
-  ts = []
-  for _ in range(20):
-    t0 = time.perf_counter()
-    engines.score_topk(q, b, cfg.block_rows, k=cfg.k)[0].block_until_ready()
-    ts.append(time.perf_counter() - t0)
+  ts = time_calls(lambda: engines.score_topk(q, b, cfg.block_rows, k=cfg.k), repeats=20)
   return float(np.median(ts))
 
 
@@ -354,6 +336,7 @@ def main(argv) -> None:
                     "measured_host_to_device_gbps": transfer_bw / 1e9},
       "faiss_latency_ms": faiss_ms,
       "faiss_note": faiss_note,
+      "missing_peers": [] if faiss_ms is not None else ["faiss-cpu"],   # see faiss_note
       "faiss_recall_at_10": faiss_recall,
       "memory_vs_faiss": memory["latency_ms_p50"] / faiss_ms if faiss_ms else None,
       "speedup_p50_vs_host": {e["name"]: host["latency_ms_p50"] / e["latency_ms_p50"]
