@@ -94,7 +94,8 @@ class MetricsLog:
     os.replace(path + ".tmp", path)
     self._tb_dir = os.path.dirname(os.path.abspath(path)) if tensorboard.enabled() else None
     if self._tb_dir:
-      tensorboard.writer(self._tb_dir, purge_step=0 if resume_step is None else resume_step + 1)
+      tensorboard.writer(self._tb_dir, purge_step=0 if resume_step is None else resume_step + 1,
+                         reopen=True)
 
   def read(self) -> list[dict]:
     if not self.writer:

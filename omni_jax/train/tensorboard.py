@@ -71,11 +71,14 @@ def _summary_writer_class():
   return SummaryWriter
 
 
-def writer(logdir: str | os.PathLike, purge_step: int | None = None):
+def writer(logdir: str | os.PathLike, purge_step: int | None = None, reopen: bool = False):
   """The one ``SummaryWriter`` of this process for ``logdir``, opened on first use (then
   ``purge_step``: a resumed run's first new step, from which TensorBoard hides the events of
-  the run before it) with the run config as text."""
+  the run before it) with the run config as text. ``reopen`` closes an open one first (a new
+  run in the same folder, e.g. a resume within one process)."""
   logdir = os.path.abspath(os.fspath(logdir))
+  if reopen and logdir in _WRITERS:
+    _WRITERS.pop(logdir).close()
   w = _WRITERS.get(logdir)
   if w is None:
     os.makedirs(logdir, exist_ok=True)

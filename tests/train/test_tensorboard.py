@@ -58,9 +58,8 @@ def test_resume_purges_later_steps_and_non_images_are_refused(tmp_path):
   log = MetricsLog(str(tmp_path / "metrics.jsonl"))
   for step in (1, 2, 3):
     log.write({"step": step, "loss": float(step)})
-  tensorboard.close_all()
   MetricsLog(str(tmp_path / "metrics.jsonl"), resume_step=1)   # a run restarting at step 2
-  tensorboard.close_all()
+  tensorboard.close_all()   # (the first run's writer was closed when the second one opened)
   newest = max(tmp_path.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime_ns)
   starts = [e.step for e in map(event_pb2.Event.FromString, tensorboard._records(str(newest)))
             if e.HasField("session_log") and e.session_log.status == e.session_log.START]
