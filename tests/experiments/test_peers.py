@@ -10,7 +10,7 @@ from omni_jax import peers
 
 
 def test_missing_faiss_is_named_with_the_install_command(monkeypatch):
-  from experiments import query
+  from omni_jax.query import study as query
   monkeypatch.setitem(sys.modules, "faiss", None)           # `import faiss` -> ImportError
   ms, note, rec = query.time_faiss(None, np.zeros((4, 8), np.float32), None, None)
   assert ms is None and rec is None
