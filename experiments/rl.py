@@ -93,6 +93,7 @@ def train(run: runner.Run, workdir: str) -> tuple[MetricsLog, bool]:
     rate = (done - start) * run.env_steps_per_iteration / t_train
     ret = m["return_sum"].sum() / max(m["episodes"].sum(), 1)
     prog.update(done, f"iterations: return {ret:.1f}, {rate:.0f} env steps/s", force=True)
+  prog.finish()
   ckpt.close()
   return log, True
 

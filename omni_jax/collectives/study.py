@@ -173,6 +173,7 @@ def train(cfg, name: str, width: int, data, log_path: str | None) -> dict:
         log.write(rec)
       prog.update(t + 1, f"loss {rec['loss']:.4f} acc {rec.get('test_accuracy', '-')}",
                   force=True)
+  prog.finish()
   wire_per_step = float(np.mean(wires))
   n_values = sum(p.size for p in jax.tree.leaves(params))
   raw = 0.0 if n_dev == 1 else 2.0 * (n_dev - 1) * math.ceil(n_values / n_dev) * 4

@@ -112,6 +112,7 @@ def build_captures(cfg, workdir: str) -> dict:
       out[pre + "kinds"].append(kind)
       out[pre + "docs"].append(doc_seed)
     prog.update(j + 1)
+  prog.finish()
   res = {}
   for k, v in out.items():
     if k.endswith("images") and k.startswith("test_low"):

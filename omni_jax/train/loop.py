@@ -201,6 +201,8 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
         meter.start()
       if do_ckpt:
         ckpt.save(step, state)
+    if start < loop.steps:
+      prog.finish()
   finally:
     profiler.close()
     ckpt.close()

@@ -64,6 +64,7 @@ def generate_survey(cfg, root: Path) -> dict:
     io.imsave(root / "images" / s.name, survey.render_shot(fl, site, s, rng, dev),
               check_contrast=False)
     prog.update(i + 1)
+  prog.finish()
   no_gps = set(rng.choice(len(shots), int(round(fl.no_gps_fraction * len(shots))),
                           replace=False).tolist())
   tags = [{"name": s.name, "time_s": s.time_s, "line": s.line,
