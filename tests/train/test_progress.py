@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -51,6 +52,17 @@ def test_resumed_run_counts_only_its_own_items():
   assert p.rate() == 2.5 and p.eta_s() == 8.0
   assert lines == ["render: 80/100 (2.5/s, ETA 8 s)"]
   assert p.finish()["rate"] == 2.5 and lines[-1] == "render: done 20 in 8 s (2.5/s)"
+
+
+def test_large_rates_are_whole_numbers_and_default_lines_go_to_absl(caplog):
+  clock = FakeClock()
+  p = Progress("ingest", 1_000_000, unit="vectors", clock=clock)
+  clock.t += 2.0
+  with caplog.at_level(logging.INFO, logger="absl"):
+    p.update(24_690, force=True)
+  assert p.line() == "ingest: 24690/1000000 (12345 vectors/s, ETA 1 min 19 s)"
+  assert "ingest: 24690/1000000 (12345 vectors/s" in caplog.text
+  assert caplog.records[-1].filename == "test_progress.py"     # located at the caller
 
 
 def test_format_seconds_and_bad_arguments():
