@@ -17,29 +17,19 @@ cores, so the machine's peak is measured with all of them behind one device.
 from __future__ import annotations
 
 import os
-import time
 
 from absl import app, flags, logging
 
 from experiments import common
+from omni_jax.config import ConfigError
+from omni_jax.train.progress import time_calls
 
 _CONFIG = common.define_config("configs/omni_moe.py:bench",
                                           lock_config=True)
 _WORKDIR = common.define_workdir("where summary.json and breakdown.png go")
 _STEPS = flags.DEFINE_integer("steps", 8, "timed repetitions per measurement (fastest is kept)")
+_PROFILE_STEPS = common.define_profile_steps()
 flags.mark_flags_as_required(["config", "workdir"])
-
-
-def _best(fn, n: int) -> float:
-  """Fastest of ``n`` timed calls of ``fn`` (after one warm-up): robust to a busy machine."""
-  import jax
-  jax.block_until_ready(fn())
-  best = float("inf")
-  for _ in range(n):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    best = min(best, time.perf_counter() - t0)
-  return best
 
 
 def component_times(spec, batch_size: int, seq_len: int, n: int) -> dict[str, float]:
@@ -64,7 +54,7 @@ def component_times(spec, batch_size: int, seq_len: int, n: int) -> dict[str, fl
     loss = lambda p, x: jnp.sum(jax.tree.leaves(module.apply(p, x, *args[1:]))[0]
                                 .astype(jnp.float32))
     g = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    return _best(lambda: g(params, args[0]), n)
+    return min(time_calls(lambda: g(params, args[0]), repeats=n))
 
   attn = Attention(bb.num_heads, bb.num_kv_heads, bb.head_dim, bb.rope_theta, bb.dtype)
   out = {"attention": bb.num_layers * grad_time(attn, x, pos)}
@@ -86,7 +76,7 @@ def component_times(spec, batch_size: int, seq_len: int, n: int) -> dict[str, fl
       u = jnp.einsum("ecd,edf->ecf", buf, w[1])
       return jnp.einsum("ecf,efd->ecd", jax.nn.silu(g) * u, w[2]).astype(jnp.float32).sum()
     eg = jax.jit(jax.grad(experts, argnums=(0, 1)))
-    exp_s = min(moe_s, bb.num_moe_layers * _best(lambda: eg(w, buf), n))
+    exp_s = min(moe_s, bb.num_moe_layers * min(time_calls(lambda: eg(w, buf), repeats=n)))
     out["experts"] = exp_s
     out["router_dispatch"] = moe_s - exp_s
   return out
@@ -105,6 +95,7 @@ def main(argv):
   from omni_jax.train.omni import make_loss_fn, parallel_op_names, state_sharding, validate
   from omni_jax.train.optim import make_optimizer
   from omni_jax.train.perf import measure_matmul_flops
+  from omni_jax.train.profiling import StepProfiler, parse_profile_steps
 
   config, workdir = _CONFIG.value, _WORKDIR.value
   os.makedirs(workdir, exist_ok=True)
@@ -121,15 +112,29 @@ def main(argv):
   step = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0, out_shardings=(shardings, None))
   holder = {"state": state}
 
+  # --profile_steps (else config.train.profile_steps) counts the train step's calls here:
+  # 1 is the warm-up (compile) call, 2 .. --steps + 1 the timed ones
+  prof_spec = _PROFILE_STEPS.value if _PROFILE_STEPS.value is not None \
+      else config.train.get("profile_steps")
+  try:
+    profiler = StepProfiler(workdir, parse_profile_steps(prof_spec, _STEPS.value + 1))
+  except ConfigError as e:
+    raise app.UsageError(str(e)) from e
+  calls = [0]
+
   def one_step():
+    calls[0] += 1
+    profiler.before(calls[0])
     holder["state"], m = step(holder["state"], batch)
+    profiler.after(calls[0], m)
     return m["loss"]
   # The peak is measured before and after the step and the higher one kept: other load on
   # the machine can only lower a measurement, and a low peak would flatter the MFU.
   peak_of = lambda: max(measure_matmul_flops(n) for n in (1024, 2048, 3072))
   logging.info("timing the matmul peak, the train step, the peak again, the components ...")
   peak = peak_of()
-  step_s = _best(one_step, _STEPS.value)
+  step_s = min(time_calls(one_step, repeats=_STEPS.value))
+  profiler.close()
   peak = max(peak, peak_of())
   parts = component_times(spec, stream.batch_size, stream.seq_len, _STEPS.value)
   parts["rest"] = max(step_s - sum(parts.values()), 0.0)

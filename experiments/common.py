@@ -1,8 +1,12 @@
 """Flags and set-up shared by every experiment's absl main.
 
-Multi-host: start the same command on every host with ``--coordinator_address=HOST:PORT
---num_processes=N --process_id=I``; each process sees its local devices, the mesh spans all
-of them, and only process 0 writes records (checkpoints are written by all, sharded).
+Multi-host: under SLURM (srun), Open MPI (mpirun) or on a Cloud TPU slice, start the same
+command in every process with no launch flag: ``jax.distributed.initialize()`` reads the
+coordinator, process count and id from the environment. Elsewhere give
+``--coordinator_address=HOST:PORT --num_processes=N --process_id=I``. Each process sees its
+local devices, the mesh spans all of them, and only process 0 writes records (checkpoints
+are written by all, sharded). With no flag and no cluster: one process. See docs/cluster.md
+and omni_jax/parallel/cluster.py.
 """
 
 from __future__ import annotations
@@ -12,12 +16,19 @@ import os
 
 from absl import flags, logging
 
+from omni_jax.parallel import cluster
+
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", 8, "emulated devices per process when running on CPU (ignored on GPU/TPU)")
 _COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "HOST:PORT of process 0 for a multi-process job")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 1, "processes in a multi-process job")
-_PROCESS_ID = flags.DEFINE_integer("process_id", 0, "this process's index in [0, num_processes)")
+    "coordinator_address", None, "HOST:PORT of process 0 for a multi-process job; 'auto': let "
+    "jax.distributed.initialize() read the cluster environment; unset: auto-detect SLURM, "
+    "Open MPI or Cloud TPU, else one process")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "processes in a multi-process job (with --coordinator_address; "
+    "default 1)")
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "this process's index in [0, num_processes) (default 0)")
 
 
 class _QuietLibraries(pylogging.Filter):
@@ -27,9 +38,19 @@ class _QuietLibraries(pylogging.Filter):
     return record.levelno >= pylogging.WARNING or "/orbax/" not in record.pathname
 
 
+def register_config() -> None:
+  """Hands the parsed ``--config`` (if this main has one) to the TensorBoard writers, which
+  record it as text beside the job's metrics and figures."""
+  if "config" in flags.FLAGS and flags.FLAGS["config"].value is not None:
+    from omni_jax.train import tensorboard
+    tensorboard.set_run_config(flags.FLAGS["config"].value)
+
+
 def setup_devices() -> None:
-  """Emulated CPU devices and multi-process initialisation; call before JAX computes."""
+  """Emulated CPU devices and multi-process initialisation; call before JAX computes. Also
+  registers the run's config for TensorBoard (:func:`register_config`)."""
   import jax
+  register_config()
   for handler in pylogging.getLogger().handlers + [logging.get_absl_handler()]:
     handler.addFilter(_QuietLibraries())
   n = _CPU_DEVICES.value
@@ -38,16 +59,14 @@ def setup_devices() -> None:
   on_cpu = os.environ.get("JAX_PLATFORMS", "") in ("", "cpu")
   if on_cpu:
     jax.config.update("jax_num_cpu_devices", n)
-  if _COORDINATOR.value or _NUM_PROCESSES.value > 1:
-    if not _COORDINATOR.value:
-      raise flags.ValidationError("--num_processes > 1 needs --coordinator_address=HOST:PORT")
-    if not 0 <= _PROCESS_ID.value < _NUM_PROCESSES.value:
-      raise flags.ValidationError(f"--process_id={_PROCESS_ID.value} must be in "
-                                  f"[0, {_NUM_PROCESSES.value})")
-    if on_cpu:
-      jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
-                               process_id=_PROCESS_ID.value)
+  try:
+    launch = cluster.decide_launch(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  except ValueError as e:
+    raise flags.ValidationError(str(e)) from e
+  if launch.mode == "auto":
+    logging.info("multi-process launch: jax.distributed.initialize() reads the %s environment",
+                 launch.cluster or "cluster")
+  cluster.initialize(launch, on_cpu)
   logging.info("JAX %s on %s: process %d/%d, %d local / %d global devices", jax.__version__,
                jax.default_backend(), jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count())
@@ -78,3 +97,13 @@ def define_workdir(help_text: str = "output folder"):
   if "workdir" in flags.FLAGS:
     return _SharedFlag("workdir")
   return flags.DEFINE_string("workdir", None, help_text)
+
+
+def define_profile_steps():
+  """``--profile_steps=a:b`` (a ``jax.profiler`` trace of steps a..b under WORKDIR/profile),
+  defined once per process."""
+  if "profile_steps" in flags.FLAGS:
+    return _SharedFlag("profile_steps")
+  return flags.DEFINE_string(
+      "profile_steps", None, "a:b: write a jax.profiler trace of steps a..b (from 1) under "
+      "WORKDIR/profile; overrides config.train.profile_steps")

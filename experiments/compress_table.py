@@ -18,6 +18,7 @@ from absl import app, flags, logging
 
 from configs import compress as compress_configs
 from experiments import common, compress
+from omni_jax.collectives import study
 from omni_jax.train.metrics import save_figure
 
 _VARIANT = flags.DEFINE_enum("variant", "", ["", "tiny"], "config variant for every run")
@@ -47,7 +48,7 @@ def run_all(root: Path, codecs, widths, variant: str) -> list[dict]:
       cfg.pipeline_width = width
       cfg.baseline_dir = str(root / "baseline")
       logging.info("=== %s, pipeline width %d ===", codec, width)
-      out.append(compress.run(cfg, root / f"{codec}_w{width}"))
+      out.append(study.run(cfg, root / f"{codec}_w{width}"))
   return out
 
 
@@ -127,7 +128,7 @@ def chart(rows: list[dict], path: str) -> None:
 
 def main(argv) -> None:
   del argv
-  compress.patient_collectives()
+  study.patient_collectives()
   common.setup_devices()
   root = Path(compress.WORKDIR.value)   # --workdir: one subfolder per run
   widths = [int(w) for w in _WIDTHS.value]

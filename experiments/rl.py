@@ -29,6 +29,7 @@ from omni_jax.parallel.rl_aggregation import time_aggregation
 from omni_jax.rl import envs, predict, runner
 from omni_jax.train.checkpoint import Checkpointer
 from omni_jax.train.metrics import MetricsLog, save_figure, write_json_atomic
+from omni_jax.train.progress import Progress
 
 _CONFIG = common.define_config("configs/rl.py:<variant>")
 _WORKDIR = common.define_workdir("output folder (rerun resumes)")
@@ -71,8 +72,8 @@ def train(run: runner.Run, workdir: str) -> tuple[MetricsLog, bool]:
   t0 = time.perf_counter()
   step_fn = runner.chunk_fn(run).lower(state).compile()
   logging.info("compiled a chunk of %d iterations in %.1f s", run.chunk, time.perf_counter() - t0)
-  start = done
-  t_train = 0.0
+  start, t_train = done, 0.0
+  prog = Progress("rl", run.iterations, unit="iterations", start=done)
   while done < run.iterations:
     t0 = time.perf_counter()
     state, m = step_fn(state)
@@ -91,9 +92,8 @@ def train(run: runner.Run, workdir: str) -> tuple[MetricsLog, bool]:
     ckpt.save(done, state)
     rate = (done - start) * run.env_steps_per_iteration / t_train
     ret = m["return_sum"].sum() / max(m["episodes"].sum(), 1)
-    logging.info("iteration %d/%d: return %.1f, %.0f env steps/s, ETA %.0f s", done,
-                 run.iterations, ret, rate,
-                 (run.iterations - done) * run.env_steps_per_iteration / rate)
+    prog.update(done, f"iterations: return {ret:.1f}, {rate:.0f} env steps/s", force=True)
+  prog.finish()
   ckpt.close()
   return log, True
 

@@ -2,7 +2,8 @@ r"""Train the omni-modal MoE LLM (the main job).
 
   python -m experiments.train_omni --config=configs/omni_moe.py:tiny --workdir=/tmp/omni
 
-Writes into --workdir: checkpoints/, metrics.jsonl, summary.json, loss.png. Rerunning the
+Writes into --workdir: checkpoints/, metrics.jsonl, summary.json, loss.png (and TensorBoard
+events; with --profile_steps=a:b a jax.profiler trace under profile/). Rerunning the
 same command resumes from the latest checkpoint. On CPU the run uses --cpu_devices
 emulated devices (data parallel over all of them).
 """
@@ -14,11 +15,15 @@ from experiments import common
 _CONFIG = common.define_config("configs/omni_moe.py:<variant>",
                                           lock_config=True)
 _WORKDIR = common.define_workdir("where checkpoints and results go")
+_PROFILE_STEPS = common.define_profile_steps()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   del argv
+  if _PROFILE_STEPS.value is not None:   # the flag wins over config.train.profile_steps
+    with _CONFIG.value.unlocked():
+      _CONFIG.value.train.profile_steps = _PROFILE_STEPS.value
   common.setup_devices()
   from omni_jax.train.omni import train_omni  # after device set-up
   summary = train_omni(_CONFIG.value, _WORKDIR.value)

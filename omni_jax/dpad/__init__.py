@@ -3,5 +3,6 @@
 Modules: ``documents`` (synthetic print pages), ``recapture`` (jitted physical screen ->
 camera simulator), ``fmag`` (moiré-preserving spectral augmentation), ``models`` (flax
 ResNet / ViT / M2FM reconstructor), ``train`` (patch training and scoring),
-``pad_metrics`` (APCER, BPCER, EER, AUC), ``plots`` (figures).
+``pad_metrics`` (APCER, BPCER, EER, AUC), ``plots`` (figures), ``study`` (the experiment end
+to end, what ``experiments.dpad`` runs).
 """

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import io
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,11 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import logging
 from PIL import Image, ImageEnhance, ImageFilter
 
 from omni_jax.dpad import fmag as fmag_lib
 from omni_jax.dpad import models
+from omni_jax.train.progress import Progress
 
 
 # ---------------------------------------------------------------- patches
@@ -89,12 +88,6 @@ def lowpass(x: jax.Array, radius: float) -> jax.Array:
 
 
 # ---------------------------------------------------------------- classifier
-def _progress(what: str, step: int, steps: int, t0: float, loss: float) -> None:
-  rate = step / max(time.time() - t0, 1e-9)
-  logging.info("%s: step %d/%d loss %.4f (%.1f steps/s, ETA %.0f s)", what, step, steps, loss,
-               rate, (steps - step) / max(rate, 1e-9))
-
-
 @functools.lru_cache(maxsize=8)
 def _classifier_step(name: str, lr: float, steps: int, weight_decay: float, whiten: bool):
   """(module, optimizer, jitted step), shared by every run with the same settings (one
@@ -142,7 +135,7 @@ def train_classifier(cfg: Any, name: str, data: dict, aug: str, seed: int,
   opt_state = opt.init(params)
   fmag_selection(rng, np.zeros(0, int), cfg.fmag)                 # checks apply_to early
   augment = fmag_lib.make_fmag(cfg.fmag) if aug in ("fmag", "baseline_fmag") else None
-  t0 = time.time()
+  prog = Progress(f"{name}/{aug}", tc.steps, unit="steps")
   for i in range(1, tc.steps + 1):
     x, idx = random_patches(rng, data["images"], tc.batch, patch)
     if aug in ("baseline", "baseline_fmag"):
@@ -156,7 +149,7 @@ def train_classifier(cfg: Any, name: str, data: dict, aug: str, seed: int,
                   fmag_selection(rng, np.asarray(data["labels"])[idx], cfg.fmag))
     params, opt_state, loss = step(params, opt_state, x, jnp.asarray(data["labels"][idx]))
     if i % max(1, tc.steps // 5) == 0 or i == tc.steps:
-      _progress(f"{name}/{aug}", i, tc.steps, t0, float(loss))
+      prog.update(i, f"loss {float(loss):.4f}", force=True)
       if log:
         log({"phase": f"{name}/{aug}", "step": i, "loss": float(loss)})
   return model, params
@@ -235,7 +228,7 @@ def train_m2fm(cfg: Any, clf: Any, clf_params: Any, data: dict, seed: int,
     upd, opt_state = opt.update(g, opt_state, params)
     return optax.apply_updates(params, upd), opt_state, loss, aux
 
-  t0 = time.time()
+  prog = Progress("m2fm", mc.steps, unit="steps")
   for i in range(1, mc.steps + 1):
     x, idx = random_patches(rng, data["images"], mc.batch, patch)
     x = jnp.asarray(flips(rng, x), jnp.float32) / 255.0
@@ -243,7 +236,7 @@ def train_m2fm(cfg: Any, clf: Any, clf_params: Any, data: dict, seed: int,
     params, opt_state, loss, (fd, ce) = step(params, opt_state, x,
                                               jnp.asarray(data["labels"][idx]), h, noise)
     if i % max(1, mc.steps // 5) == 0 or i == mc.steps:
-      _progress("m2fm", i, mc.steps, t0, float(loss))
+      prog.update(i, f"loss {float(loss):.4f}", force=True)
       if log:
         log({"phase": "m2fm", "step": i, "loss": float(loss), "freq_distance": float(fd),
              "ce": float(ce)})

@@ -17,7 +17,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from absl import logging
 
 from omni_jax.lsm.wav_folder import DIGITS, read_wav, resample, write_wav
 from omni_jax.train import metrics
+from omni_jax.train.progress import Progress
 
 SPEC_FILE = "speech_spec.json"
 DEFAULT_VOICES = ("en-us", "en-gb+f3", "en-gb-scotland+m3", "en-029+f2", "en-us-nyc+m7")
@@ -141,17 +141,11 @@ def generate_digits(out_dir: str | Path, spec: SpeechSpec) -> list[Path]:
   _check_spec(out_dir, spec)
   todo = [(d, v, i) for v in range(len(spec.voices)) for d in range(10)
           for i in range(spec.utterances)]
-  paths, made, t0 = [], 0, time.time()
-  for n, (d, v, i) in enumerate(todo):
-    p = out_dir / file_name(d, spec.voices[v], i)
-    paths.append(p)
-    if p.exists():
-      continue
+  paths = [out_dir / file_name(d, spec.voices[v], i) for d, v, i in todo]
+  missing = [(p, job) for p, job in zip(paths, todo, strict=True) if not p.exists()]
+  prog = Progress("speech", len(missing), unit="files")
+  for made, (p, (d, v, i)) in enumerate(missing, 1):
     write_wav(p, render(spec, d, v, i), spec.sample_rate)
-    made += 1
-    if made % 100 == 0:
-      rate = made / (time.time() - t0)
-      logging.info("speech: %d/%d files, %.1f files/s, ETA %.0f s", n + 1, len(todo), rate,
-                   (len(todo) - n - 1) / rate)
-  logging.info("speech: %d files in %s (%d generated now)", len(paths), out_dir, made)
+    prog.update(made)
+  logging.info("speech: %d files in %s (%d generated now)", len(paths), out_dir, len(missing))
   return paths

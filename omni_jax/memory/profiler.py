@@ -12,7 +12,6 @@ that do not fit this machine.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 import jax
@@ -20,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from omni_jax.memory.seqmodel import SeqModel
+from omni_jax.train.progress import time_calls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,18 +106,6 @@ def residual_bytes(apply, p_shapes, x_shapes) -> int:
   return tree_bytes(vjp_fn)
 
 
-def _time(fn, *args, repeats: int) -> float:
-  """Best of ``repeats`` after a warm-up call: the machine's capacity, robust to other
-  processes sharing the cores (a median would price their interference into the plan)."""
-  jax.block_until_ready(fn(*args))  # compile + warm up
-  ts = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    ts.append(time.perf_counter() - t0)
-  return float(np.min(ts))
-
-
 def _measure(apply, params, x_spec, u: int, repeats: int) -> tuple[float, float]:
   """(forward s, backward-only s) of one microbatch of size u, jitted, best of repeats."""
   x = jax.tree.map(lambda s: jnp.zeros((u, *s.shape), s.dtype), x_spec)
@@ -129,8 +117,10 @@ def _measure(apply, params, x_spec, u: int, repeats: int) -> tuple[float, float]
     out, vjp_fn = jax.vjp(apply, p, x)
     return out, vjp_fn(dy)
 
-  t_f = _time(fwd, params, x, repeats=repeats)
-  t_fb = _time(jax.jit(fwd_bwd), params, x, dy, repeats=repeats)
+  # best of ``repeats`` after a warm-up: the machine's capacity, robust to other processes
+  # sharing the cores (a median would price their interference into the plan)
+  t_f = min(time_calls(fwd, params, x, repeats=repeats))
+  t_fb = min(time_calls(jax.jit(fwd_bwd), params, x, dy, repeats=repeats))
   return t_f, max(t_fb - t_f, 0.0)
 
 

@@ -5,5 +5,6 @@ appends and snapshot readers), ``featurize`` (flax image CNN and 1-D audio conv 
 ``engines`` (host baseline, near-storage channel workers, int8 coarse + exact re-rank,
 in-memory), ``cache`` (similarity query cache and Zipf query streams), ``model`` (GPU+SSD
 vs in-storage timing model), ``datasets`` (synthetic clustered embeddings, image crops),
-``plots`` and ``cli`` (ingest / query / show).
+``plots``, ``cli`` (ingest / query / show) and ``study`` (the experiment end to end, what
+``experiments.query`` runs).
 """

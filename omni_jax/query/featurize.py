@@ -9,7 +9,6 @@ retrieval tests need); pass trained ``params`` to use your own.
 
 from __future__ import annotations
 
-import time
 import wave
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +18,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
+
+from omni_jax.train.progress import Progress
 
 KINDS = ("image", "audio")
 IMAGE_EXT = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff")
@@ -154,14 +154,10 @@ def load_file(feat: Featurizer, path: str | Path) -> np.ndarray:
 
 def embed_files(feat: Featurizer, paths: Sequence[Path], log_every: float = 5.0) -> np.ndarray:
   """Embeddings of media files, loaded and featurized batch by batch with progress lines."""
-  out, t0, last = [], time.time(), 0.0
+  out = []
+  prog = Progress(f"featurize {feat.kind}", len(paths), unit="files", every_s=log_every)
   for lo in range(0, len(paths), feat.batch_size):
     batch = np.stack([load_file(feat, p) for p in paths[lo:lo + feat.batch_size]])
     out.append(feat.embed(batch))
-    done, el = min(lo + feat.batch_size, len(paths)), time.time() - t0
-    if el - last >= log_every or done == len(paths):
-      last = el
-      rate = done / max(el, 1e-9)
-      logging.info("featurized %d/%d %s files (%.1f/s, ETA %.0f s)", done, len(paths),
-                   feat.kind, rate, (len(paths) - done) / max(rate, 1e-9))
+    prog.update(min(lo + feat.batch_size, len(paths)))
   return np.concatenate(out) if out else np.zeros((0, feat.dim), np.float32)

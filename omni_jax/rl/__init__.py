@@ -2,6 +2,7 @@
 
 ``envs`` (protocol, gymnax wrappers, registry), ``ppo`` / ``a2c`` / ``dqn`` / ``ddpg``
 (PureJaxRL-style pure training functions), ``runner`` (config -> workers on a mesh axis,
-jitted chunks), ``predict`` (timing-model iteration times). Gradient aggregation lives in
+jitted chunks), ``predict`` (timing-model iteration times), ``bench`` (our PPO vs a plain
+PPO, time-to-reward: what ``experiments.bench_rl`` runs). Gradient aggregation lives in
 ``omni_jax.parallel.rl_aggregation``.
 """

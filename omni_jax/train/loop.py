@@ -34,9 +34,12 @@ from omni_jax.config import check_keys, positive_int, require
 from omni_jax.train.checkpoint import Checkpointer, abstract_like
 from omni_jax.train.metrics import MetricsLog
 from omni_jax.train.perf import RateMeter
+from omni_jax.train.profiling import StepProfiler, parse_profile_steps
+from omni_jax.train.progress import Progress
 
 TRAIN_KEYS = ("steps", "seed", "log_every", "eval_every", "eval_batches", "checkpoint_every",
               "keep_checkpoints", "peak_flops")
+OPTIONAL_TRAIN_KEYS = ("profile_steps",)   # "a:b": jax.profiler trace of steps a..b
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -60,10 +63,11 @@ class LoopConfig:
   checkpoint_every: int
   keep_checkpoints: int
   peak_flops: float
+  profile_steps: tuple[int, int] | None = None   # trace steps a..b (omni_jax.train.profiling)
 
   @classmethod
   def from_config(cls, train_cfg) -> LoopConfig:
-    check_keys(train_cfg, TRAIN_KEYS, "train.", required=TRAIN_KEYS)
+    check_keys(train_cfg, TRAIN_KEYS + OPTIONAL_TRAIN_KEYS, "train.", required=TRAIN_KEYS)
     for k in ("steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_batches"):
       positive_int(train_cfg, k, "train.")
     ev = train_cfg["eval_every"]
@@ -72,7 +76,9 @@ class LoopConfig:
     pf = train_cfg["peak_flops"]
     require(isinstance(pf, int | float) and pf >= 0, "train.peak_flops", pf,
             "must be >= 0 (0 = measure this machine's matmul peak at start-up)")
-    return cls(**{k: train_cfg[k] for k in TRAIN_KEYS})
+    prof = parse_profile_steps(train_cfg.get("profile_steps"), train_cfg["steps"],
+                               "config.train.profile_steps")
+    return cls(**{k: train_cfg[k] for k in TRAIN_KEYS}, profile_steps=prof)
 
 
 def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation) -> Callable:
@@ -154,16 +160,20 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
     log.write({"step": 0, **{f"eval/{k}": v for k, v in eval_fn(state.params, 0).items()}})
 
   meter, window, losses = RateMeter(), [], []
+  profiler = StepProfiler(workdir, loop.profile_steps)
   t_start = time.perf_counter()
   try:
     for step in range(start + 1, loop.steps + 1):
+      profiler.before(step)
       state, metrics = step_fn(state, put_batch(get_batch(step - 1)))
+      profiler.after(step, metrics)
       window.append(metrics)
       losses.append(metrics["loss"])
       if step == start + 1:  # first step compiles: time from its end
         jax.block_until_ready(metrics["loss"])
         logging.info("first step (incl. compile) took %.1f s", time.perf_counter() - t_start)
         meter.start()
+        prog = Progress("step", loop.steps, unit="steps", start=step)
       else:
         meter.tick()
       last = step == loop.steps
@@ -185,14 +195,15 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
         if eval_fn is not None and (last or (loop.eval_every and step % loop.eval_every == 0)):
           rec.update({f"eval/{k}": v for k, v in eval_fn(state.params, step).items()})
         log.write(rec)
-        eta = meter.mean_step_time * (loop.steps - step)
-        logging.info("step %d/%d  loss %.4f  %s  ETA %.0fs", step, loop.steps,
-                     float(rec["loss"]),
-                     f"{rec['tokens_per_sec']:.0f} tok/s  mfu {rec.get('mfu', math.nan):.3f}"
-                     if "tokens_per_sec" in rec else "", eta)
+        prog.update(step, f"loss {float(rec['loss']):.4f}" + (
+            f"  {rec['tokens_per_sec']:.0f} tok/s  mfu {rec.get('mfu', math.nan):.3f}"
+            if "tokens_per_sec" in rec else ""), force=True)
         meter.start()
       if do_ckpt:
         ckpt.save(step, state)
+    if start < loop.steps:
+      prog.finish()
   finally:
+    profiler.close()
     ckpt.close()
   return FitResult(state, log.read(), meter.mean_step_time, resumed)

@@ -1,4 +1,9 @@
-"""Run records: ``metrics.jsonl`` (one object per logged step), atomic JSON, loss plots."""
+"""Run records: ``metrics.jsonl`` (one object per logged step), atomic JSON, loss plots.
+
+Records and figures also go to TensorBoard event files in the same folder
+(:mod:`omni_jax.train.tensorboard`), so every job that uses :class:`MetricsLog` or
+:func:`save_figure` is viewable with ``tensorboard --logdir=WORKDIR``.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
+
+from omni_jax.train import tensorboard
 
 
 def to_jsonable(x: Any) -> Any:
@@ -68,7 +75,9 @@ class MetricsLog:
   On resume from step ``s``, records with ``step > s`` (written after the checkpoint the
   run restarts from) are dropped so the file never holds a step twice. Only the writing
   process (process 0 of a multi-process job) touches the file; the others keep their
-  records in memory.
+  records in memory. The writing process also sends each record's numbers to TensorBoard
+  (:func:`omni_jax.train.tensorboard.add_record`) unless ``OMNI_JAX_NO_TENSORBOARD`` is set;
+  a resumed run hides the earlier run's events from step ``resume_step + 1`` on.
   """
 
   def __init__(self, path: str, resume_step: int | None = None, writer: bool = True):
@@ -83,6 +92,10 @@ class MetricsLog:
       for r in keep:
         f.write(json.dumps(r) + "\n")
     os.replace(path + ".tmp", path)
+    self._tb_dir = os.path.dirname(os.path.abspath(path)) if tensorboard.enabled() else None
+    if self._tb_dir:
+      tensorboard.writer(self._tb_dir, purge_step=0 if resume_step is None else resume_step + 1,
+                         reopen=True)
 
   def read(self) -> list[dict]:
     if not self.writer:
@@ -99,15 +112,21 @@ class MetricsLog:
     with open(self.path, "a") as f:
       f.write(json.dumps(to_jsonable(record)) + "\n")
       f.flush()
+    if self._tb_dir:
+      tensorboard.add_record(self._tb_dir, record)
 
 
 def save_figure(fig, path: str | os.PathLike, **savefig_kw) -> None:
-  """Writes a matplotlib figure as PNG atomically (``atomic_path``) and closes it."""
+  """Writes a matplotlib figure as PNG atomically (``atomic_path``) and closes it; the PNG
+  also goes to TensorBoard as an image (:func:`omni_jax.train.tensorboard.add_figure_file`;
+  PNG and JPEG only) unless ``OMNI_JAX_NO_TENSORBOARD`` is set."""
   import matplotlib.pyplot as plt
   fig.tight_layout()
   with atomic_path(path) as tmp:
     fig.savefig(tmp, **savefig_kw)
   plt.close(fig)
+  if tensorboard.enabled() and os.fspath(path).lower().endswith(tensorboard.IMAGE_EXT):
+    tensorboard.add_figure_file(path)
 
 
 def plot_curves(records: list[dict], keys: list[str], path: str, title: str,

@@ -26,7 +26,8 @@ def measure_matmul_flops(n: int = 2048, dtype=jnp.float32, repeats: int = 5,
 
 
 class RateMeter:
-  """Steps/s and ETA over a window of steps (the first, compiling step is excluded)."""
+  """Seconds per step over windows of steps (the first, compiling step is excluded); the
+  progress line and its ETA come from :class:`omni_jax.train.progress.Progress`."""
 
   def __init__(self):
     self.t0: float | None = None

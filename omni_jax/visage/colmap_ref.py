@@ -1,7 +1,8 @@
 """A real full-reconstruction reference: COLMAP (pycolmap) SIFT + matching + incremental
 mapping on a block of the survey, with per-image / per-pair costs for extrapolation.
 
-Optional: returns None with the reason when pycolmap is not installed.
+Optional: without pycolmap it returns a record naming the missing peer and the command that
+installs it (``omni_jax.peers``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
+
+from omni_jax import peers
 
 
 def run_reference(root: Path, names: list[str], workdir: Path, focal_px: float,
@@ -18,7 +21,8 @@ def run_reference(root: Path, names: list[str], workdir: Path, focal_px: float,
   try:
     import pycolmap
   except ImportError as e:
-    return {"available": False, "reason": f"pycolmap not importable: {e}"}
+    return {"available": False, **peers.missing(
+        "pycolmap", e, "no COLMAP reference; the baseline is extrapolated from our own kernels")}
   work = workdir / "colmap_ref"
   shutil.rmtree(work, ignore_errors=True)
   (work / "images").mkdir(parents=True)

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from omni_jax.train.progress import timed
 from omni_jax.visage import geometry, gps_model, local3d, queries, scheduler
 from omni_jax.visage import graph as graph_lib
 from omni_jax.visage.colour_model import ColourModel
@@ -70,13 +71,6 @@ def load_images(root: Path, tags: list[dict], size: tuple[int, int]):
 
 
 # ---------------------------------------------------------------- pipeline
-def _timed(fn, *a, **kw):
-  t0 = time.perf_counter()
-  out = fn(*a, **kw)
-  jax.block_until_ready(out) if not isinstance(out, local3d.LocalModel) else None
-  return out, time.perf_counter() - t0
-
-
 def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
   """Runs Visage on the survey in ``root`` with the learned colour model; returns (summary,
   details). Insights carry no truth: :func:`omni_jax.visage.scoring.score` adds it."""
@@ -210,7 +204,7 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
     t_view_load += load(views)
     views = [v for v in views if v in images]
     need = [v for v in views if v not in feats]
-    new, t_feat = _timed(graph_lib.extract_features, {v: images[v] for v in need}, yaws,
+    new, t_feat = timed(graph_lib.extract_features, {v: images[v] for v in need}, yaws,
                          cfg.keypoints)
     feats.update(new)
     # charge every view it uses, as if built alone (features shared between targets)
@@ -227,7 +221,7 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
       return m
 
     n_compiles = len(_COMPILES)
-    model, t_build = _timed(build)
+    model, t_build = timed(build)
     for (a, b), cnt in model.info["pair_inliers"].items():   # subgraph edges, confirmed
       e = g.edges.setdefault((min(a, b), max(a, b)), {"overlap": None, "source": "target"})
       e["inliers"] = max(e.get("inliers", 0), cnt)
@@ -244,7 +238,7 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
       continue
     if len(_COMPILES) > n_compiles:                          # time it again, compiled
       t_cold = t_build
-      model, t_build = _timed(build)
+      model, t_build = timed(build)
       compile_s += max(t_cold - t_build, 0.0)
     build_s = t_feat_cost + t_build
     # after the measurement: which of the site's queries does it answer (e.g. taller than h)?
@@ -290,7 +284,7 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
   rest = [i for i in images if i not in feats]
   if cfg.baseline_sample_images:                # per-image cost measured on a sample
     rest = sorted(rng.choice(rest, min(len(rest), cfg.baseline_sample_images), replace=False))
-  new, t_feat_rest = _timed(graph_lib.extract_features, {i: images[i] for i in rest}, yaws,
+  new, t_feat_rest = timed(graph_lib.extract_features, {i: images[i] for i in rest}, yaws,
                             cfg.keypoints)
   feats.update(new)
   feat_per_img = t_feat_rest / max(len(rest), 1)
@@ -299,7 +293,7 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
   if cfg.baseline_sample_edges and len(all_pairs) > cfg.baseline_sample_edges:
     pick = rng.choice(len(all_pairs), cfg.baseline_sample_edges, replace=False)
     all_pairs = [all_pairs[i] for i in sorted(pick)]
-  _, t_conf_rest = _timed(graph_lib.confirm_edges, g, feats, k, all_pairs, seed=cfg.seed)
+  _, t_conf_rest = timed(graph_lib.confirm_edges, g, feats, k, all_pairs, seed=cfg.seed)
   conf_per_edge = t_conf_rest / max(len(all_pairs), 1)
   built = [r for r in records if "build_s" in r]
   rec_per_view = (sum(r["build_s"] for r in built) / max(sum(len(r["views"]) for r in built), 1)

@@ -20,26 +20,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from omni_jax.train.progress import Progress
 from omni_jax.visage import geometry, survey
 
 TAGS = "tags.json"
 TRUTH = "truth.json"
 INVENTORY = "inventory.json"
 ANNOTATIONS = "annotations.json"
-
-
-def _progress(what: str, done: int, total: int, t0: float) -> None:
-  el = time.time() - t0
-  rate = done / max(el, 1e-9)
-  logging.info("%s: %d/%d (%.1f/s, ETA %.0f s)", what, done, total, rate,
-               (total - done) / max(rate, 1e-9))
 
 
 def generate_survey(site_cfg, flight_cfg, seed: int, root: Path,
@@ -61,12 +54,12 @@ def generate_survey(site_cfg, flight_cfg, seed: int, root: Path,
   site = survey.make_site(site_cfg, survey.plan_extent(fl), rng)
   shots = survey.plan_flight(fl, rng)
   dev = (jnp.asarray(site.height), jnp.asarray(site.albedo))
-  t0 = time.time()
+  prog = Progress("render", len(shots), unit="images")
   for i, s in enumerate(shots):
     io.imsave(root / "images" / s.name, survey.render_shot(fl, site, s, rng, dev),
               check_contrast=False)
-    if (i + 1) % 50 == 0 or i + 1 == len(shots):
-      _progress("render", i + 1, len(shots), t0)
+    prog.update(i + 1)
+  prog.finish()
   no_gps = set(rng.choice(len(shots), int(round(fl.no_gps_fraction * len(shots))),
                           replace=False).tolist())
   tags = [{"name": s.name, "time_s": s.time_s, "line": s.line,

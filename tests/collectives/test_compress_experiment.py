@@ -1,4 +1,5 @@
-"""Smoke test of experiments.compress (tiny, in-process) and its config errors."""
+"""Smoke test of the compress study (omni_jax.collectives.study, run by experiments.compress;
+tiny, in-process) and its config errors."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 import pytest
 
 from configs import compress as compress_configs
-from experiments import compress, compress_table
+from experiments import compress_table
+from omni_jax.collectives import study
 from omni_jax.config import ConfigError
 
 KEYS = {"codec", "pipeline_width", "wire_bytes_per_step", "raw_bytes_per_step",
@@ -25,7 +27,7 @@ def _tiny(codec: str):
 def test_tiny_gradiveq_pipelined_run_writes_summary(tmp_path):
   cfg = _tiny("gradiveq")
   cfg.pipeline_width = 2
-  s = compress.run(cfg, tmp_path / "run")
+  s = study.run(cfg, tmp_path / "run")
   on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
   assert KEYS <= set(on_disk) and on_disk["codec"] == "gradiveq"
   assert on_disk["pipeline_width"] == 2
@@ -38,7 +40,7 @@ def test_tiny_gradiveq_pipelined_run_writes_summary(tmp_path):
   assert 0 <= s["final_accuracy"] <= 1 and 0 <= s["baseline_accuracy"] <= 1
   assert (tmp_path / "run" / "baseline" / "baseline.json").exists()
   # a rerun reuses the recorded training and the cached measurements
-  again = compress.run(cfg, tmp_path / "run")
+  again = study.run(cfg, tmp_path / "run")
   assert again["measured"] == s["measured"] and again["predicted"] == s["predicted"]
   md = compress_table.table([s])
   assert "| gradiveq | 2 |" in md and "5.4x" in md
@@ -52,7 +54,7 @@ def test_config_errors(key, value, match, tmp_path):
   cfg = _tiny("none")
   cfg[key] = value
   with pytest.raises(ConfigError, match=match):
-    compress.run(cfg, tmp_path)
+    study.run(cfg, tmp_path)
 
 
 def test_bad_variant_and_bad_codec_setting():
@@ -61,4 +63,4 @@ def test_bad_variant_and_bad_codec_setting():
   cfg = _tiny("inceptionn")
   cfg.inceptionn.error_bound = 2.0
   with pytest.raises(ConfigError, match="error_bound"):
-    compress.validate(cfg)
+    study.validate(cfg)

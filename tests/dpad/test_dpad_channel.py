@@ -8,8 +8,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from experiments import dpad as dpad_exp
 from omni_jax.dpad import recapture
+from omni_jax.dpad import study as dpad_study
 
 
 def _sim(res: tuple[float, float] | None) -> ml_collections.ConfigDict:
@@ -56,13 +56,13 @@ def test_validate_resolution_keys(key, value, msg):
   cfg = get_config("default")
   cfg.sim[key].res = value
   with pytest.raises(ConfigError, match=msg):
-    dpad_exp.validate(cfg)
+    dpad_study.validate(cfg)
 
 
 def test_variants_valid_and_blurry_low_is_the_first_channel():
   from configs.dpad import VARIANTS, get_config
   for v in VARIANTS:
-    dpad_exp.validate(get_config(v))
+    dpad_study.validate(get_config(v))
   old = get_config("blurry_low").sim
   assert tuple(old.period) == (1.2, 1.7) and tuple(old.low.sigma) == (0.6, 0.9)
   assert tuple(old.low.res) == tuple(old.high.res) == (1.0, 1.0)

@@ -7,8 +7,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from experiments import dpad as dpad_exp
 from omni_jax.dpad import models, pad_metrics, train
+from omni_jax.dpad import study as dpad_study
 
 
 def _radius(n: int) -> np.ndarray:
@@ -99,9 +99,9 @@ def test_training_set_subset_keeps_first_documents_per_kind():
           "train_high_docs": np.array([5, 5, 3, 3, 9, 9]),
           "train_high_images": np.arange(6)[:, None], "train_high_labels": np.arange(6) % 2,
           "train_high_periods": np.arange(6) * 1.0}
-  sub = dpad_exp.training_set(caps, 1)
+  sub = dpad_study.training_set(caps, 1)
   np.testing.assert_array_equal(sub["images"][:, 0], [2, 3, 4, 5])        # doc 3 of a, 9 of b
-  assert len(dpad_exp.training_set(caps, 0)["labels"]) == 6
+  assert len(dpad_study.training_set(caps, 0)["labels"]) == 6
 
 
 @pytest.mark.parametrize("key,value,msg", [
@@ -114,8 +114,8 @@ def test_validate_new_keys_is_one_clear_error(key, value, msg):
   node, leaf = (cfg.m2fm, key.split(".")[1]) if "." in key else (cfg, key)
   node[leaf] = value
   with pytest.raises(ConfigError, match=msg):
-    dpad_exp.validate(cfg)
-  dpad_exp.validate(get_config("half_data"))                 # the shipped variants are valid
+    dpad_study.validate(cfg)
+  dpad_study.validate(get_config("half_data"))                 # the shipped variants are valid
 
 
 def test_unknown_augmentation_is_one_clear_error():

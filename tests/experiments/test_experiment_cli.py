@@ -20,12 +20,25 @@ def _run(*args, timeout=600):
 def test_train_omni_cli_writes_outputs_and_resumes(tmp_path):
   wd = str(tmp_path / "run")
   args = ("experiments.train_omni", "--config=configs/omni_moe.py:micro", f"--workdir={wd}",
-          "--cpu_devices=2", "--config.train.steps=2", "--config.train.checkpoint_every=1")
+          "--cpu_devices=2", "--config.train.steps=2", "--config.train.checkpoint_every=1",
+          "--profile_steps=2:2")
   r = _run(*args)
   assert r.returncode == 0, r.stderr[-3000:]
   summary = json.load(open(os.path.join(wd, "summary.json")))
   assert summary["steps"] == 2 and summary["config"]["train"]["steps"] == 2
+  assert summary["config"]["train"]["profile_steps"] == "2:2"   # the flag is in the config
   assert {"loss.png", "eval.png", "metrics.jsonl", "checkpoints"} <= set(os.listdir(wd))
+  # --profile_steps=2:2 left a jax.profiler trace; TensorBoard events sit beside the records
+  traces = [f for _, _, fs in os.walk(os.path.join(wd, "profile")) for f in fs]
+  assert any(f.endswith(".xplane.pb") for f in traces), traces
+  from omni_jax.train.tensorboard import read_events
+  ev = read_events(wd)
+  records = [json.loads(line) for line in open(os.path.join(wd, "metrics.jsonl"))]
+  losses = [(r["step"], r["loss"]) for r in records if "loss" in r]
+  assert [s for s, _ in ev["loss"]] == [s for s, _ in losses]
+  assert [v for _, v in ev["loss"]] == pytest.approx([v for _, v in losses], rel=1e-6)
+  assert {"figures/loss", "figures/eval"} <= set(ev)
+  assert '"profile_steps": "2:2"' in ev["config"][0][1]
   r = _run(*args)  # the same command again: resumes, nothing left to train
   assert r.returncode == 0 and "resumed from checkpoint step 2" in r.stderr
 
@@ -37,13 +50,20 @@ def test_train_omni_cli_bad_override_is_one_clear_error(tmp_path):
   assert "config.model.moe.top_k = 9 is not allowed: must be <= num_experts=4" in r.stderr
   r = _run("experiments.train_omni", "--config=configs/omni_moe.py:huge", f"--workdir={tmp_path}")
   assert r.returncode != 0 and "unknown variant 'huge'" in r.stderr
+  r = _run("experiments.train_omni", "--config=configs/omni_moe.py:micro",
+           f"--workdir={tmp_path}", "--profile_steps=3:9")
+  assert r.returncode != 0
+  assert ("config.train.profile_steps='3:9': expected 'a:b' with integers 1 <= a <= b <= 4"
+          in r.stderr)
 
 
 @pytest.mark.parametrize("steps", [2])
 def test_bench_step_writes_its_keys(tmp_path, steps):
   r = _run("experiments.bench_step", "--config=configs/omni_moe.py:micro",
-           f"--workdir={tmp_path}", f"--steps={steps}")
+           f"--workdir={tmp_path}", f"--steps={steps}", "--profile_steps=2:3")
   assert r.returncode == 0, r.stderr[-3000:]
+  traces = [f for _, _, fs in os.walk(tmp_path / "profile") for f in fs]
+  assert any(f.endswith(".xplane.pb") for f in traces), traces    # timed calls 2..3 traced
   s = json.load(open(tmp_path / "summary.json"))
   assert s["mfu_vs_measured_peak"] == pytest.approx(s["step_flops_per_sec"]
                                                     / s["peak_flops_per_sec"])

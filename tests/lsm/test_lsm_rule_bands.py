@@ -87,9 +87,9 @@ def test_lateral_inhibition_matches_reference(lateral):
     ("lateral", -0.5, "lateral")])
 def test_bad_readout_settings_are_rejected(field, value, match):
   from configs import lsm as lsm_cfg
-  from experiments import lsm as lsm_exp
+  from omni_jax.lsm import study as lsm_study
   cfg = lsm_cfg.get_config("tiny")
-  lsm_exp.validate(cfg)                 # the shipped settings pass
+  lsm_study.validate(cfg)                 # the shipped settings pass
   cfg.readout[field] = value
   with pytest.raises(ValueError, match=match):
-    lsm_exp.validate(cfg)
+    lsm_study.validate(cfg)

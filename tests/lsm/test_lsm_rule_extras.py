@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import lsm as lsm_exp
 from omni_jax.lsm import fixed_point as fxp
 from omni_jax.lsm import readout, reservoir
+from omni_jax.lsm import study as lsm_study
 
 RULE = readout.RuleParams(c_th=5.0, dc=5.0, p_plus=0.3, p_minus=0.2, dw=0.125, w_max=8.0,
                           v_plus=10.0, v_minus=4.0)
@@ -84,11 +84,11 @@ def test_teacher_alone_keeps_desired_calcium_in_potentiation_band(spec):
 
 
 def test_parse_precision():
-  assert lsm_exp.parse_precision(16) == (16, 16, 16)
-  assert lsm_exp.parse_precision("12/8/8") == (12, 8, 8)
+  assert lsm_study.parse_precision(16) == (16, 16, 16)
+  assert lsm_study.parse_precision("12/8/8") == (12, 8, 8)
   for bad in ("12/8", "a/b/c", 40, "12/8/1", True):
     with pytest.raises(ValueError, match="config.bits"):
-      lsm_exp.parse_precision(bad)
+      lsm_study.parse_precision(bad)
 
 
 def test_population_readout_equals_duplicated_single_readout():

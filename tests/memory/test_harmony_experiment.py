@@ -1,5 +1,5 @@
-"""experiments.harmony: the tiny variant end to end (real runs), the planner-only path and the
-settings sweep (paper range) on a tiny model."""
+"""The Harmony study (omni_jax.memory.study, run by experiments.harmony): the tiny variant end
+to end (real runs), the planner-only path and the settings sweep (paper range) on a tiny model."""
 
 import json
 import os
@@ -7,10 +7,10 @@ import os
 import pytest
 
 from configs import harmony as harmony_config
-from experiments import harmony
 from omni_jax.config import ConfigError
 from omni_jax.memory import planner as pl
 from omni_jax.memory import profiler as pf
+from omni_jax.memory import study
 from omni_jax.memory.planner import NothingFitsError
 
 KEYS = {"device_budget_bytes", "model_bytes", "schedules", "swap_reduction_vs_baseline",
@@ -25,7 +25,7 @@ def test_tiny_experiment_trains_for_real(tmp_path):
   cfg.microbatch_sizes = (1,)
   cfg.steps = 1
   cfg.execute_baseline = False   # the baseline executor has its own test
-  s = harmony.run(cfg, str(tmp_path))
+  s = study.run(cfg, str(tmp_path))
   assert json.load(open(tmp_path / "summary.json")) == pytest.approx(s)
   assert set(s) == KEYS
   by = {it["name"]: it for it in s["schedules"]}
@@ -52,7 +52,7 @@ def test_planner_only_variant_and_clear_errors(tmp_path):
   # A slow host link: swap-bound, where keeping weight traffic off the microbatch loop pays.
   cfg.hardware.update(measure=False, n_gpus=2, flops_per_s=1e9, swap_bw_host=1e7,
                       swap_bw_gpu=1e7)
-  s = harmony.run(cfg, str(tmp_path))
+  s = study.run(cfg, str(tmp_path))
   assert all(it["measured_iter_time_s"] is None for it in s["schedules"])
   assert s["predicted_speedup_vs_baseline"] > 1 and s["swap_reduction_vs_baseline"] > 1
   plan = json.load(open(tmp_path / "plan.json"))   # 2 GPUs: both Harmony modes searched
@@ -64,10 +64,10 @@ def test_planner_only_variant_and_clear_errors(tmp_path):
       m["predicted_iter_time_s"] for m in modes.values())
   cfg.device_budget_bytes = 10_000
   with pytest.raises(NothingFitsError, match="no harmony schedule fits"):
-    harmony.run(cfg, str(tmp_path / "small"))
+    study.run(cfg, str(tmp_path / "small"))
   cfg.baselines = ("zero_offload",)
   with pytest.raises(ConfigError, match="must include 'lms'"):
-    harmony.run(cfg, str(tmp_path / "bad"))
+    study.run(cfg, str(tmp_path / "bad"))
   with pytest.raises(ValueError, match="unknown variant 'huge'"):
     harmony_config.get_config("huge")
 
@@ -77,15 +77,15 @@ def test_settings_sweep_cells_on_a_tiny_model(tmp_path, monkeypatch):
   cfg.execute = False
   cfg.hardware.update(measure=False, flops_per_s=1e9, swap_bw_host=1e7, swap_bw_gpu=1e7)
   cfg.settings_sweep.update(n_gpus=(1, 2), num_layers=(2, 4), extra_k=3)
-  harmony.validate(cfg)
-  prof = pf.profile_model(harmony.build_model(cfg), cfg.microbatch_sizes, measure=False,
+  study.validate(cfg)
+  prof = pf.profile_model(study.build_model(cfg), cfg.microbatch_sizes, measure=False,
                           flops_per_s=1e9)
   cfg2 = harmony_config.get_config("tiny")
   cfg2.model.num_layers = 2   # repeating the block's entry == profiling the shallower stack
-  assert harmony.deepen_profile(prof, 2) == pf.profile_model(
-      harmony.build_model(cfg2), cfg.microbatch_sizes, measure=False, flops_per_s=1e9)
-  hw, _ = harmony.hardware(cfg)
-  cells = harmony.settings_sweep(cfg, prof, hw, str(tmp_path))
+  assert study.deepen_profile(prof, 2) == pf.profile_model(
+      study.build_model(cfg2), cfg.microbatch_sizes, measure=False, flops_per_s=1e9)
+  hw, _ = study.hardware(cfg)
+  cells = study.settings_sweep(cfg, prof, hw, str(tmp_path))
   assert [(c["num_layers"], c["n_gpus"]) for c in cells] == [(2, 1), (2, 2), (4, 1), (4, 2)]
   block = 3 * next(lp.param_bytes for lp in prof.layers if lp.kind == "block")
   assert cells[2]["model_bytes"] - cells[0]["model_bytes"] == 2 * block
@@ -103,12 +103,12 @@ def test_settings_sweep_cells_on_a_tiny_model(tmp_path, monkeypatch):
   head = pl.plan_harmony(prof, hw, cfg.device_budget_bytes, cfg.batch, cfg.microbatch_sizes)
   assert (cells[2]["harmony"]["swap_bytes"], cells[2]["harmony"]["predicted_s"]) == (
       head.swap_bytes, head.predicted_s)
-  rng = harmony.paper_range(cells)
+  rng = study.paper_range(cells)
   best = max(cells, key=lambda c: c["speedup_vs_lms"])
   assert rng["max_predicted_speedup_vs_baseline"]["value"] == best["speedup_vs_lms"]
   assert rng["max_predicted_speedup_vs_baseline"]["n_gpus"] == best["n_gpus"]
-  monkeypatch.setattr(harmony, "plan_cell", lambda *a: pytest.fail("cache not reused"))
-  assert harmony.settings_sweep(cfg, prof, hw, str(tmp_path)) == cells
+  monkeypatch.setattr(study, "plan_cell", lambda *a: pytest.fail("cache not reused"))
+  assert study.settings_sweep(cfg, prof, hw, str(tmp_path)) == cells
   for key, value, match in (("n_gpus", (3,), "must divide batch = 4"),
                             ("num_layers", (), "both be empty"),
                             ("extra_k", -1, "integer >= 0"),
@@ -117,4 +117,4 @@ def test_settings_sweep_cells_on_a_tiny_model(tmp_path, monkeypatch):
     bad.settings_sweep.update(n_gpus=(1, 2), num_layers=(2, 4))
     bad.settings_sweep[key] = value
     with pytest.raises(ConfigError, match=match):
-      harmony.validate(bad)
+      study.validate(bad)

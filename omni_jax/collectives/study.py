@@ -1,0 +1,338 @@
+"""The compressed-all-reduce study end to end (what ``experiments.compress`` runs): a small
+flax CNN on scikit-learn's 8x8 digits trained data-parallel with ``jax.shard_map``, the
+gradient mean through the chosen codec's collective (and Pipe-SGD's one-step staleness at
+pipeline width 2); one worker's compute time and the codec's encode/decode throughput
+measured here (cached per codec) and fed with the measured wire ratio to the alpha-beta
+timing model; the uncompressed baseline (cached); summary.json, metrics.jsonl, accuracy.png.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+from jax.sharding import PartitionSpec as P
+
+from omni_jax.collectives import aggregate, timing
+from omni_jax.collectives.pipesgd import pipelined
+from omni_jax.config import ConfigError, check_keys, nonneg_float, one_of, positive_int, to_dict
+from omni_jax.train.metrics import MetricsLog, plot_curves, write_json_atomic
+from omni_jax.train.progress import Progress, time_calls
+
+AXIS = "data"
+TRAIN_KEYS = ("seed", "steps", "batch_size", "lr", "momentum", "test_fraction", "tiny")
+
+
+# ---------------------------------------------------------------- config
+def validate(cfg) -> None:
+  """One clear ConfigError per bad key, before any compile."""
+  check_keys(cfg, ("codec", "tiny", "pipeline_width", "pipeline_warmup", "error_feedback",
+                   "seed", "steps", "batch_size", "lr", "momentum", "eval_every", "log_every",
+                   "test_fraction", "baseline_dir", "inceptionn", "qsgd", "powersgd",
+                   "gradiveq", "cluster", "timing"))
+  one_of(cfg, "codec", aggregate.CODECS)
+  for k in ("pipeline_width", "steps", "batch_size", "eval_every", "log_every"):
+    positive_int(cfg, k)
+  if not isinstance(cfg.pipeline_warmup, int) or cfg.pipeline_warmup < 0:
+    raise ConfigError(f"config.pipeline_warmup = {cfg.pipeline_warmup!r} must be an int >= 0")
+  nonneg_float(cfg, "lr")
+  nonneg_float(cfg, "momentum")
+  if not 0 < cfg.test_fraction < 1:
+    raise ConfigError(f"config.test_fraction = {cfg.test_fraction!r} must be in (0, 1)")
+  one_of(cfg.timing, "method", timing.METHODS, "timing.")
+  positive_int(cfg.timing, "repeats", "timing.")
+  positive_int(cfg.timing, "model_params", "timing.")
+  nonneg_float(cfg.timing, "model_compute_s", "timing.")
+  try:
+    cluster(cfg)
+    make_aggregator(cfg)
+  except ValueError as e:
+    raise ConfigError(f"bad codec or cluster settings: {e}") from e
+
+
+def cluster(cfg) -> timing.Cluster:
+  return timing.Cluster(**to_dict(cfg.cluster))
+
+
+def make_aggregator(cfg, name: str | None = None) -> aggregate.Aggregator:
+  return aggregate.make_aggregator(
+      name or cfg.codec, error_bound=cfg.inceptionn.error_bound, qsgd_levels=cfg.qsgd.levels,
+      qsgd_bucket=cfg.qsgd.bucket, powersgd_rank=cfg.powersgd.rank,
+      gradiveq=to_dict(cfg.gradiveq), error_feedback=cfg.error_feedback)
+
+
+# ---------------------------------------------------------------- data
+def load_digits(test_fraction: float, seed: int):
+  """scikit-learn's 1,797 8x8 digits in [0, 1], split train/test with a fixed permutation."""
+  try:
+    from sklearn.datasets import load_digits as sk_digits
+  except ImportError as e:
+    raise SystemExit("experiments.compress needs scikit-learn (pip install scikit-learn) for "
+                     "its digits images") from e
+  d = sk_digits()
+  x = (d.images / 16.0).astype(np.float32)[..., None]
+  y = d.target.astype(np.int32)
+  perm = np.random.default_rng(seed).permutation(len(y))
+  n_test = int(round(len(y) * test_fraction))
+  te, tr = perm[:n_test], perm[n_test:]
+  return x[tr], y[tr], x[te], y[te]
+
+
+# ---------------------------------------------------------------- model
+class SmallCNN(nn.Module):
+  """Two 3x3 conv layers, 2x2 average pool, two dense layers (about 38K parameters)."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Conv(16, (3, 3))(x))
+    x = nn.relu(nn.Conv(32, (3, 3))(x))
+    x = nn.avg_pool(x, (2, 2), (2, 2))
+    x = nn.relu(nn.Dense(64)(x.reshape(x.shape[0], -1)))
+    return nn.Dense(10)(x)
+
+
+def loss_fn(params, model, x, y):
+  logits = model.apply(params, x)
+  return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+
+# ---------------------------------------------------------------- step
+def make_step(model, tx, agg, mesh):
+  """Jitted data-parallel step: local grads, codec all-reduce, (pipelined) optimizer."""
+
+  def body(params, opt_state, agg_state, x, y, key):
+    agg_state = jax.tree.map(lambda a: a[0], agg_state)
+    loss, grads = jax.value_and_grad(loss_fn)(params, model, x, y)
+    mean, agg_state, wire = agg.reduce(grads, agg_state, AXIS, key)
+    updates, opt_state = tx.update(mean, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return (params, opt_state, jax.tree.map(lambda a: a[None], agg_state),
+            jax.lax.pmean(loss, AXIS), wire[None])
+
+  # check_vma off: ring outputs derive from ppermute, yet are bit-identical on every device
+  # (all decode the same bytes), so P() outputs are sound.
+  sharded = jax.shard_map(body, mesh=mesh,
+                          in_specs=(P(), P(), P(AXIS), P(AXIS), P(AXIS), P()),
+                          out_specs=(P(), P(), P(AXIS), P(), P(AXIS)), check_vma=False)
+  return jax.jit(sharded, donate_argnums=(0, 1, 2))
+
+
+def train(cfg, name: str, width: int, data, log_path: str | None) -> dict:
+  """Trains with codec ``name`` and pipeline ``width``; final test accuracy and wire bytes."""
+  xtr, ytr, xte, yte = data
+  mesh = jax.make_mesh((jax.device_count(),), (AXIS,),
+                       axis_types=(jax.sharding.AxisType.Auto,))
+  n_dev = mesh.shape[AXIS]
+  if cfg.batch_size % n_dev:
+    raise ConfigError(f"config.batch_size = {cfg.batch_size} must divide over {n_dev} devices")
+  model = SmallCNN()
+  key = jax.random.key(cfg.seed)
+  params = model.init(key, jnp.zeros((1,) + xtr.shape[1:]))
+  sched = optax.cosine_decay_schedule(cfg.lr, cfg.steps)
+  tx = pipelined(optax.sgd(sched, momentum=cfg.momentum), width, cfg.pipeline_warmup)
+  opt_state = tx.init(params)
+  agg = make_aggregator(cfg, name)
+  one = agg.init(params, jax.random.fold_in(key, 1))
+  agg_state = jax.tree.map(lambda a: jnp.broadcast_to(a, (n_dev,) + a.shape), one)
+  step = make_step(model, tx, agg, mesh)
+  evaluate = jax.jit(lambda p, x: jnp.argmax(model.apply(p, x), -1))
+  log = MetricsLog(log_path) if log_path else None
+  wires, records, compressed_steps = [], [], []
+  prog = Progress(f"{name} w{width}", cfg.steps, unit="steps")
+  rng = np.random.default_rng(cfg.seed + 1)
+  acc = float("nan")
+  for t in range(cfg.steps):
+    idx = rng.integers(0, len(ytr), cfg.batch_size)
+    params, opt_state, agg_state, loss, wire = step(
+        params, opt_state, agg_state, xtr[idx], ytr[idx], jax.random.fold_in(key, 1000 + t))
+    # One step in flight at a time: on a small, busy CPU host, queued multi-device executions
+    # with collectives can starve each other's rendezvous (XLA aborts after a timeout).
+    wires.append(float(np.asarray(wire)[0]))
+    if name == "gradiveq":
+      compressed_steps.append(bool(agg.codec.compressed_at(t)))
+    rec = None
+    if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.steps:
+      acc = float(np.mean(np.asarray(evaluate(params, xte)) == yte))
+      rec = {"step": t + 1, "loss": float(loss), "test_accuracy": acc}
+    elif (t + 1) % cfg.log_every == 0:
+      rec = {"step": t + 1, "loss": float(loss)}
+    if rec:
+      rec["wire_bytes"] = wires[-1]
+      if name == "gradiveq":
+        rec["gradiveq_d"] = int(np.asarray(agg_state["gradiveq"]["d"])[0])
+      records.append(rec)
+      if log:
+        log.write(rec)
+      prog.update(t + 1, f"loss {rec['loss']:.4f} acc {rec.get('test_accuracy', '-')}",
+                  force=True)
+  prog.finish()
+  wire_per_step = float(np.mean(wires))
+  n_values = sum(p.size for p in jax.tree.leaves(params))
+  raw = 0.0 if n_dev == 1 else 2.0 * (n_dev - 1) * math.ceil(n_values / n_dev) * 4
+  extra = {}
+  if name == "gradiveq":
+    on = np.asarray(compressed_steps)
+    extra["gradiveq"] = {
+        "slice_size": agg.codec.slice_size, "final_d": int(np.asarray(
+            agg_state["gradiveq"]["d"])[0]), "compressed_step_fraction": float(on.mean()),
+        "compression_ratio_in_compressed_windows": raw / float(np.mean(np.asarray(wires)[on]))
+        if on.any() else None}
+  return {**extra, "final_accuracy": acc, "wire_bytes_per_step": wire_per_step,
+          "raw_bytes_per_step": raw, "params": n_values, "devices": n_dev,
+          "train_seconds": prog.elapsed, "records": records}
+
+
+# ---------------------------------------------------------------- measure
+def measure(cfg, name: str, data, n_dev: int) -> dict:
+  """One worker's forward+backward seconds and the codec's encode/decode bytes per second."""
+  xtr, ytr = data[0], data[1]
+  model = SmallCNN()
+  params = model.init(jax.random.key(cfg.seed), jnp.zeros((1,) + xtr.shape[1:]))
+  local = cfg.batch_size // n_dev
+  x, y = jnp.asarray(xtr[:local]), jnp.asarray(ytr[:local])
+  grad = jax.jit(lambda p: jax.grad(loss_fn)(p, model, x, y))
+  compute_s = min(time_calls(grad, params, repeats=cfg.timing.repeats))
+  out = {"compute_s": compute_s, "encode_bytes_per_s": math.inf, "decode_bytes_per_s": math.inf}
+  if name == "none":
+    return out
+  from jax.flatten_util import ravel_pytree
+  flat, _ = ravel_pytree(grad(params))
+  encode, decode = make_aggregator(cfg, name).roundtrip_fns(params)
+  encode, decode = jax.jit(encode), jax.jit(decode)
+  payload = encode(flat)
+  nbytes = flat.size * 4
+  reps = cfg.timing.repeats
+  out["encode_bytes_per_s"] = nbytes / min(time_calls(encode, flat, repeats=reps))
+  out["decode_bytes_per_s"] = nbytes / min(time_calls(decode, payload, repeats=reps))
+  return out
+
+
+def measure_cached(cfg, name: str, data, n_dev: int, cache_dir: Path) -> dict:
+  """:func:`measure`, cached per codec in ``cache_dir`` so every run of a codec (each pipeline
+  width) predicts from the same measurement."""
+  settings = to_dict(cfg[name]) if name in ("inceptionn", "qsgd", "powersgd", "gradiveq") else {}
+  key = {"codec": name, "settings": settings, "batch_size": cfg.batch_size, "devices": n_dev,
+         "repeats": cfg.timing.repeats, "seed": cfg.seed, "tiny": cfg.tiny}
+  path = cache_dir / f"measure_{name}.json"
+  if path.exists():
+    cached = json.loads(path.read_text())
+    if cached.get("key") == json.loads(json.dumps(key)):
+      return {k: float(v) for k, v in cached.items() if k != "key"}
+  m = measure(cfg, name, data, n_dev)
+  write_json_atomic(str(path), {"key": key, **m})
+  return m
+
+
+def predict(cfg, name: str, width: int, nbytes: float, compute_s: float, ratio: float,
+            enc: float, dec: float) -> dict:
+  """Timing-model iteration time vs synchronous uncompressed for ``nbytes`` of gradient."""
+  cl, method = cluster(cfg), cfg.timing.method
+  mode = "pipelined" if width > 1 else "sync"
+  linear = make_aggregator(cfg, name).linear
+  codec = None if name == "none" else timing.CodecCost(ratio, enc, dec, per_hop=not linear)
+  ours = timing.iteration_time(compute_s, nbytes, cl, method, codec, mode)
+  base = timing.iteration_time(compute_s, nbytes, cl, method, None, "sync")
+  return {"iteration_time_s": ours.iteration_s, "comm_time_s": ours.comm_s,
+          "speedup_vs_sync_uncompressed": timing.speedup(base, ours),
+          "baseline_iteration_time_s": base.iteration_s, "baseline_comm_time_s": base.comm_s,
+          "comm_time_reduction": 1.0 - ours.comm_s / base.comm_s if base.comm_s else 0.0,
+          "gradient_bytes": nbytes, "compute_s": compute_s, "mode": mode, "method": method}
+
+
+# ---------------------------------------------------------------- baseline
+def baseline(cfg, data, workdir: Path) -> dict:
+  """Accuracy of the uncompressed synchronous run with the same seed (trained once, cached)."""
+  d = Path(cfg.baseline_dir) if cfg.baseline_dir else workdir / "baseline"
+  path = d / "baseline.json"
+  want = {k: cfg[k] for k in TRAIN_KEYS}
+  if path.exists():
+    cached = json.loads(path.read_text())
+    if cached.get("train_config") == want:
+      logging.info("reusing the cached uncompressed baseline in %s", path)
+      return cached
+  logging.info("training the uncompressed baseline (cached in %s)", path)
+  res = train(cfg, "none", 1, data, None)
+  out = {"train_config": want, "final_accuracy": res["final_accuracy"],
+         "wire_bytes_per_step": res["wire_bytes_per_step"]}
+  write_json_atomic(str(path), out)
+  return out
+
+
+# ---------------------------------------------------------------- main
+def _relevant(cfg: dict) -> dict:
+  """The config without the settings of codecs this run does not use (for reuse checks)."""
+  unused = {"inceptionn", "qsgd", "powersgd", "gradiveq"} - {cfg.get("codec")}
+  return {k: v for k, v in cfg.items() if k not in unused}
+
+
+def run(cfg, workdir: Path) -> dict:
+  """The whole experiment for one config; returns (and writes) the summary."""
+  validate(cfg)
+  workdir.mkdir(parents=True, exist_ok=True)
+  summary_path = workdir / "summary.json"
+  data = load_digits(cfg.test_fraction, cfg.seed)
+  old = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+  if old and _relevant(old.get("config", {})) == _relevant(json.loads(json.dumps(to_dict(cfg)))):
+    logging.info("training of this config done before: reusing %s", summary_path)
+    res = {k: old[k] for k in ("final_accuracy", "wire_bytes_per_step", "raw_bytes_per_step")}
+    res.update(params=old["measured"]["params"], devices=old["measured"]["emulated_devices"],
+               train_seconds=old["measured"]["train_seconds"],
+               records=MetricsLog(str(workdir / "metrics.jsonl"), resume_step=cfg.steps).read())
+    if "gradiveq" in old:
+      res["gradiveq"] = old["gradiveq"]
+    base_acc = old["baseline_accuracy"]
+  else:
+    res = train(cfg, cfg.codec, cfg.pipeline_width, data, str(workdir / "metrics.jsonl"))
+    if cfg.codec == "none" and cfg.pipeline_width == 1:
+      base_acc = res["final_accuracy"]
+    else:
+      base_acc = baseline(cfg, data, workdir)["final_accuracy"]
+  cache = Path(cfg.baseline_dir) if cfg.baseline_dir else workdir / "baseline"
+  m = measure_cached(cfg, cfg.codec, data, res["devices"], cache)
+  m["compute_s"] = measure_cached(cfg, "none", data, res["devices"], cache)["compute_s"]
+  ratio = res["wire_bytes_per_step"] / res["raw_bytes_per_step"]
+  enc, dec = m["encode_bytes_per_s"], m["decode_bytes_per_s"]
+  ours = predict(cfg, cfg.codec, cfg.pipeline_width, res["params"] * 4.0, m["compute_s"], ratio,
+                 enc, dec)
+  big = cfg.timing.model_params * 4.0
+  at_size = {
+      "model": cfg.timing.model_name, "note": "compute_s is an assumption from config.timing; "
+      "wire ratio and codec throughput are measured here",
+      "measured_codec": predict(cfg, cfg.codec, cfg.pipeline_width, big,
+                                cfg.timing.model_compute_s, ratio, enc, dec),
+      "line_rate_codec": predict(cfg, cfg.codec, cfg.pipeline_width, big,
+                                 cfg.timing.model_compute_s, ratio, math.inf, math.inf)}
+  summary = {
+      "codec": cfg.codec, "pipeline_width": cfg.pipeline_width,
+      "wire_bytes_per_step": res["wire_bytes_per_step"],
+      "raw_bytes_per_step": res["raw_bytes_per_step"],
+      "compression_ratio": res["raw_bytes_per_step"] / res["wire_bytes_per_step"],
+      "final_accuracy": res["final_accuracy"], "baseline_accuracy": base_acc,
+      "predicted": ours, "predicted_at_model_size": at_size,
+      **({"gradiveq": res["gradiveq"]} if "gradiveq" in res else {}),
+      "measured": {**m, "params": res["params"], "emulated_devices": res["devices"],
+                   "train_seconds": res["train_seconds"], "backend": jax.default_backend()},
+      "cluster": to_dict(cfg.cluster), "config": to_dict(cfg)}
+  write_json_atomic(str(summary_path), summary)
+  plot_curves(res["records"], ["test_accuracy"], str(workdir / "accuracy.png"),
+              f"{cfg.codec} width {cfg.pipeline_width}: test accuracy", log_y=False,
+              hlines={"uncompressed": base_acc})
+  logging.info("summary: %s", json.dumps({k: summary[k] for k in (
+      "codec", "pipeline_width", "compression_ratio", "final_accuracy", "baseline_accuracy")}))
+  return summary
+
+
+def patient_collectives() -> None:
+  """Emulated CPU devices of a loaded 2-core host can wait long at a collective; XLA's default
+  40 s abort is raised to 600 s (set before JAX starts; an explicit XLA_FLAGS value wins)."""
+  flag = "--xla_cpu_collective_call_terminate_timeout_seconds"
+  if flag not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" {flag}=600"

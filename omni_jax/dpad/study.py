@@ -1,0 +1,327 @@
+"""The document presentation-attack study end to end (what ``experiments.dpad`` runs): config
+checks, the simulated recaptures (cached in captures.npz), training each classifier with the
+baseline augmentation, FMAG and FMAG + M2FM, EER / AUC / APCER / BPCER with bootstrap
+intervals per capture quality, an oracle moire-peak detector, the figures and summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+from absl import logging
+
+from omni_jax.config import positive_int, require, to_dict
+from omni_jax.dpad import documents, pad_metrics, plots, recapture, train
+from omni_jax.dpad import fmag as fmag_lib
+from omni_jax.dpad.models import MODELS
+from omni_jax.train.metrics import MetricsLog, atomic_path, write_json_atomic
+from omni_jax.train.progress import Progress
+
+METHODS = ("baseline_aug", "fmag", "fmag_m2fm")
+CAPTURE_VERSION = 2          # bump when the document or simulator code changes the pixels
+
+
+def validate(cfg) -> None:
+  """One clear ConfigError per bad value, before any work."""
+  d = cfg.data
+  for k in list(d.train_kinds) + list(d.test_kinds):
+    require(k in documents.KINDS, "data.*_kinds", k, f"must be one of {list(documents.KINDS)}")
+  require(not set(d.train_kinds) & set(d.test_kinds), "data.test_kinds", d.test_kinds,
+          "must not share a kind with data.train_kinds (held-out protocol)")
+  for k in ("canvas", "train_docs", "test_docs"):
+    positive_int(d, k, "data.")
+  require(d.canvas % 2 == 0 and d.canvas >= 128, "data.canvas", d.canvas, "an even int >= 128")
+  for k in ("sensor", "ss"):
+    positive_int(cfg.sim, k, "sim.")
+  lo, hi = cfg.sim.period
+  require(0 < lo <= hi, "sim.period", cfg.sim.period, "a (lo, hi) range with 0 < lo <= hi")
+  for q in recapture.QUALITIES:
+    r = cfg.sim[q].get("res", (1.0, 1.0))
+    require(0 < r[0] <= r[1] <= 1, f"sim.{q}.res", r, "a (lo, hi) range with 0 < lo <= hi <= 1")
+  lo *= min(cfg.sim[q].get("res", (1.0, 1.0))[0] for q in recapture.QUALITIES)
+  require(2.0 / lo < cfg.sim.ss / 2, "sim.ss", cfg.sim.ss,
+          f"must resolve the mosaic's 2nd harmonic: ss > 4 / (period_lo x res_lo) = {4 / lo:.2f}")
+  positive_int(cfg, "patch")
+  require(cfg.patch % 8 == 0, "patch", cfg.patch, "a multiple of 8 (ViT and M2FM tokens)")
+  require(cfg.patch <= cfg.sim.sensor, "patch", cfg.patch,
+          f"must fit the captured frame ({cfg.sim.sensor} px)")
+  for m in cfg.models:
+    require(m in MODELS, "models", cfg.models, f"entries must be in {list(MODELS)}")
+  require(len(cfg.models) > 0, "models", cfg.models, "at least one model")
+  for m in cfg.methods:
+    require(m in METHODS, "methods", cfg.methods, f"entries must be in {list(METHODS)}")
+  require(cfg.fmag.get("apply_to", "all") in fmag_lib.APPLY_TO, "fmag.apply_to",
+          cfg.fmag.get("apply_to"), f"one of {list(fmag_lib.APPLY_TO)}")
+  require(cfg.fmag.get("alpha_per", "image") in fmag_lib.ALPHA_PER, "fmag.alpha_per",
+          cfg.fmag.get("alpha_per"), f"one of {list(fmag_lib.ALPHA_PER)}")
+  a_lo, a_hi = cfg.fmag.alpha
+  require(0 <= a_lo <= a_hi <= 1, "fmag.alpha", cfg.fmag.alpha, "0 <= lo <= hi <= 1")
+  for k in ("steps", "batch"):
+    positive_int(cfg.train, k, "train.")
+    positive_int(cfg.m2fm, k, "m2fm.")
+  ts = cfg.train_subset
+  require(isinstance(ts, int) and 0 <= ts <= d.train_docs, "train_subset", ts,
+          f"an int in [0, data.train_docs = {d.train_docs}] (0: all)")
+  mc = cfg.m2fm
+  require(mc.mask in train.M2FM_MASKS, "m2fm.mask", mc.mask,
+          f"one of {list(train.M2FM_MASKS)}")
+  for k, top in (("mask_sigma", 5.0), ("mask_cut", 0.5), ("mask_noise", 1.0)):
+    lo, hi = mc[k]
+    require(0 <= lo <= hi <= top, f"m2fm.{k}", mc[k], f"a (lo, hi) range, 0 <= lo <= hi <= {top}")
+  require(0 < mc.mask_radius <= 0.5, "m2fm.mask_radius", mc.mask_radius, "in (0, 0.5] cycles/px")
+
+
+# ---------------------------------------------------------------- data
+def _fingerprint(cfg) -> dict:
+  return json.loads(json.dumps({"data": to_dict(cfg.data), "sim": to_dict(cfg.sim),
+                                "seed": cfg.seed, "version": CAPTURE_VERSION}))
+
+
+def build_captures(cfg, workdir: str) -> dict:
+  """Renders and photographs every document (or loads the cache written by a previous run)."""
+  path = os.path.join(workdir, "captures.npz")
+  fp = _fingerprint(cfg)
+  for src in (path, cfg.get("captures_from", "")):
+    if src and os.path.exists(src):
+      z = np.load(src, allow_pickle=False)
+      if json.loads(str(z["fingerprint"])) == fp:
+        logging.info("reusing captures from %s", src)
+        return {k: z[k] for k in z.files}
+      logging.info("captures in %s were made with another config: not used", src)
+  d = cfg.data
+  jobs = [("train", k, i, q) for k in d.train_kinds for i in range(d.train_docs) for q in ["high"]]
+  jobs += [("test", k, i, q) for k in d.test_kinds for i in range(d.test_docs)
+           for q in ("high", "low")]
+  out = {f"{s}_{q}_{f}": [] for s, q in (("train", "high"), ("test", "high"), ("test", "low"))
+         for f in ("images", "labels", "periods", "scales", "kinds", "docs")}
+  prog = Progress("captures", len(jobs), unit="documents x qualities")
+  for j, (split, kind, i, q) in enumerate(jobs):
+    doc_seed = 1000 * (documents.KINDS.index(kind) + 1) + i + 100_000 * cfg.seed
+    page, _ = documents.render_document(kind, doc_seed, d.canvas)
+    for screen in (False, True):
+      rng = np.random.default_rng([cfg.seed, doc_seed, int(screen), q == "low"])
+      img, p = recapture.simulate(page, rng, q, cfg.sim, screen)
+      pre = f"{split}_{q}_"
+      out[pre + "images"].append(img)
+      out[pre + "labels"].append(int(screen))
+      out[pre + "periods"].append(float(p["period"]))
+      out[pre + "scales"].append(float(p["scale"]))
+      out[pre + "kinds"].append(kind)
+      out[pre + "docs"].append(doc_seed)
+    prog.update(j + 1)
+  prog.finish()
+  res = {}
+  for k, v in out.items():
+    if k.endswith("images") and k.startswith("test_low"):
+      side = max(im.shape[0] for im in v)           # pad to a stack; sizes kept in *_sides
+      res["test_low_sides"] = np.array([im.shape[0] for im in v])
+      stack = np.zeros((len(v), side, side, 3), np.uint8)
+      for n, im in enumerate(v):
+        stack[n, :im.shape[0], :im.shape[1]] = im
+      res[k] = stack
+    else:
+      res[k] = np.asarray(v) if not k.endswith("images") else np.stack(v)
+  res["fingerprint"] = np.asarray(json.dumps(fp))
+  with atomic_path(path) as tmp:
+    np.savez_compressed(tmp, **res)
+  return res
+
+
+def training_set(caps: dict, subset: int) -> dict:
+  """High-quality training captures of the first ``subset`` documents per kind (0: all)."""
+  kinds, docs = caps["train_high_kinds"], caps["train_high_docs"]
+  keep = np.ones(len(kinds), bool)
+  if subset:
+    keep[:] = False
+    for k in np.unique(kinds):
+      first = np.sort(np.unique(docs[kinds == k]))[:subset]
+      keep |= (kinds == k) & np.isin(docs, first)
+  return {"images": caps["train_high_images"][keep], "labels": caps["train_high_labels"][keep],
+          "periods": caps["train_high_periods"][keep]}
+
+
+def _split(caps: dict, name: str) -> tuple[list[np.ndarray], np.ndarray]:
+  imgs = caps[f"{name}_images"]
+  if name == "test_low":
+    imgs = [im[:s, :s] for im, s in zip(imgs, caps["test_low_sides"], strict=True)]
+  return list(imgs), caps[f"{name}_labels"]
+
+
+# ---------------------------------------------------------------- evaluation
+def evaluate(scores: np.ndarray, labels: np.ndarray) -> dict:
+  """EER (with its stratified-bootstrap 95 % interval), AUC, APCER/BPCER at the EER."""
+  e = pad_metrics.eer(scores, labels)
+  ci = pad_metrics.bootstrap_eer(scores, labels)
+  return {"eer": e["eer"], "auc": pad_metrics.auc(scores, labels), "apcer": e["apcer"],
+          "bpcer": e["bpcer"], "threshold": e["threshold"], "eer_ci95": [ci["lo"], ci["hi"]]}
+
+
+def run_model(cfg, name: str, caps: dict, log) -> dict:
+  """Three methods for one classifier architecture; metrics keyed by method then quality."""
+  tr = training_set(caps, cfg.train_subset)
+  tests = {q: _split(caps, f"test_{q}") for q in ("high", "low")}
+  res, t0 = {}, time.time()
+  base = train.train_classifier(cfg, name, tr, "baseline", cfg.seed, log)
+  fm = train.train_classifier(cfg, name, tr, "fmag", cfg.seed, log)
+  m2 = train.train_m2fm(cfg, *fm, tr, cfg.seed, log) if "fmag_m2fm" in cfg.methods else None
+  setups = {"baseline_aug": (base, None), "fmag": (fm, None), "fmag_m2fm": (fm, m2)}
+  scores = {}
+  for method in cfg.methods:
+    (clf, params), rec = setups[method]
+    res[method], scores[method] = {}, {}
+    for q, (imgs, labels) in tests.items():
+      s = train.score_images(clf, params, imgs, cfg.patch, m2fm=rec)
+      scores[method][q] = s
+      res[method][q] = evaluate(s, labels)
+      logging.info("%s %s %s: EER %.3f AUC %.3f", name, method, q, res[method][q]["eer"],
+                   res[method][q]["auc"])
+  if {"fmag", "fmag_m2fm"} <= set(cfg.methods):     # does M2FM change the classifier's view?
+    res["m2fm_score_shift"] = {q: {
+        "mean_abs": float(np.mean(np.abs(scores["fmag_m2fm"][q] - scores["fmag"][q]))),
+        "mean_genuine": float(np.mean(scores["fmag_m2fm"][q][tests[q][1] == 0]
+                                      - scores["fmag"][q][tests[q][1] == 0])),
+        "mean_recaptured": float(np.mean(scores["fmag_m2fm"][q][tests[q][1] == 1]
+                                         - scores["fmag"][q][tests[q][1] == 1]))}
+        for q in tests}
+  res["peak_reliance"] = peak_reliance(cfg, setups, tests, caps)
+  if {"baseline_aug", "fmag_m2fm"} <= set(cfg.methods):   # paired: same resampled images
+    res["eer_gain_ci95_points"] = {q: [100 * v for v in pad_metrics.bootstrap_eer(
+        scores["fmag_m2fm"][q], tests[q][1], others=scores["baseline_aug"][q]).values()]
+        for q in tests}
+  res["train_captures"] = int(len(tr["labels"]))
+  res["seconds"] = time.time() - t0
+  return res
+
+
+def peak_reliance(cfg, setups: dict, tests: dict, caps: dict) -> dict:
+  """Does a classifier read the moiré peaks? Scores every test image again with FMAG's moiré
+  discs flattened to their ring's mean (``fmag.notch_one``, same located peaks FMAG keeps)
+  and reports, per method without M2FM and quality, the AUC after notching and the mean
+  score change of recaptured and of genuine images."""
+  out = {}
+  for q, (imgs, labels) in tests.items():
+    notched = train.notched_images(imgs, caps[f"test_{q}_periods"], cfg.patch, cfg.fmag)
+    for method in ("baseline_aug", "fmag"):
+      if method not in cfg.methods:
+        continue
+      (clf, params), _ = setups[method]
+      s0 = train.score_images(clf, params, imgs, cfg.patch)
+      s1 = train.score_images(clf, params, notched, cfg.patch)
+      out.setdefault(method, {})[q] = {
+          "auc": pad_metrics.auc(s0, labels), "auc_notched": pad_metrics.auc(s1, labels),
+          "shift_recaptured": float(np.mean(s1[labels == 1] - s0[labels == 1])),
+          "shift_genuine": float(np.mean(s1[labels == 0] - s0[labels == 0]))}
+      logging.info("peak reliance %s %s: AUC %.3f -> %.3f notched", method, q,
+                   out[method][q]["auc"], out[method][q]["auc_notched"])
+  return out
+
+
+def oracle_peak_scores(images: list[np.ndarray], periods: np.ndarray,
+                       search: float = 6.0) -> np.ndarray:
+  """Log peak-to-ring ratio at the moiré bins predicted from each capture's TRUE screen period.
+
+  A diagnostic, not a method: it is told the period (the genuine captures get the period
+  their camera path drew), looks in the whole Hann-windowed frame's green spectrum within
+  ``search`` bins of the predicted (f N, 0) and (0, f N) for both CFA folds, and divides the
+  largest amplitude by its ring's median. Its AUC says how much moiré survives a channel:
+  near 0.5 means the peaks are gone, so no moiré-based detector can use them.
+  """
+  out = []
+  for img, p in zip(images, periods, strict=True):
+    n = min(img.shape[:2])
+    g = img[:n, :n, 1].astype(np.float64) / 255.0
+    w = np.hanning(n)
+    amp = np.abs(np.fft.fftshift(np.fft.fft2((g - g.mean()) * w[:, None] * w[None])))
+    k = np.arange(n) - n // 2
+    ky, kx = np.meshgrid(k, k, indexing="ij")
+    r = np.hypot(ky, kx)
+    best = 1e-12
+    for f in np.asarray(fmag_lib.predicted_frequencies(float(p))):
+      fn = float(f) * n
+      for cy, cx in ((0.0, fn), (fn, 0.0)):
+        disc = np.hypot(ky - cy, kx - cx) <= search
+        ring = (np.abs(r - fn) <= 2) & ~disc
+        best = max(best, amp[disc].max() / (np.median(amp[ring]) + 1e-12))
+    out.append(np.log(best))
+  return np.asarray(out)
+
+
+def _crop_centre(img: np.ndarray, n: int) -> np.ndarray:
+  oy, ox = (img.shape[0] - n) // 2, (img.shape[1] - n) // 2
+  return img[oy:oy + n, ox:ox + n]
+
+
+def figures(cfg, caps: dict, workdir: str, eer: dict, ci: dict | None = None) -> list[str]:
+  """dpad_samples.png, dpad_fmag.png, dpad_documents.png, dpad_eer.png, dpad_whiten.png in
+  ``workdir``; ``ci`` = bootstrap EER intervals [method][quality] for the bars."""
+  rows = []
+  kinds = [str(k) for k in caps["test_high_kinds"]]
+  firsts = [kinds.index(k) for k in cfg.data.test_kinds][:3]       # one document per kind
+  if len(firsts) < 2:
+    firsts = list(range(0, min(6, len(kinds)), 2))[:3]
+  low_imgs, _ = _split(caps, "test_low")
+  for j in firsts:                                                 # j genuine, j+1 recaptured
+    row = {"kind": kinds[j]}
+    for q, imgs in (("high", caps["test_high_images"]), ("low", low_imgs)):
+      for off, lab in ((0, "genuine"), (1, "recaptured")):
+        row[f"{lab} {q}"] = {"image": imgs[j + off],
+                             "period": float(caps[f"test_{q}_periods"][j + off]),
+                             "scale": float(caps[f"test_{q}_scales"][j + off])}
+    rows.append(row)
+  out = [os.path.join(workdir, f) for f in ("dpad_samples.png", "dpad_fmag.png",
+                                            "dpad_documents.png", "dpad_eer.png",
+                                            "dpad_whiten.png")]
+  side = min(int(caps["test_low_sides"].min()), 2 * cfg.patch) // 2 * 2
+  plots.sample_grid(rows, out[0], side)
+  i = int(np.argmax(caps["train_high_labels"]))
+  c = cfg.sim.sensor // 2 - cfg.patch // 2
+  plots.fmag_figure(caps["train_high_images"][i][c:c + cfg.patch, c:c + cfg.patch],
+                    float(caps["train_high_periods"][i]), cfg.fmag, out[1])
+  plots.documents_figure([(k, documents.render_document(k, 1, cfg.data.canvas)[0])
+                          for k in documents.KINDS], out[2])
+  plots.eer_bars(eer, out[3], f"{cfg.models[0]}, train on {list(cfg.data.train_kinds)} (high);"
+                 " bars: 95% bootstrap", ci)
+  j = firsts[0] + 1                                      # the first row's recaptured document
+  plots.whiten_figure([(f"{rows[0]['kind']} recaptured {q}", _crop_centre(im, cfg.patch))
+                       for q, im in (("high", caps["test_high_images"][j]), ("low", low_imgs[j]))]
+                      + [(f"{rows[0]['kind']} genuine high",
+                          _crop_centre(caps["test_high_images"][j - 1], cfg.patch))], out[4])
+  return out
+
+
+def run(cfg, workdir: str) -> dict:
+  """The whole study on a validated config: captures (cached), each classifier with each
+  method, metrics with bootstrap intervals, the oracle peak detector and the figures; writes
+  summary.json, metrics.jsonl and the dpad_*.png figures into ``workdir`` and returns the
+  summary."""
+  os.makedirs(workdir, exist_ok=True)
+  t0 = time.time()
+  caps = build_captures(cfg, workdir)
+  t_data = time.time() - t0
+  log = MetricsLog(os.path.join(workdir, "metrics.jsonl")).write
+  by_model = {m: run_model(cfg, m, caps, log) for m in cfg.models}
+  main_m = by_model[cfg.models[0]]
+  summary = {k: {meth: {q: main_m[meth][q][k] for q in ("high", "low")} for meth in cfg.methods}
+             for k in ("eer", "auc", "apcer", "bpcer")}
+  summary |= {
+      "model": cfg.models[0], "by_model": by_model, "config": to_dict(cfg),
+      "counts": {"train_high": main_m["train_captures"],
+                 **{s: int(len(caps[f"{s}_labels"])) for s in ("test_high", "test_low")}},
+      "seconds": {"captures": t_data, "total": time.time() - t0}}
+  summary["oracle_peak_auc"] = {}
+  for q in ("high", "low"):
+    imgs, labels = _split(caps, f"test_{q}")
+    summary["oracle_peak_auc"][q] = pad_metrics.auc(
+        oracle_peak_scores(imgs, caps[f"test_{q}_periods"]), labels)
+  if {"baseline_aug", "fmag_m2fm"} <= set(cfg.methods):
+    summary["low_eer_gain_points"] = 100 * (summary["eer"]["baseline_aug"]["low"]
+                                            - summary["eer"]["fmag_m2fm"]["low"])
+    summary["low_eer_gain_ci95_points"] = main_m["eer_gain_ci95_points"]["low"]
+  ci = {m: {q: main_m[m][q]["eer_ci95"] for q in ("high", "low")} for m in cfg.methods}
+  summary["figures"] = [os.path.basename(p)
+                        for p in figures(cfg, caps, workdir, summary["eer"], ci)]
+  write_json_atomic(os.path.join(workdir, "summary.json"), summary)
+  return summary

@@ -1,0 +1,350 @@
+"""The feature-store query study end to end (what ``experiments.query`` runs): config checks,
+the sharded store (synthetic clustered embeddings plus CNN features of sample-image crops,
+resumable), cold-query timing of every engine (page cache dropped before each query), the
+in-memory engine and the faiss peer, the similarity cache on a Zipf stream, the timing
+model, and the result files.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from omni_jax import peers
+from omni_jax.config import to_dict
+from omni_jax.query import cache, engines, featurize, model, plots, store
+from omni_jax.query.datasets import centers, clustered, image_crops
+from omni_jax.train.metrics import write_json_atomic
+from omni_jax.train.progress import Progress, time_calls, timed
+
+
+def validate(cfg) -> None:
+  """Clear errors for bad config values before any work."""
+  for name in cfg.engines:
+    if name not in engines.ENGINES or name == "memory":
+      raise ValueError(f"config.engines contains {name!r}; allowed disk engines: "
+                       f"{[e for e in engines.ENGINES if e != 'memory']}")
+  if "host" not in cfg.engines:
+    raise ValueError("config.engines must include 'host' (the baseline the others are timed by)")
+  if cfg.store.dtype not in store.DTYPES:
+    raise ValueError(f"config.store.dtype = {cfg.store.dtype!r}; allowed {list(store.DTYPES)}")
+  for key in ("num_items", "dim", "centers", "rows_per_shard"):
+    if int(cfg.store[key]) < 1:
+      raise ValueError(f"config.store.{key} = {cfg.store[key]} must be >= 1")
+  for key in ("channels", "block_rows", "shortlist", "k", "queries", "memory_queries"):
+    if int(cfg[key]) < 1:
+      raise ValueError(f"config.{key} = {cfg[key]} must be >= 1")
+  if cfg.cache.mode not in cache.MODES:
+    raise ValueError(f"config.cache.mode = {cfg.cache.mode!r}; allowed {list(cache.MODES)}")
+
+
+# ---------------------------------------------------------------- data
+def build_store(cfg, root: Path) -> dict:
+  """Create or finish the store (resumable: synthetic shards are deterministic)."""
+  sc, info = cfg.store, {"real_items": 0, "real_note": "disabled"}
+  fingerprint = {k: sc[k] for k in ("dtype", "num_items", "dim", "centers", "noise",
+                                    "rows_per_shard")} | {"seed": cfg.seed}
+  if not (root / store.MANIFEST).exists():
+    store.create(root, sc.dim, sc.dtype, meta={"build": fingerprint})
+  r = store.StoreReader(root)
+  if r.meta.get("build") != fingerprint:
+    raise ValueError(f"{root} was built with {r.meta.get('build')}, config asks for "
+                     f"{fingerprint}: use another --workdir or config.store.dir")
+  cen = centers(cfg)
+  prog = Progress("ingest synthetic", sc.num_items, unit="vectors", start=min(r.count,
+                                                                              sc.num_items))
+  for lo in range(r.count, sc.num_items, sc.rows_per_shard):
+    n = min(sc.rows_per_shard, sc.num_items - lo)
+    rng = np.random.default_rng([cfg.seed, 1, lo])
+    store.append(root, clustered(cfg, cen, n, rng), rows_per_shard=sc.rows_per_shard)
+    prog.update(lo + n)
+  r = store.StoreReader(root)
+  if cfg.real.enabled:
+    try:
+      import skimage  # noqa: F401
+    except ImportError:
+      info["real_note"] = "scikit-image not installed: no real images (pip install scikit-image)"
+      logging.warning(info["real_note"])
+      return info
+    if r.count == sc.num_items:
+      crops, names = image_crops(cfg, np.random.default_rng([cfg.seed, 2]),
+                                 cfg.real.crops_per_image)
+      feat = featurize.make_featurizer("image", sc.dim, cfg.seed, image_size=cfg.real.image_size)
+      emb, secs = timed(feat.embed, crops)
+      logging.info("featurized %d image crops in %.1f s", len(crops), secs)
+      store.append(root, emb, names=names, rows_per_shard=sc.rows_per_shard)
+    info["real_items"] = store.StoreReader(root).count - sc.num_items
+    info["real_note"] = "random-init flax CNN features of scikit-image sample-image crops"
+  return info
+
+
+def make_queries(cfg, reader: store.StoreReader) -> tuple[np.ndarray, list[str]]:
+  """Synthetic queries near the clusters plus held-out real crops (when real items exist)."""
+  qs = clustered(cfg, centers(cfg), cfg.queries, np.random.default_rng([cfg.seed, 3]))
+  kinds = ["synthetic"] * len(qs)
+  if reader.count > cfg.store.num_items and cfg.real.queries_per_image > 0:
+    crops, names = image_crops(cfg, np.random.default_rng([cfg.seed, 4]),
+                               cfg.real.queries_per_image)
+    feat = featurize.make_featurizer("image", cfg.store.dim, cfg.seed,
+                                     image_size=cfg.real.image_size)
+    qs = np.concatenate([qs, feat.embed(crops)])
+    kinds += names
+  return qs, kinds
+
+
+def exact_answers(mem: engines.MemoryEngine, qs: np.ndarray, k: int, chunk: int = 64,
+                  with_scores: bool = False):
+  """Exact top-k global ids (and scores) for every query over the in-memory engine's vectors
+  (jitted matmul + top_k, chunked); rows of left-out shards are not candidates."""
+  x = mem.x
+  f = jax.jit(lambda q: jax.lax.top_k(q @ x.T, k))
+  out = [f(jnp.asarray(qs[i:i + chunk])) for i in range(0, len(qs), chunk)]
+  ids = mem.ids[np.concatenate([np.asarray(o[1]) for o in out])].astype(np.int64)
+  if with_scores:
+    return ids, np.concatenate([np.asarray(o[0]) for o in out])
+  return ids
+
+
+def recall(got: np.ndarray, want: np.ndarray) -> float:
+  """|got & want| / |want|."""
+  return len(set(got.tolist()) & set(want.tolist())) / len(want)
+
+
+# ---------------------------------------------------------------- timing
+def time_engines(cfg, reader, qs, truth) -> tuple[list[dict], list[float]]:
+  """Cold-read latency, recall@k and bytes per query of each disk engine (interleaved)."""
+  built = {n: engines.make_engine(n, reader, cfg.channels, cfg.block_rows, cfg.shortlist)
+           for n in cfg.engines}
+  files = reader.files(reader.healthy())
+  for e in built.values():
+    for q in qs[:cfg.warmup]:
+      e.search(q, cfg.k)                                 # compile every block shape
+  rec = {n: {"lat": [], "rec": [], "read": [], "ret": [], "io": [], "xfer": []} for n in built}
+  io_share, xfer, prog = [], [], Progress("cold queries", len(qs), unit="queries")
+  for qi, q in enumerate(qs):
+    for n, e in built.items():
+      if cfg.cold:
+        store.drop_page_cache(files)
+      res = e.search(q, cfg.k)
+      rec[n]["lat"].append(res.seconds * 1e3)
+      rec[n]["rec"].append(recall(res.ids, truth[qi]))
+      rec[n]["read"].append(res.bytes_read)
+      rec[n]["ret"].append(res.bytes_returned)
+      rec[n]["io"].append(res.io_seconds * 1e3)
+      rec[n]["xfer"].append(res.transfer_seconds * 1e3)
+      if n == "host":
+        io_share.append(res.io_seconds / res.seconds)
+        xfer.append(res.bytes_read / max(res.transfer_seconds, 1e-9))
+    prog.update(qi + 1)
+  for e in built.values():
+    e.close()
+  return [summarize(n, v) for n, v in rec.items()], io_share, float(np.median(xfer))
+
+
+def summarize(name: str, v: dict) -> dict:
+  """One engine's entry of summary.json."""
+  lat = np.asarray(v["lat"])
+  out = {"name": name, "recall_at_10": float(np.mean(v["rec"])),
+         "latency_ms_p50": float(np.percentile(lat, 50)),
+         "latency_ms_p99": float(np.percentile(lat, 99)),
+         "bytes_read_per_query": float(np.mean(v["read"])),
+         "bytes_returned_per_query": float(np.mean(v["ret"])), "queries": len(lat)}
+  if any(v.get("io", [])):
+    io, xfer = np.median(v["io"]), np.median(v["xfer"])
+    out["breakdown_ms_p50"] = {"read": float(io), "host_to_device": float(xfer),
+                               "score_and_rest": float(np.median(lat) - io - xfer)}
+  return out
+
+
+def time_memory(cfg, reader, qs, truth) -> dict:
+  """In-memory jitted engine latency and recall (warm, device-resident vectors)."""
+  e = engines.make_engine("memory", reader)
+  for q in qs[:cfg.warmup]:
+    e.search(q, cfg.k)
+  v = {"lat": [], "rec": [], "read": [], "ret": []}
+  for qi, q in enumerate(qs[:cfg.memory_queries]):
+    res = e.search(q, cfg.k)
+    v["lat"].append(res.seconds * 1e3)
+    v["rec"].append(recall(res.ids, truth[qi]))
+    v["read"].append(0)
+    v["ret"].append(res.bytes_returned)
+  return summarize("memory", v)
+
+
+def time_faiss(cfg, x: np.ndarray, qs, truth) -> tuple[float | None, str, float | None]:
+  """faiss-cpu IndexFlatIP p50 latency for one query at a time, or None with the reason."""
+  try:
+    import faiss
+  except ImportError as e:
+    return None, peers.missing("faiss-cpu", e, "no faiss latency to compare with")["reason"], \
+        None
+  index = faiss.IndexFlatIP(x.shape[1])
+  index.add(np.ascontiguousarray(x, np.float32))
+  lat, rec = [], []
+  for qi, q in enumerate(qs[:cfg.memory_queries + cfg.warmup]):
+    t0 = time.perf_counter()
+    _, ids = index.search(q[None].astype(np.float32), cfg.k)
+    if qi >= cfg.warmup:
+      lat.append((time.perf_counter() - t0) * 1e3)
+      rec.append(recall(ids[0], truth[qi]))
+  return float(np.median(lat)), f"faiss {faiss.__version__} IndexFlatIP", float(np.mean(rec))
+
+
+def cold_read_check(reader) -> dict:
+  """GB/s reading one shard warm, after posix_fadvise(DONTNEED), and with O_DIRECT."""
+  import mmap
+  sh = reader.healthy()[0]
+  path = sh.path(reader.root, "vec")
+  nbytes = sh.files["vec"]["bytes"]
+  buf = np.empty(nbytes, np.uint8)
+
+  def read() -> float:
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+      engines._pread_full(f.fileno(), buf, 0, nbytes)
+    return nbytes / (time.perf_counter() - t0) / 1e9
+
+  read()
+  out = {"warm_gbps": read(), "method": "posix_fadvise(DONTNEED) before every timed query"}
+  store.drop_page_cache([path])
+  out["after_fadvise_gbps"] = read()
+  try:                                     # O_DIRECT needs page-aligned buffers and sizes
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+      chunk = mmap.mmap(-1, 4 << 20)
+      t0, off = time.perf_counter(), 0
+      while off < nbytes:
+        n = os.preadv(fd, [chunk], off)
+        if n <= 0:
+          break
+        off += n
+      out["o_direct_gbps"] = off / (time.perf_counter() - t0) / 1e9
+    finally:
+      os.close(fd)
+  except OSError as e:
+    out["o_direct_gbps"] = None
+    out["o_direct_error"] = str(e)
+  return out
+
+
+# ---------------------------------------------------------------- cache
+def run_cache(cfg, reader, mem: engines.MemoryEngine) -> tuple[list[dict], dict]:
+  """Hit rate and recall of cache answers along the threshold sweep, on one Zipf stream.
+
+  Misses are answered from exact answers precomputed in one batched pass (the same answer
+  the exact in-memory engine gives), so the sweep costs only the cache's own work.
+  """
+  c = cfg.cache
+  rng = np.random.default_rng([cfg.seed, 5])
+  base = clustered(cfg, centers(cfg), c.topics, rng)
+  stream, _ = cache.zipf_stream(base, c.stream, c.zipf_alpha, c.noise, rng)
+  n = max(cfg.k, c.candidates)
+  ids, scores = exact_answers(mem, stream, n, with_scores=True)
+  curve = []
+  for mode in cache.MODES:
+    for th in sorted(set(c.thresholds) | {c.threshold}):
+      qc = cache.QueryCache(cfg.store.dim, c.capacity, th, mode, c.candidates)
+      recs, hit_recs = [], []
+      for i, q in enumerate(stream):
+        answer = lambda _q, m, i=i: engines.SearchResult(ids[i, :m], scores[i, :m])
+        res, hit = qc.query(q, cfg.k, answer, reader)
+        recs.append(recall(res.ids, ids[i, :cfg.k]))
+        if hit:
+          hit_recs.append(recs[-1])
+      curve.append({"mode": mode, "threshold": th, "hit_rate": qc.stats.hit_rate,
+                    "recall_at_10": float(np.mean(recs)),
+                    "recall_at_10_hits": float(np.mean(hit_recs)) if hit_recs else 1.0,
+                    "seed_bytes_per_hit": qc.stats.seed_bytes / max(qc.stats.hits, 1)})
+      logging.info("cache %s threshold %.3f: hit rate %.3f, recall@10 %.4f", mode, th,
+                   qc.stats.hit_rate, curve[-1]["recall_at_10"])
+  chosen = next(p for p in curve if p["threshold"] == c.threshold and p["mode"] == c.mode)
+  return curve, chosen
+
+
+def block_seconds(cfg, reader) -> float:
+  """Median seconds for the jitted kernel to score one block of ``block_rows`` rows."""
+  sh = reader.healthy()[0]
+  b = np.asarray(reader.dense(sh)[:cfg.block_rows])
+  b = np.resize(b, (cfg.block_rows, reader.dim)).astype(np.float32)
+  q = jnp.asarray(b[0])
+  ts = time_calls(lambda: engines.score_topk(q, b, cfg.block_rows, k=cfg.k), repeats=20)
+  return float(np.median(ts))
+
+
+# ---------------------------------------------------------------- main
+
+
+def run(cfg, workdir: str | Path) -> dict:
+  """The whole study on a validated config: builds or reuses the store, times every engine,
+  faiss and the cache, fits the timing model; writes summary.json, latency.png and
+  cache.png into ``workdir`` and returns the summary."""
+  workdir = Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  root = Path(cfg.store.dir) if cfg.store.dir else workdir / "store"
+  real = build_store(cfg, root)
+  reader = store.StoreReader(root)
+  if cfg.verify:
+    reader.verify()
+  for name, why in reader.problems.items():
+    logging.warning("shard %s left out of every query: %s", name, why)
+  qs, kinds = make_queries(cfg, reader)
+  mem = engines.make_engine("memory", reader)
+  truth = exact_answers(mem, qs, cfg.k)
+  logging.info("store: %d items in %d shards; %d queries", reader.count, len(reader.shards),
+               len(qs))
+  results, io_share, transfer_bw = time_engines(cfg, reader, qs, truth)
+  memory = time_memory(cfg, reader, qs, truth)
+  host_np = np.asarray(mem.x)
+  faiss_ms, faiss_note, faiss_recall = time_faiss(cfg, host_np, qs, truth)
+  del host_np
+  curve, chosen = run_cache(cfg, reader, mem)
+  by = {e["name"]: e for e in results}
+  blk = block_seconds(cfg, reader)
+  item_bytes = reader.dim * reader.itemsize
+  w = model.Workload(reader.count, item_bytes, cfg.block_rows, blk, cfg.k)
+  host = by["host"]
+  disk_bw = host["bytes_read_per_query"] / (host["latency_ms_p50"] / 1e3 * np.median(io_share))
+  real_prec = None
+  if len(qs) > cfg.queries:
+    names = [[reader.name_of(int(i)) for i in t] for t in truth[cfg.queries:]]
+    real_prec = float(np.mean([np.mean([n == kinds[cfg.queries + j] for n in row])
+                               for j, row in enumerate(names)]))
+  summary = {
+      "items": reader.count,
+      "engines": results + [memory],
+      "io_fraction_baseline": float(np.median(io_share)),
+      "data_movement_fraction_baseline": (host["breakdown_ms_p50"]["read"] + host[
+          "breakdown_ms_p50"]["host_to_device"]) / host["latency_ms_p50"],
+      "cache_hit_rate": chosen["hit_rate"],
+      "predicted": {"paper_setting": model.predict(w, model.SSDSetting(**to_dict(cfg.ssd))),
+                    "this_machine": model.host_prediction(w, disk_bw, cfg.channels, transfer_bw),
+                    "measured_block_seconds": blk, "measured_disk_gbps": disk_bw / 1e9,
+                    "measured_host_to_device_gbps": transfer_bw / 1e9},
+      "faiss_latency_ms": faiss_ms,
+      "faiss_note": faiss_note,
+      "missing_peers": [] if faiss_ms is not None else ["faiss-cpu"],   # see faiss_note
+      "faiss_recall_at_10": faiss_recall,
+      "memory_vs_faiss": memory["latency_ms_p50"] / faiss_ms if faiss_ms else None,
+      "speedup_p50_vs_host": {e["name"]: host["latency_ms_p50"] / e["latency_ms_p50"]
+                              for e in results},
+      "speedup_p50_vs_host_without_copy": {
+          e["name"]: (host["latency_ms_p50"] - host["breakdown_ms_p50"]["host_to_device"])
+          / e["latency_ms_p50"] for e in results if "breakdown_ms_p50" not in e},
+      "cache": {"threshold": cfg.cache.threshold, "recall_at_10": chosen["recall_at_10"],
+                "curve": curve},
+      "cold_reads": cold_read_check(reader),
+      "real_items": real["real_items"], "real_note": real["real_note"],
+      "real_same_image_precision_at_10": real_prec,
+      "skipped_shards": reader.problems,
+      "config": to_dict(cfg),
+  }
+  write_json_atomic(workdir / "summary.json", summary)
+  plots.latency_by_engine(summary["engines"], faiss_ms, workdir / "latency.png")
+  plots.cache_curve(curve, workdir / "cache.png")
+  return summary
