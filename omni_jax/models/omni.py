@@ -163,7 +163,7 @@ class OmniModel(nn.Module):
         x = x + 0.0 * enc(dummy).sum().astype(x.dtype)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     h, aux = Backbone(bb, name="backbone")(x, positions)
-    h = RMSNorm(dtype=bb.dtype, name="final_norm")(h)
+    h = RMSNorm(bb.norm_eps, dtype=bb.dtype, name="final_norm")(h)
     logits = {hd.name: nn.Dense(hd.size, use_bias=False, dtype=bb.dtype,
                                 kernel_init=nn.initializers.lecun_normal(),
                                 name=f"head_{hd.name}")(h).astype(jnp.float32)
