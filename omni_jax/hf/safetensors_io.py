@@ -96,36 +96,43 @@ def index_checkpoint(hf_dir: str) -> dict[str, TensorInfo]:
   return read_header(single)
 
 
-def read_rows(info: TensorInfo, start: int, stop: int) -> np.ndarray:
-  """Rows ``[start, stop)`` of the tensor's first axis (the whole tensor for 0-d)."""
-  shape = info.shape
-  row = int(np.prod(shape[1:], dtype=np.int64)) if shape else 1
-  nrows = shape[0] if shape else 1
-  start, stop = max(0, start), min(stop, nrows)
-  itemsize = info.np_dtype.itemsize
-  count = max(0, stop - start) * row
-  buf = bytearray(count * itemsize)
+def _pread_into(fd: int, view: memoryview, pos: int, path: str) -> None:
+  done = 0
+  while done < len(view):
+    n = os.preadv(fd, [view[done:]], pos + done)
+    if n <= 0:
+      raise CheckpointError(f"{path}: truncated while reading a tensor at byte {pos + done}")
+    done += n
+
+
+def read_block(info: TensorInfo, index: tuple[slice, ...] = ()) -> np.ndarray:
+  """``tensor[index]`` for unit-step slices of its first two axes, reading only those bytes:
+  one read for a block of whole rows, one read per row for a column range of a 2-D tensor
+  (so a shard split along columns reads just its columns)."""
+  shape, dt = info.shape, info.np_dtype
+  if not shape:
+    shape = (1,)
+  index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+  rows = range(*index[0].indices(shape[0]))
+  r0, nr = rows.start, len(rows)
+  row = int(np.prod(shape[1:], dtype=np.int64))
+  cols = range(*index[1].indices(shape[1])) if len(shape) > 1 else None
   fd = os.open(info.file, os.O_RDONLY)
   try:
-    view, pos, done = memoryview(buf), info.offset + start * row * itemsize, 0
-    while done < len(buf):
-      n = os.preadv(fd, [view[done:]], pos + done)
-      if n <= 0:
-        raise CheckpointError(f"{info.file}: truncated while reading a tensor at byte "
-                              f"{pos + done}")
-      done += n
+    if cols is None or len(cols) == shape[1]:
+      buf = bytearray(nr * row * dt.itemsize)
+      _pread_into(fd, memoryview(buf), info.offset + r0 * row * dt.itemsize, info.file)
+      out = np.frombuffer(buf, dt).reshape((nr, *shape[1:]))
+    else:
+      inner = row // shape[1]
+      seg = len(cols) * inner * dt.itemsize
+      buf = bytearray(nr * seg)
+      view = memoryview(buf)
+      for i in range(nr):
+        pos = info.offset + ((r0 + i) * row + cols.start * inner) * dt.itemsize
+        _pread_into(fd, view[i * seg:(i + 1) * seg], pos, info.file)
+      out = np.frombuffer(buf, dt).reshape((nr, len(cols), *shape[2:]))
   finally:
     os.close(fd)
-  arr = np.frombuffer(buf, info.np_dtype, count)
-  return arr.reshape((stop - start, *shape[1:]) if shape else ())
-
-
-def read_block(info: TensorInfo, index: tuple[slice, ...]) -> np.ndarray:
-  """``tensor[index]`` for slices with unit step, reading only the rows it spans."""
-  if not info.shape:
-    return read_rows(info, 0, 1)
-  index = tuple(index) + (slice(None),) * (len(info.shape) - len(index))
-  r = range(*index[0].indices(info.shape[0]))
-  rows = read_rows(info, r.start, r.stop) if len(r) else np.zeros((0, *info.shape[1:]),
-                                                                  info.np_dtype)
-  return rows[(slice(None),) + index[1:]]
+  out = out[(slice(None), slice(None)) + index[2:]] if len(shape) > 2 else out
+  return out.reshape(()) if not info.shape else out
