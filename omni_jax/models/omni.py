@@ -32,7 +32,8 @@ from omni_jax.models.layers import RMSNorm
 from omni_jax.models.transformer import REMAT_POLICIES, Backbone, BackboneSpec
 
 MODEL_KEYS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "rope_theta", "moe",
-              "remat", "dtype", "text_loss_weight", "modalities", "attention_block")
+              "remat", "dtype", "text_loss_weight", "modalities", "attention_block", "init_from")
+OPTIONAL_MODEL_KEYS = ("init_from",)
 MOE_KEYS = ("num_experts", "top_k", "d_ff", "every", "renormalize", "impl", "capacity_factor",
             "shared_experts", "lb_coef", "z_coef")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -56,9 +57,13 @@ class OmniSpec:
   heads: tuple[Head, ...]                    # heads[0] is text; head id = index + 1
   lb_coef: float
   z_coef: float
+  init_from: str = ""                        # "hf:DIR": backbone from a pretrained checkpoint
+  text_tokenizer: Any = None                 # that checkpoint's tokenizer (None: bytes)
 
   @property
   def tokenizer(self) -> ByteTokenizer:
+    if self.text_tokenizer is not None:
+      return self.text_tokenizer
     return ByteTokenizer([n for n, _ in self.modalities])
 
   def modality(self, name: str) -> Any:
@@ -70,7 +75,8 @@ class OmniSpec:
 
 def build_spec(model_cfg) -> OmniSpec:
   """Validates ``config.model`` and returns the :class:`OmniSpec`; errors name the key."""
-  check_keys(model_cfg, MODEL_KEYS, "model.", required=MODEL_KEYS)
+  check_keys(model_cfg, MODEL_KEYS, "model.",
+             required=[k for k in MODEL_KEYS if k not in OPTIONAL_MODEL_KEYS])
   p = "model."
   for k in ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff"):
     positive_int(model_cfg, k, p)
@@ -122,6 +128,10 @@ def build_spec(model_cfg) -> OmniSpec:
   raw_mods = model_cfg["modalities"]
   mods = tuple((name, resolve_spec(name, raw_mods[name])) for name in sorted(raw_mods))
   tok = ByteTokenizer([n for n, _ in mods])
+  init_from = model_cfg.get("init_from", "") or ""
+  if init_from:
+    from omni_jax.hf.omni_init import pretrained_backbone
+    backbone, tok = pretrained_backbone(init_from, backbone, [n for n, _ in mods])
   offsets, heads, nxt = [], [Head("text", tok.vocab_size, float(model_cfg["text_loss_weight"]))], \
       tok.vocab_size
   for name, ms in mods:
@@ -131,7 +141,8 @@ def build_spec(model_cfg) -> OmniSpec:
       nxt += ms["codebook_size"]
   return OmniSpec(backbone=backbone, modalities=mods, text_vocab=tok.vocab_size,
                   code_offsets=tuple(offsets), input_vocab=-(-nxt // 128) * 128,
-                  heads=tuple(heads), lb_coef=float(moe["lb_coef"]), z_coef=float(moe["z_coef"]))
+                  heads=tuple(heads), lb_coef=float(moe["lb_coef"]), z_coef=float(moe["z_coef"]),
+                  init_from=init_from, text_tokenizer=tok if init_from else None)
 
 
 def scatter_features(x, feats, pos, mask):
