@@ -74,6 +74,10 @@ def test_bfloat16_checkpoint_round_trips_through_the_orbax_cli_path(tmp_path):
   facts = convert.import_to_orbax(src, work)
   assert facts["family"] == "qwen2_moe" and facts["params"] == sum(
       p.numel() for p in hf.parameters())
+  _, _, restored = convert.restore_params(work)
+  _, _, direct = load_params(src)
+  for path, v in flatten(direct).items():
+    np.testing.assert_array_equal(np.asarray(flatten(restored)[path]), np.asarray(v))
   out = str(tmp_path / "out")
   convert.export_from_orbax(work, out, max_shard_bytes=40 << 10)
   assert len([f for f in os.listdir(out) if f.endswith(".safetensors")]) > 1
