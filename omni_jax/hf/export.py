@@ -78,6 +78,7 @@ def export(model: HFModel, get_leaf: Callable[[str], np.ndarray], out_dir: str,
                                         for i in range(n)]
   for i, fname in enumerate(names):
     os.replace(os.path.join(out_dir, f".shard-{i}.tmp"), os.path.join(out_dir, fname))
+    os.chmod(os.path.join(out_dir, fname), 0o644)   # the writer leaves its temp file 0600
   if n > 1:
     with open(os.path.join(out_dir, INDEX_NAME), "w") as f:
       json.dump({"metadata": {"total_size": total},
