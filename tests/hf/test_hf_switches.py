@@ -42,7 +42,8 @@ def test_attention_switches_off_is_the_named_op_path_and_on_adds_parameters():
   # zero biases: the projections alone differ by the q/k norm only; without it, equal
   bias_only = Attention(2, 1, 8, qkv_bias=True)
   pb = bias_only.init(jax.random.PRNGKey(1), x, pos)
-  np.testing.assert_allclose(bias_only.apply(pb, x, pos), plain.apply(p, x, pos), atol=1e-6)
+  np.testing.assert_allclose(jax.jit(bias_only.apply)(pb, x, pos),
+                             jax.jit(plain.apply)(p, x, pos), atol=1e-6)
 
 
 def test_moe_shared_gate_needs_shared_experts():
@@ -54,11 +55,13 @@ def test_moe_shared_gate_needs_shared_experts():
   m = MoE(d_model=8, d_ff=4, num_experts=2, top_k=1, num_shared_experts=1, shared_d_ff=6,
           shared_gate=True)
   x = jnp.ones((3, 8))
-  p = m.init(jax.random.PRNGKey(0), x)["params"]
+  p = jax.jit(m.init)(jax.random.PRNGKey(0), x)["params"]
   assert p["shared_wi_gate"].shape == (8, 6) and p["shared_gate"].shape == (8, 1)
-  y, _ = m.apply({"params": p}, x)
+  apply = jax.jit(lambda p: m.apply({"params": p}, x)[0])
+  y = apply(p)
   p0 = {**p, "shared_gate": jnp.full((8, 1), -1e4)}     # gate ~0: routed experts only
   m0 = MoE(d_model=8, d_ff=4, num_experts=2, top_k=1)
-  y0, _ = m0.apply({"params": {k: p[k] for k in ("router", "wi_gate", "wi_up", "wo")}}, x)
-  np.testing.assert_allclose(m.apply({"params": p0}, x)[0], y0, atol=1e-6)
+  y0, _ = jax.jit(m0.apply)({"params": {k: p[k] for k in ("router", "wi_gate", "wi_up", "wo")}},
+                            x)
+  np.testing.assert_allclose(apply(p0), y0, atol=1e-6)
   assert not np.allclose(y, y0)
