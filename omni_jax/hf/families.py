@@ -17,8 +17,6 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import jax.numpy as jnp
-
 from omni_jax.hf.safetensors_io import CheckpointError
 from omni_jax.models.layers import ROPE_SCALINGS
 from omni_jax.models.transformer import BackboneSpec
@@ -281,5 +279,3 @@ def leaf_table(m: HFModel) -> list[Leaf]:
               per_layer("mlp/wo/kernel", (s.d_ff, d), "linear", "mlp.down_proj.weight")]
   return out
 
-
-DTYPE_NAMES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
