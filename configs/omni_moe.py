@@ -37,6 +37,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                capacity_factor=1.25, shared_experts=0, lb_coef=0.01, z_coef=1e-3),
       remat="none", dtype="float32", text_loss_weight=1.0,
       attention_block=0,  # > 0: blockwise attention over key blocks (long context)
+      init_from="",  # "hf:DIR": backbone + text tokenizer from a Hugging Face checkpoint
       modalities=modalities(),
   )
   c.data = dict(source="synthetic", seq_len=64, batch_size=32, seed=0, text_weight=1.0,

@@ -44,7 +44,8 @@ class OmniStream:
   def __init__(self, spec: OmniSpec, data_cfg):
     check_keys(data_cfg, (*DATA_KEYS, "pack", "tokenizer"), "data.", required=DATA_KEYS)
     tokenizer = str(data_cfg.get("tokenizer", "bytes"))
-    require(tokenizer == spec.tokenizer_source, "data.tokenizer", tokenizer,
+    built_with = "bytes" if spec.init_from else spec.tokenizer_source  # init_from: its own
+    require(tokenizer == built_with, "data.tokenizer", tokenizer,
             f"the model spec was built with tokenizer {spec.tokenizer_source!r}: pass "
             "config.data.tokenizer to build_spec")
     self.source = one_of(data_cfg, "source", ("synthetic", "manifest"), "data.")

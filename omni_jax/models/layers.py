@@ -33,12 +33,46 @@ class RMSNorm(nn.Module):
     return (y * scale).astype(self.dtype)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-  """Rotary position embedding of ``x`` [B, T, H, Dh] at integer ``positions`` [B, T]."""
+ROPE_SCALINGS = ("linear", "llama3")
+
+
+def rope_inv_freq(dh: int, theta: float, scaling: tuple | None = None) -> jax.Array:
+  """Inverse frequencies [Dh/2] of rotary embeddings: ``theta ** (-2i / Dh)``, optionally
+  rescaled. ``scaling`` is ``None`` or a sorted tuple of (key, value) pairs with ``type``:
+
+  * ``linear`` (``factor``): every frequency divided by ``factor`` (position interpolation);
+  * ``llama3`` (``factor``, ``low_freq_factor``, ``high_freq_factor``,
+    ``original_max_position_embeddings``): long wavelengths divided by ``factor``, short
+    ones kept, a smooth blend in between (the Llama 3.1 rule).
+  """
+  inv_freq = theta ** (-jnp.arange(0, dh, 2, dtype=jnp.float32) / dh)
+  if scaling is None:
+    return inv_freq
+  sc = dict(scaling)
+  kind = sc.get("type")
+  if kind == "linear":
+    return inv_freq / sc["factor"]
+  if kind == "llama3":
+    factor, low, high = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+    old_len = sc["original_max_position_embeddings"]
+    wavelen = 2 * jnp.pi / inv_freq
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    out = jnp.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+    return jnp.where(mid, blended, out)
+  raise ValueError(f"rope scaling type {kind!r} is not supported; supported: "
+                   f"{list(ROPE_SCALINGS)} or none")
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float,
+         scaling: tuple | None = None) -> jax.Array:
+  """Rotary position embedding of ``x`` [B, T, H, Dh] at integer ``positions`` [B, T]
+  (``scaling``: see :func:`rope_inv_freq`)."""
   dh = x.shape[-1]
   if dh % 2:
     raise ValueError(f"rotary embeddings need an even head_dim, got {dh}")
-  inv_freq = theta ** (-jnp.arange(0, dh, 2, dtype=jnp.float32) / dh)
+  inv_freq = rope_inv_freq(dh, theta, scaling)
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
   sin = jnp.sin(angles)[:, :, None, :]
   cos = jnp.cos(angles)[:, :, None, :]
@@ -189,22 +223,52 @@ class Kernel(nn.Module):
 
 
 class Attention(nn.Module):
-  """Causal grouped-query self-attention with rotary embeddings."""
+  """Causal grouped-query self-attention with rotary embeddings.
+
+  Pretrained-checkpoint switches (all off by default, which keeps the ``self_attention``
+  named op path): ``qk_norm`` (RMSNorm over each head's query and key before the rotary
+  embedding, Qwen3), ``qkv_bias`` (biases on the q/k/v projections, Qwen2) and
+  ``rope_scaling`` (see :func:`rope_inv_freq`). With any of them on, the module runs the
+  projections itself and calls the ``attention`` core op, so sequence parallelism still
+  applies; tensor parallelism then comes from the parameter shardings (the compiler
+  partitions the projections) instead of the explicit Megatron ``self_attention`` op.
+  """
   num_heads: int
   num_kv_heads: int
   head_dim: int
   rope_theta: float = 10_000.0
   dtype: Dtype = jnp.float32
   block: int = 0  # > 0: blockwise attention over key blocks of this size
+  qk_norm: bool = False
+  qkv_bias: bool = False
+  rope_scaling: tuple | None = None
+  norm_eps: float = 1e-6
 
   @nn.compact
   def __call__(self, x, positions):
     d, dh = x.shape[-1], self.head_dim
     w = lambda name, shape, fan_in=1: Kernel(shape, fan_in, self.dtype, name=name)()
-    return self_attention(x.astype(self.dtype), positions, w("q", (d, self.num_heads, dh)),
-                          w("k", (d, self.num_kv_heads, dh)), w("v", (d, self.num_kv_heads, dh)),
-                          w("o", (self.num_heads, dh, d), 2), rope_theta=self.rope_theta,
-                          block=self.block)
+    wq, wk = w("q", (d, self.num_heads, dh)), w("k", (d, self.num_kv_heads, dh))
+    wv, wo = w("v", (d, self.num_kv_heads, dh)), w("o", (self.num_heads, dh, d), 2)
+    x = x.astype(self.dtype)
+    if not (self.qk_norm or self.qkv_bias or self.rope_scaling):
+      return self_attention(x, positions, wq, wk, wv, wo, rope_theta=self.rope_theta,
+                            block=self.block)
+    proj = lambda w: jnp.einsum("btd,dhk->bthk", x, w)
+    q, k, v = proj(wq), proj(wk), proj(wv)
+    if self.qkv_bias:
+      bias = lambda name, h: self.param(name, nn.initializers.zeros, (h, dh),
+                                        jnp.float32).astype(self.dtype)
+      q = q + bias("q_bias", self.num_heads)
+      k = k + bias("k_bias", self.num_kv_heads)
+      v = v + bias("v_bias", self.num_kv_heads)
+    if self.qk_norm:
+      q = RMSNorm(self.norm_eps, self.dtype, name="q_norm")(q)
+      k = RMSNorm(self.norm_eps, self.dtype, name="k_norm")(k)
+    q = rope(q, positions, self.rope_theta, self.rope_scaling)
+    k = rope(k, positions, self.rope_theta, self.rope_scaling)
+    out = attention(q, k, v, causal=True, block=self.block)
+    return jnp.einsum("bthk,hkd->btd", out, wo)
 
 
 class SwiGLU(nn.Module):

@@ -309,11 +309,18 @@ class MoE(nn.Module):
   capacity_factor: float = 1.25
   num_shared_experts: int = 0
   dtype: Any = jnp.float32
+  shared_d_ff: int = 0        # width of the shared experts; 0: num_shared_experts * d_ff
+  shared_gate: bool = False   # scale the shared output by sigmoid(x @ shared_gate) (Qwen2-MoE)
 
   def __post_init__(self):
     validate_moe_config(self.d_model, self.d_ff, self.num_experts, self.top_k,
                         self.renormalize, self.impl, self.capacity_factor,
                         self.num_shared_experts, self.dtype)
+    if not (_is_int(self.shared_d_ff) and self.shared_d_ff >= 0):
+      raise _bad("shared_d_ff", self.shared_d_ff, "must be an integer >= 0")
+    if (self.shared_d_ff or self.shared_gate) and not self.num_shared_experts:
+      raise _bad("shared_d_ff" if self.shared_d_ff else "shared_gate",
+                 self.shared_d_ff or self.shared_gate, "needs num_shared_experts >= 1")
     super().__post_init__()
 
   @nn.compact
@@ -341,10 +348,14 @@ class MoE(nn.Module):
     y = y.reshape(-1, d)
 
     if self.num_shared_experts:
-      sf = self.num_shared_experts * f
+      sf = self.shared_d_ff or self.num_shared_experts * f
       init = nn.initializers.lecun_normal()
       shared = [self.param("shared_wi_gate", init, (d, sf), jnp.float32),
                 self.param("shared_wi_up", init, (d, sf), jnp.float32),
                 self.param("shared_wo", init, (sf, d), jnp.float32)]
-      y = y + swiglu(xc, *(w.astype(self.dtype) for w in shared))
+      ys = swiglu(xc, *(w.astype(self.dtype) for w in shared))
+      if self.shared_gate:
+        g = self.param("shared_gate", init, (d, 1), jnp.float32)
+        ys = ys * jax.nn.sigmoid(xc @ g.astype(self.dtype))
+      y = y + ys
     return y.reshape(*x.shape[:-1], d).astype(self.dtype), aux

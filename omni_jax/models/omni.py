@@ -34,7 +34,8 @@ from omni_jax.models.layers import RMSNorm
 from omni_jax.models.transformer import REMAT_POLICIES, Backbone, BackboneSpec
 
 MODEL_KEYS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "rope_theta", "moe",
-              "remat", "dtype", "text_loss_weight", "modalities", "attention_block")
+              "remat", "dtype", "text_loss_weight", "modalities", "attention_block", "init_from")
+OPTIONAL_MODEL_KEYS = ("init_from",)
 MOE_KEYS = ("num_experts", "top_k", "d_ff", "every", "renormalize", "impl", "capacity_factor",
             "shared_experts", "lb_coef", "z_coef")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -59,10 +60,15 @@ class OmniSpec:
   lb_coef: float
   z_coef: float
   tokenizer_source: str = "bytes"            # config.data.tokenizer
+  init_from: str = ""                        # "hf:DIR": backbone from a pretrained checkpoint
+  text_tokenizer: Any = None                 # that checkpoint's tokenizer (None: tokenizer_source)
 
   @property
   def tokenizer(self):
-    """The text tokenizer (ByteTokenizer or SubwordTokenizer; files are loaded once)."""
+    """The text tokenizer: the pretrained checkpoint's when ``init_from`` is set, else
+    ``config.data.tokenizer``'s (ByteTokenizer or SubwordTokenizer; files are loaded once)."""
+    if self.text_tokenizer is not None:
+      return self.text_tokenizer
     return make_tokenizer(self.tokenizer_source, [n for n, _ in self.modalities])
 
   def modality(self, name: str) -> Any:
@@ -75,9 +81,12 @@ class OmniSpec:
 def build_spec(model_cfg, tokenizer: str = "bytes") -> OmniSpec:
   """Validates ``config.model`` and returns the :class:`OmniSpec`; errors name the key.
 
-  ``tokenizer`` is ``config.data.tokenizer``: its vocabulary size sets ``text_vocab``.
+  ``tokenizer`` is ``config.data.tokenizer``: its vocabulary size sets ``text_vocab``. With
+  ``model.init_from`` the checkpoint's own tokenizer is used instead (its embedding rows only
+  mean something with its ids), so ``tokenizer`` must then stay ``bytes`` (the default).
   """
-  check_keys(model_cfg, MODEL_KEYS, "model.", required=MODEL_KEYS)
+  check_keys(model_cfg, MODEL_KEYS, "model.",
+             required=[k for k in MODEL_KEYS if k not in OPTIONAL_MODEL_KEYS])
   p = "model."
   for k in ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff"):
     positive_int(model_cfg, k, p)
@@ -129,10 +138,18 @@ def build_spec(model_cfg, tokenizer: str = "bytes") -> OmniSpec:
   raw_mods = model_cfg["modalities"]
   mods = tuple((name, resolve_spec(name, raw_mods[name])) for name in sorted(raw_mods))
   check_sources(mods)
-  try:
-    tok = make_tokenizer(tokenizer, [n for n, _ in mods])
-  except ValueError as e:
-    raise ConfigError(f"config.data.tokenizer: {e}") from None
+  init_from = model_cfg.get("init_from", "") or ""
+  if init_from:
+    require(str(tokenizer) in ("bytes", ""), "data.tokenizer", tokenizer,
+            f"must stay 'bytes' when model.init_from={init_from!r}: the pretrained "
+            "checkpoint's own tokenizer.json is used for text")
+    from omni_jax.hf.omni_init import pretrained_backbone
+    backbone, tok = pretrained_backbone(init_from, backbone, [n for n, _ in mods])
+  else:
+    try:
+      tok = make_tokenizer(tokenizer, [n for n, _ in mods])
+    except ValueError as e:
+      raise ConfigError(f"config.data.tokenizer: {e}") from None
   offsets, heads, nxt = [], [Head("text", tok.vocab_size, float(model_cfg["text_loss_weight"]))], \
       tok.vocab_size
   for name, ms in mods:
@@ -143,7 +160,8 @@ def build_spec(model_cfg, tokenizer: str = "bytes") -> OmniSpec:
   return OmniSpec(backbone=backbone, modalities=mods, text_vocab=tok.vocab_size,
                   code_offsets=tuple(offsets), input_vocab=-(-nxt // 128) * 128,
                   heads=tuple(heads), lb_coef=float(moe["lb_coef"]), z_coef=float(moe["z_coef"]),
-                  tokenizer_source=str(tokenizer))
+                  tokenizer_source=init_from or str(tokenizer), init_from=init_from,
+                  text_tokenizer=tok if init_from else None)
 
 
 def scatter_features(x, feats, pos, mask):
@@ -175,7 +193,7 @@ class OmniModel(nn.Module):
         x = x + 0.0 * enc(dummy).sum().astype(x.dtype)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     h, aux = Backbone(bb, name="backbone")(x, positions)
-    h = RMSNorm(dtype=bb.dtype, name="final_norm")(h)
+    h = RMSNorm(bb.norm_eps, dtype=bb.dtype, name="final_norm")(h)
     logits = {hd.name: nn.Dense(hd.size, use_bias=False, dtype=bb.dtype,
                                 kernel_init=nn.initializers.lecun_normal(),
                                 name=f"head_{hd.name}")(h).astype(jnp.float32)

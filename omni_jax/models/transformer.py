@@ -51,6 +51,13 @@ class BackboneSpec:
   remat: str = "none"
   dtype: Any = jnp.float32
   attention_block: int = 0    # > 0: blockwise attention (long context)
+  # Switches for pretrained checkpoints (omni_jax.hf); the defaults are the native model.
+  norm_eps: float = 1e-6      # every RMSNorm's epsilon
+  qk_norm: bool = False       # RMSNorm on each head's q and k before RoPE (Qwen3)
+  qkv_bias: bool = False      # biases on the q/k/v projections (Qwen2)
+  rope_scaling: tuple | None = None  # sorted (key, value) pairs, see layers.rope_inv_freq
+  shared_d_ff: int = 0        # shared-expert width; 0: shared_experts * moe_d_ff
+  shared_gate: bool = False   # sigmoid(x w) gate on the shared experts' output (Qwen2-MoE)
 
   @property
   def unit_size(self) -> int:
@@ -78,14 +85,16 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x, positions):
     s = self.spec
-    h = RMSNorm(dtype=s.dtype, name="ln_attn")(x)
+    h = RMSNorm(s.norm_eps, dtype=s.dtype, name="ln_attn")(x)
     x = x + Attention(s.num_heads, s.num_kv_heads, s.head_dim, s.rope_theta, s.dtype,
-                      s.attention_block, name="attn")(h, positions)
-    h = RMSNorm(dtype=s.dtype, name="ln_mlp")(x)
+                      s.attention_block, qk_norm=s.qk_norm, qkv_bias=s.qkv_bias,
+                      rope_scaling=s.rope_scaling, norm_eps=s.norm_eps, name="attn")(h, positions)
+    h = RMSNorm(s.norm_eps, dtype=s.dtype, name="ln_mlp")(x)
     if self.use_moe:
       y, aux = MoE(d_model=s.d_model, d_ff=s.moe_d_ff, num_experts=s.num_experts, top_k=s.top_k,
                    renormalize=s.renormalize, impl=s.moe_impl,
                    capacity_factor=s.capacity_factor, num_shared_experts=s.shared_experts,
+                   shared_d_ff=s.shared_d_ff, shared_gate=s.shared_gate,
                    dtype=s.dtype, name="moe")(h)
     else:
       y, aux = SwiGLU(s.d_ff, dtype=s.dtype, name="mlp")(h), None

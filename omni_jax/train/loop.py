@@ -136,14 +136,23 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
         tx: optax.GradientTransformation, get_batch: Callable[[int], dict],
         put_batch: Callable[[dict], dict], param_sharding: Callable,
         eval_fn: Callable[[Any, int], dict] | None = None,
-        tokens_per_step: int = 0, flops_per_step: float = 0.0) -> FitResult:
-  """Trains ``loop.steps`` steps (resuming from ``workdir`` when a checkpoint exists)."""
+        tokens_per_step: int = 0, flops_per_step: float = 0.0,
+        params_hook: Callable[[Any], Any] | None = None) -> FitResult:
+  """Trains ``loop.steps`` steps (resuming from ``workdir`` when a checkpoint exists).
+
+  ``params_hook(params) -> params`` edits a fresh start's initial parameters (same shapes and
+  shardings), e.g. to load pretrained weights; the optimizer state is then re-initialised
+  from them. A resumed run restores its checkpoint instead."""
   ckpt = Checkpointer(workdir, loop.keep_checkpoints)
   state, shardings = create_state(init_params, tx, loop.seed, param_sharding)
   resumed = ckpt.latest_step()
   if resumed is not None:
     state = ckpt.restore(resumed, abstract_like(state))
     logging.info("resumed from checkpoint step %d in %s", resumed, ckpt.directory)
+  elif params_hook is not None:
+    params = params_hook(state.params)
+    opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
+    state = state.replace(params=params, opt_state=opt_state)
   log = MetricsLog(f"{workdir}/metrics.jsonl", resume_step=resumed,
                    writer=jax.process_index() == 0)
   # Metrics come back replicated, so every process of a multi-host job can read them.

@@ -185,6 +185,14 @@ def state_sharding(mesh, recipe: str = "omni"):
   return shard
 
 
+def pretrained_hook(spec: OmniSpec):
+  """Loads ``config.model.init_from``'s backbone into fresh parameters (None: from scratch)."""
+  if not spec.init_from:
+    return None
+  from omni_jax.hf.omni_init import load_into_omni
+  return lambda params: load_into_omni(spec, params)
+
+
 def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   """Trains (or resumes) the omni model; returns and writes the run's summary."""
   os.makedirs(workdir, exist_ok=True)
@@ -218,7 +226,8 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
       workdir=workdir, loop=loop, init_params=init_params, loss_fn=loss_fn, tx=tx,
       get_batch=stream.batch, put_batch=lambda b: mesh_lib.put_batch(mesh, b),
       param_sharding=param_sharding, eval_fn=eval_fn,
-      tokens_per_step=tokens_per_step, flops_per_step=flops)
+      tokens_per_step=tokens_per_step, flops_per_step=flops,
+      params_hook=pretrained_hook(spec))
   summary = make_summary(spec, config, result, params_total, params_active, flops, loop)
   if jax.process_index() != 0:  # process 0 writes the records of a multi-process job
     return summary

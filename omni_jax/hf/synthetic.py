@@ -1,0 +1,68 @@
+"""Synthetic checkpoints: tiny reference models built with ``transformers`` (tests, docs) and
+random checkpoints of any size written without torch (the streaming-memory benchmark).
+
+Nothing is downloaded: reference models are ``<Family>ForCausalLM(<Family>Config(...))``
+with random weights, saved with ``save_pretrained``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from omni_jax.hf import export as export_lib
+from omni_jax.hf.families import BY_NAME, HFModel
+from omni_jax.models.transformer import BackboneSpec
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, initializer_range=0.05)
+
+
+def tiny_configs() -> dict[str, tuple[str, str, dict]]:
+  """name -> (transformers config class, model class, config kwargs): 2 layers, d 64."""
+  return {
+      # every 2nd layer MoE (layer 0 dense), renormalised top-k, head_dim != d / heads
+      "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                    dict(TINY, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                         norm_topk_prob=True, decoder_sparse_step=2, head_dim=32,
+                         rope_theta=1e6)),
+      "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                    dict(TINY, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                         num_experts=4, num_experts_per_tok=2, norm_topk_prob=False)),
+      "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                  dict(TINY, num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6)),
+      "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
+                dict(TINY, head_dim=32, tie_word_embeddings=True)),
+      "llama": ("LlamaConfig", "LlamaForCausalLM",
+                dict(TINY, rms_norm_eps=1e-5,
+                     rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                       high_freq_factor=4.0, original_max_position_embeddings=64))),
+      "llama_linear": ("LlamaConfig", "LlamaForCausalLM",
+                       dict(TINY, rope_scaling=dict(rope_type="linear", factor=4.0))),
+  }
+
+
+def build_tiny(name: str, out_dir: str, seed: int = 0, **save_kwargs) -> str:
+  """Saves a tiny random ``transformers`` model of ``name`` (see :func:`tiny_configs`)."""
+  import torch
+  import transformers
+  cfg_cls, model_cls, kw = tiny_configs()[name]
+  torch.manual_seed(seed)
+  model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kw)).eval()
+  model.save_pretrained(out_dir, **save_kwargs)
+  return out_dir
+
+
+def write_random(out_dir: str, family: str, spec: BackboneSpec, vocab_size: int,
+                 tied: bool = False, dtype: str = "float32", max_shard_bytes: int = 2 << 30,
+                 seed: int = 0) -> dict:
+  """A random checkpoint of ``family`` with backbone ``spec``, written one parameter at a
+  time (memory: one parameter plus one shard). Weights ~ N(0, 0.02), norms 1."""
+  rng = np.random.default_rng(seed)
+  model = HFModel(BY_NAME[family], spec, vocab_size, tied, dtype)
+  shapes = {lf.path: lf.shape for lf in export_lib.leaf_table(model)}
+
+  def leaf(path):
+    if path.endswith("scale"):
+      return np.ones(shapes[path], np.float32)
+    return rng.standard_normal(shapes[path], np.float32) * 0.02
+  return export_lib.export(model, leaf, out_dir, dtype=dtype, max_shard_bytes=max_shard_bytes)

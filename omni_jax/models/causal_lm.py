@@ -1,0 +1,38 @@
+"""A plain decoder-only language model around the omni :class:`Backbone`.
+
+Token embedding -> backbone -> final RMSNorm -> vocabulary logits, with the omni model's
+parameter names (``embed/embedding``, ``backbone/...``, ``final_norm/scale``,
+``head_text/kernel``), so the same parallel recipe places it and an imported Hugging Face
+checkpoint (:mod:`omni_jax.hf`) maps onto either model. ``tied``: the output projection is the
+transposed embedding (no ``head_text``).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from omni_jax.models.layers import RMSNorm
+from omni_jax.models.transformer import Backbone, BackboneSpec
+
+
+class CausalLM(nn.Module):
+  spec: BackboneSpec
+  vocab_size: int
+  tied: bool = False
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    """``tokens`` int32 [B, T] -> float32 logits [B, T, vocab_size]."""
+    s = self.spec
+    b, t = tokens.shape
+    embed = nn.Embed(self.vocab_size, s.d_model, dtype=s.dtype,
+                     embedding_init=nn.initializers.normal(1.0), name="embed")
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    h, _ = Backbone(s, name="backbone")(embed(tokens), positions)
+    h = RMSNorm(s.norm_eps, dtype=s.dtype, name="final_norm")(h)
+    if self.tied:
+      return embed.attend(h).astype(jnp.float32)
+    return nn.Dense(self.vocab_size, use_bias=False, dtype=s.dtype, name="head_text")(
+        h).astype(jnp.float32)

@@ -1,0 +1,115 @@
+"""Bad checkpoints fail with one clear error naming the file, the tensor or field and what is
+supported — before any weight is read."""
+
+import json
+import os
+
+import pytest
+from safetensors.numpy import save_file
+
+from omni_jax.hf import load, safetensors_io, synthetic
+from omni_jax.hf.safetensors_io import CheckpointError
+from omni_jax.models.transformer import BackboneSpec
+
+SPEC = BackboneSpec(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                    d_ff=48, num_experts=4, top_k=2, moe_d_ff=16)
+
+
+@pytest.fixture
+def ckpt(tmp_path, monkeypatch):
+  """A small sharded Mixtral checkpoint; weight reads fail the test from here on."""
+  d = str(tmp_path / "mixtral")
+  synthetic.write_random(d, "mixtral", SPEC, vocab_size=64, max_shard_bytes=16 << 10)
+
+  def no_reads(*a, **k):
+    raise AssertionError("a weight was read before the checkpoint was validated")
+  monkeypatch.setattr(load, "read_block", no_reads)
+  return d
+
+
+def edit_config(d, **changes):
+  path = os.path.join(d, "config.json")
+  with open(path) as f:
+    cfg = json.load(f)
+  cfg.update(changes)
+  with open(path, "w") as f:
+    json.dump(cfg, f)
+
+
+def test_valid_checkpoint_opens(ckpt):
+  ck = load.open_checkpoint(ckpt)
+  assert ck.model.family.name == "mixtral" and ck.model.spec.num_experts == 4
+
+
+def test_unsupported_architecture(ckpt):
+  edit_config(ckpt, architectures=["GPT2LMHeadModel"])
+  with pytest.raises(CheckpointError, match=r"config\.json: architecture \['GPT2LMHeadModel'\] "
+                     r"is not supported; supported: \['LlamaForCausalLM', 'MixtralForCausalLM'"):
+    load.open_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(sliding_window=4096), "sliding_window = 4096"),
+    (dict(use_sliding_window=True), "use_sliding_window = True"),
+    (dict(hidden_act="gelu"), "hidden_act = 'gelu'"),
+    (dict(mlp_bias=True), "mlp_bias = True"),
+    (dict(layer_types=["full_attention", "sliding_attention"]), "layer_types"),
+])
+def test_config_field_the_backbone_cannot_honour(ckpt, changes, field):
+  edit_config(ckpt, **changes)
+  with pytest.raises(CheckpointError, match=rf"config\.json: {field}.* cannot be honoured by "
+                     r"the omni backbone \(MixtralForCausalLM\)"):
+    load.open_checkpoint(ckpt)
+
+
+def test_rope_type_not_supported(ckpt):
+  edit_config(ckpt, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
+  with pytest.raises(CheckpointError, match=r"RoPE scaling type 'yarn' cannot be honoured; "
+                     r"supported: default, linear, llama3"):
+    load.open_checkpoint(ckpt)
+
+
+def test_missing_shard(ckpt):
+  with open(os.path.join(ckpt, "model.safetensors.index.json")) as f:
+    files = sorted(set(json.load(f)["weight_map"].values()))
+  os.remove(os.path.join(ckpt, files[1]))
+  with pytest.raises(CheckpointError, match=rf"lists shard {files[1]} \(holding \d+ tensors, "
+                     r"e\.g\. '.*'\) but .* does not exist"):
+    load.open_checkpoint(ckpt)
+
+
+def test_tensor_of_the_wrong_shape(ckpt):
+  index = safetensors_io.index_checkpoint(ckpt)
+  name = "model.layers.1.block_sparse_moe.experts.2.w2.weight"
+  info = index[name]
+  tensors = {n: safetensors_io.read_block(i) for n, i in
+             safetensors_io.read_header(info.file).items()}
+  tensors[name] = tensors[name][:, :8].copy()                # [32, 16] -> [32, 8]
+  save_file(tensors, info.file)
+  with pytest.raises(CheckpointError, match=rf"{info.file}: tensor '{name}' has shape \[32, 8\], "
+                     r"but config.json implies \[32, 16\] for the MixtralForCausalLM layout"):
+    load.open_checkpoint(ckpt)
+
+
+def test_missing_tensor_and_unused_tensor(ckpt, tmp_path):
+  single = str(tmp_path / "single")
+  synthetic.write_random(single, "mixtral", SPEC, vocab_size=64)
+  path = os.path.join(single, "model.safetensors")
+  tensors = {n: safetensors_io.read_block(i) for n, i in safetensors_io.read_header(path).items()}
+  router = tensors.pop("model.layers.0.block_sparse_moe.gate.weight")
+  save_file(tensors, path)
+  with pytest.raises(CheckpointError, match=r"tensor 'model.layers.0.block_sparse_moe.gate."
+                     r"weight' \(for parameter backbone/units/layer_0/moe/router\) is missing"):
+    load.open_checkpoint(single)
+  tensors["model.layers.0.block_sparse_moe.gate.weight"] = router
+  tensors["model.vision_tower.proj.weight"] = router
+  save_file(tensors, path)
+  with pytest.raises(CheckpointError, match=r"1 tensors have no place in the MixtralForCausalLM "
+                     r"backbone \(e\.g\. \['model\.vision_tower\.proj\.weight'\]\)"):
+    load.open_checkpoint(single)
+
+
+def test_unsupported_quantisation(ckpt):
+  edit_config(ckpt, quantization_config={"quant_method": "gptq", "bits": 4})
+  with pytest.raises(CheckpointError, match=r"only block-scaled FP8"):
+    load.open_checkpoint(ckpt)
