@@ -1,8 +1,15 @@
-r"""Trains a byte-level BPE tokenizer on a manifest's text; writes tokenizer.json + summary.json.
+r"""Trains a tokenizer: byte-level BPE on a manifest's text, or an FSQ image / audio codec.
 
   python -m experiments.train_tokenizer --config=configs/tokenizer.py:text \
       --config.data.manifest=DIR/manifest.jsonl --workdir=DIR/tok
+  python -m experiments.train_tokenizer --config=configs/tokenizer.py:image --workdir=DIR/im
 
+The image variant (logic in omni_jax/tokenizers/train.py) resumes from the workdir's orbax
+checkpoints and writes summary.json (``recon_psnr_db`` held-out, ``codebook_perplexity``,
+``codebook_usage``), recon.png, codec.json + codec_params.msgpack. ``...:audio`` likewise
+(``spectral_convergence`` held-out, example WAVs).
+
+Text variant:
 summary.json: ``vocab_size`` (learned ids + the omni special tokens of the byte tokenizer's
 layout for image/audio/video), ``base_vocab_size``, ``compression`` (UTF-8 bytes per token on
 the held-out records' text; the byte tokenizer's is 1.0), ``train_texts``, ``heldout_texts``.
@@ -17,17 +24,27 @@ from absl import app, logging
 from experiments import common
 from omni_jax.config import ConfigError, check_keys, positive_int, require
 from omni_jax.data import bpe
+from omni_jax.tokenizers import train as codec_train
 from omni_jax.train.metrics import write_json_atomic
 
 _CONFIG = common.define_config("configs/tokenizer.py:<variant>")
 _WORKDIR = common.define_workdir()
 MODALITIES = ("audio", "image", "video")
+LEARNED = {"image": codec_train.train_image_tokenizer,
+           "audio": codec_train.train_audio_tokenizer}
 
 
 def main(argv) -> None:
   del argv
   cfg = _CONFIG.value
-  check_keys(cfg, ("data", "tokenizer"), "", required=("data", "tokenizer"))
+  kind = cfg.get("kind", "text")
+  if kind != "text":
+    require(kind in LEARNED, "kind", kind, f"must be text or one of {sorted(LEARNED)}")
+    if not _WORKDIR.value:
+      raise ConfigError("--workdir is required")
+    LEARNED[kind](cfg, _WORKDIR.value)
+    return
+  check_keys(cfg, ("kind", "data", "tokenizer"), "", required=("data", "tokenizer"))
   check_keys(cfg.data, ("manifest", "heldout_fraction"), "data.", required=("manifest",))
   check_keys(cfg.tokenizer, ("vocab_size", "min_frequency"), "tokenizer.",
              required=("vocab_size",))

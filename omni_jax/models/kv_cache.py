@@ -1,0 +1,85 @@
+"""A KV-cached forward pass of :class:`~omni_jax.models.omni.OmniModel` on text/code tokens.
+
+Reads the same parameter tree as the model (no new parameters, no change to the model's
+modules): embed -> units of pre-norm blocks (attention, dense or MoE feed-forward) -> final
+norm -> heads. :func:`init_cache` makes an empty cache of ``max_len`` positions per layer;
+:func:`forward` runs ``tokens`` [B, T] at ``positions`` [B, T], writes their keys/values into
+the cache and attends over every cached position <= its own. A prompt is one call (prefill,
+T = prompt length); each decode step is one call with T = 1. Prompts carrying modality
+*inputs* (encoder features) are not handled here yet, nor the q/k-norm switch.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from omni_jax.models.layers import rope
+from omni_jax.models.moe import MoE
+from omni_jax.models.omni import OmniSpec
+
+
+def _rms(x, scale, eps=1e-6):
+  x32 = x.astype(jnp.float32)
+  return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + eps) * scale
+
+
+def init_cache(spec: OmniSpec, batch: int, max_len: int) -> dict:
+  bb = spec.backbone
+  shape = (bb.num_layers, batch, max_len, bb.num_kv_heads, bb.head_dim)
+  return {"k": jnp.zeros(shape, bb.dtype), "v": jnp.zeros(shape, bb.dtype)}
+
+
+def _attend(q, k_all, v_all, positions, max_len):
+  """q [B, T, H, Dh] over cached k/v [B, S, KV, Dh]; key s visible to query t iff s <= pos."""
+  b, t, h, dh = q.shape
+  kv = k_all.shape[2]
+  qg = (q.astype(jnp.float32) * dh ** -0.5).reshape(b, t, kv, h // kv, dh)
+  sc = jnp.einsum("btkgd,bskd->btkgs", qg, k_all.astype(jnp.float32))
+  visible = jnp.arange(max_len)[None, None, :] <= positions[:, :, None]  # [B, T, S]
+  sc = jnp.where(visible[:, :, None, None, :], sc, -1e30)
+  p = jax.nn.softmax(sc, axis=-1)
+  out = jnp.einsum("btkgs,bskd->btkgd", p, v_all.astype(jnp.float32))
+  return out.reshape(b, t, h, dh).astype(q.dtype)
+
+
+def forward(spec: OmniSpec, params, cache: dict, tokens: jax.Array, positions: jax.Array):
+  """(logits per head {name: [B, T, size]}, updated cache) for ``tokens`` at ``positions``."""
+  bb = spec.backbone
+  max_len = cache["k"].shape[2]
+  x = params["embed"]["embedding"].astype(bb.dtype)[tokens]
+  units = params["backbone"]["units"]
+  rows = jnp.arange(tokens.shape[0])[:, None]
+  ks, vs = [], []
+  layer = 0
+  for u in range(bb.num_units):
+    for i in range(bb.unit_size):
+      p = jax.tree.map(lambda a, u=u: a[u], units[f"layer_{i}"])
+      h = _rms(x, p["ln_attn"]["scale"]).astype(bb.dtype)
+      a = p["attn"]
+      proj = lambda w, h=h: jnp.einsum("btd,dhk->bthk", h, w["kernel"].astype(bb.dtype))
+      q = rope(proj(a["q"]), positions, bb.rope_theta)
+      k = rope(proj(a["k"]), positions, bb.rope_theta)
+      v = proj(a["v"])
+      k_all = cache["k"][layer].at[rows, positions].set(k)
+      v_all = cache["v"][layer].at[rows, positions].set(v)
+      ks.append(k_all)
+      vs.append(v_all)
+      out = _attend(q, k_all, v_all, positions, max_len)
+      x = x + jnp.einsum("bthk,hkd->btd", out, a["o"]["kernel"].astype(bb.dtype))
+      h = _rms(x, p["ln_mlp"]["scale"]).astype(bb.dtype)
+      if "moe" in p:
+        y, _ = MoE(d_model=bb.d_model, d_ff=bb.moe_d_ff, num_experts=bb.num_experts,
+                   top_k=bb.top_k, renormalize=bb.renormalize, impl=bb.moe_impl,
+                   capacity_factor=bb.capacity_factor, num_shared_experts=bb.shared_experts,
+                   dtype=bb.dtype).apply({"params": p["moe"]}, h)
+      else:
+        m = p["mlp"]
+        y = (jax.nn.silu(h @ m["wi_gate"]["kernel"].astype(bb.dtype))
+             * (h @ m["wi_up"]["kernel"].astype(bb.dtype))) @ m["wo"]["kernel"].astype(bb.dtype)
+      x = x + y
+      layer += 1
+  h = _rms(x, params["final_norm"]["scale"]).astype(bb.dtype)
+  logits = {hd.name: (h @ params[f"head_{hd.name}"]["kernel"].astype(bb.dtype)
+                      ).astype(jnp.float32) for hd in spec.heads}
+  return logits, {"k": jnp.stack(ks), "v": jnp.stack(vs)}

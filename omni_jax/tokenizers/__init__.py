@@ -1,0 +1,1 @@
+"""Learned discrete tokenizers: finite scalar quantisation (FSQ) codecs for images and audio."""
