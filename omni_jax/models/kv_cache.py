@@ -24,7 +24,22 @@ def _rms(x, scale, eps=1e-6):
   return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + eps) * scale
 
 
+def check_supported(spec: OmniSpec) -> None:
+  """Refuses a backbone whose pretrained-checkpoint switches this decode path does not
+  implement yet (it would silently compute another model)."""
+  bb = spec.backbone
+  on = {k: getattr(bb, k) for k, off in (("qk_norm", False), ("qkv_bias", False),
+                                          ("rope_scaling", None), ("shared_d_ff", 0),
+                                          ("shared_gate", False), ("norm_eps", 1e-6))
+        if getattr(bb, k) != off}
+  if on:
+    raise NotImplementedError(
+        f"kv_cache decoding supports the native backbone only; these switches are set: {on} "
+        "(decode such a model with the uncached forward, OmniModel.apply, for now)")
+
+
 def init_cache(spec: OmniSpec, batch: int, max_len: int) -> dict:
+  check_supported(spec)
   bb = spec.backbone
   shape = (bb.num_layers, batch, max_len, bb.num_kv_heads, bb.head_dim)
   return {"k": jnp.zeros(shape, bb.dtype), "v": jnp.zeros(shape, bb.dtype)}
@@ -45,6 +60,7 @@ def _attend(q, k_all, v_all, positions, max_len):
 
 def forward(spec: OmniSpec, params, cache: dict, tokens: jax.Array, positions: jax.Array):
   """(logits per head {name: [B, T, size]}, updated cache) for ``tokens`` at ``positions``."""
+  check_supported(spec)
   bb = spec.backbone
   max_len = cache["k"].shape[2]
   x = params["embed"]["embedding"].astype(bb.dtype)[tokens]

@@ -62,3 +62,18 @@ def test_greedy_cached_decode_equals_recomputing_the_prefix(model):
     logits, _ = m.apply({"params": params}, {"tokens": jnp.asarray(seq)})
     seq = np.concatenate([seq, np.argmax(np.asarray(logits["text"][:, -1]), -1)[:, None]], 1)
   np.testing.assert_array_equal(np.asarray(out), seq[:, prompt:])
+
+
+def test_kv_cache_refuses_pretrained_switches():
+  import dataclasses
+
+  import pytest
+
+  from configs import omni_moe
+  from omni_jax.models import kv_cache
+  from omni_jax.models.omni import build_spec
+  spec = build_spec(omni_moe.get_config("micro").model)
+  qk = dataclasses.replace(spec, backbone=dataclasses.replace(spec.backbone, qk_norm=True))
+  with pytest.raises(NotImplementedError, match="qk_norm"):
+    kv_cache.init_cache(qk, 1, 8)
+  kv_cache.check_supported(spec)  # the native backbone passes
