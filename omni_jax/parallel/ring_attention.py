@@ -17,8 +17,8 @@ one last ``ppermute`` (2(n-1) + 2 chunk sends backward).
 Causal work: each local chunk is two halves, and a (query half, key half) pair wholly in
 the future is skipped (``lax.cond``). In the contiguous order device d holds halves 2d and
 2d+1, so device 0 computes 3 half-pairs and device n-1 4n-1 (max/mean 1.82 at n=8).
-``zigzag=True`` holds halves d and 2n-1-d instead (Brandon et al. 2023, "striped"/zig-zag
-ring): every device computes 2(n-1)+3 pairs. The inputs arrive in the contiguous order, so
+``zigzag=True`` holds halves d and 2n-1-d instead (zig-zag ring, ../shared/REFERENCES.md):
+every device computes 2(n-1)+3 pairs. The inputs arrive in the contiguous order, so
 the zig-zag body first exchanges halves (two ``ppermute`` of half a chunk per q, k, v,
 segment ids, and two for the output on the way back): 1.5 extra chunk-sends forward per
 layer against the 2(n-1) of the ring itself. :func:`ring_block_counts` counts the pairs per
