@@ -8,7 +8,10 @@ analytic expectation for that layout (omni_jax/parallel/hlo_report.py), reads pe
 memory from ``memory_analysis``, checks one step's gradients against the 1-device run and
 times a few steps. Layouts whose bytes exceed the expectation by more than 10% are
 flagged. Writes summary.json (``layouts``: name, mesh, max_rel_grad_err, collectives,
-expected_bytes, bytes_ratio, peak_memory_bytes, tokens_per_sec) and report.png.
+expected_bytes, bytes_ratio, peak_memory_bytes, tokens_per_sec; ring layouts add
+``ring_block_imbalance``, max/mean causal half-chunk pairs computed per device, counted
+from the ring's schedule; the top-level ``ring_block_imbalance`` is the largest over the
+ring layouts) and report.png.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ _CONFIG = common.define_config("configs/omni_moe.py:<variant>",
 _WORKDIR = common.define_workdir("where summary.json and report.png go")
 _LAYOUTS = flags.DEFINE_list(
     "layouts", ["data=8", "fsdp=8", "expert=4+fsdp=2", "tensor=2+fsdp=4", "sequence=2+fsdp=4",
-                "sequence=2+fsdp=4@ring", "tensor=2+sequence=2+expert=2@ring",
-                "pipeline=2+fsdp=4", "fsdp=2+sequence=2+expert=2"],
-    "layouts to report: '+'-joined axis=size items, optionally '@ring' (ring attention "
-    "instead of Ulysses), comma-separated")
+                "sequence=2+fsdp=4@ring", "sequence=4+fsdp=2@ring_zigzag",
+                "tensor=2+sequence=2+expert=2@ring", "pipeline=2+fsdp=4",
+                "fsdp=2+sequence=2+expert=2"],
+    "layouts to report: '+'-joined axis=size items, optionally '@ring' or '@ring_zigzag' "
+    "(ring attention instead of Ulysses), comma-separated")
 _STEPS = flags.DEFINE_integer("steps", 3, "timed steps per layout")
 _MEMORY_SEQ = flags.DEFINE_integer(
     "memory_seq_len", 4096, "sequence length of the sequence-parallel memory check (0 = skip)")
@@ -54,6 +58,7 @@ def main(argv):
   from omni_jax.models.omni import OmniModel
   from omni_jax.parallel import hlo_report, layout
   from omni_jax.parallel import mesh as mesh_lib
+  from omni_jax.parallel.ring_attention import ring_block_imbalance
   from omni_jax.train.checkpoint import abstract_like
   from omni_jax.train.loop import create_state, make_train_step
   from omni_jax.train.metrics import write_json_atomic
@@ -135,6 +140,9 @@ def main(argv):
            "tokens_per_sec": tps, "tokens_per_sec_vs_1device": tps / one_tps,
            "tokens_per_sec_per_device": tps / mesh.size,
            "mfu": flops * tps / tokens / (mesh.size * peak_flops)}
+    if op_names["sequence_attention"] in ("ring", "ring_zigzag") and mesh.shape["sequence"] > 1:
+      row["ring_block_imbalance"] = ring_block_imbalance(
+          mesh.shape["sequence"], zigzag=op_names["sequence_attention"] == "ring_zigzag")
     rows.append(row)
     logging.info("%-28s grad err %.1e  %s  %.3g B (expected %.3g, x%.2f%s)  mem %.3g B  "
                  "%.0f tok/s", text, err,
@@ -144,6 +152,9 @@ def main(argv):
              "one_device_tokens_per_sec": one_tps, "peak_flops_per_sec": peak_flops,
              "model_flops_per_step": flops,
              "config": config.to_dict()}
+  ring_rows = [r["ring_block_imbalance"] for r in rows if "ring_block_imbalance" in r]
+  if ring_rows:
+    summary["ring_block_imbalance"] = max(ring_rows)
   if _MEMORY_SEQ.value:
     summary["sequence_memory"] = sequence_memory_check(config, _MEMORY_SEQ.value)
     logging.info("sequence-parallel memory check: %s", summary["sequence_memory"])

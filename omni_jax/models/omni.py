@@ -11,7 +11,11 @@ Batch layout (all fixed shapes, so one compile serves every mix of modalities):
   that carry ``m`` (other rows keep their token embeddings). A batch may omit ``m``
   entirely: its encoder then runs on zeros and is added times 0 (gradients stay defined);
 * ``targets`` int32 [B, T] and ``target_head`` int32 [B, T]: the next id at each position
-  and which output head predicts it (0 = no loss, 1 = text, 2.. = generated modalities).
+  and which output head predicts it (0 = no loss, 1 = text, 2.. = generated modalities);
+* optional, for packed rows: ``segment_ids`` int32 [B, T] (0 = padding, 1..n = the row's
+  documents; attention never crosses a document, padding carries no loss) and
+  ``positions`` int32 [B, T] (rotary positions, restarting at 0 per document). Absent:
+  one segment and positions 0..T-1.
 
 Output: ``logits`` — one array [B, T, size] per head — and the backbone's MoE aux.
 """
@@ -191,8 +195,10 @@ class OmniModel(nn.Module):
       else:  # dummy forward scaled by 0: the encoder's gradients stay defined (zero)
         dummy = jnp.zeros((b, *kind.input_shape(ms)), kind.input_dtype)
         x = x + 0.0 * enc(dummy).sum().astype(x.dtype)
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    h, aux = Backbone(bb, name="backbone")(x, positions)
+    positions = batch.get("positions")
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    h, aux = Backbone(bb, name="backbone")(x, positions, batch.get("segment_ids"))
     h = RMSNorm(bb.norm_eps, dtype=bb.dtype, name="final_norm")(h)
     logits = {hd.name: nn.Dense(hd.size, use_bias=False, dtype=bb.dtype,
                                 kernel_init=nn.initializers.lecun_normal(),
@@ -207,7 +213,10 @@ def omni_loss(spec: OmniSpec, logits, aux, batch):
   total = jnp.zeros((), jnp.float32)
   metrics = {}
   for i, hd in enumerate(spec.heads, start=1):
-    mask = (head_ids == i).astype(jnp.float32)
+    mask = head_ids == i
+    if "segment_ids" in batch:  # padding never carries loss, whatever its target_head
+      mask = mask & (batch["segment_ids"] > 0)
+    mask = mask.astype(jnp.float32)
     tgt = jnp.clip(targets, 0, hd.size - 1)
     lg = logits[hd.name]
     logz = jax.nn.logsumexp(lg, axis=-1)

@@ -83,12 +83,13 @@ class Block(nn.Module):
   use_moe: bool
 
   @nn.compact
-  def __call__(self, x, positions):
+  def __call__(self, x, positions, segment_ids=None):
     s = self.spec
     h = RMSNorm(s.norm_eps, dtype=s.dtype, name="ln_attn")(x)
     x = x + Attention(s.num_heads, s.num_kv_heads, s.head_dim, s.rope_theta, s.dtype,
                       s.attention_block, qk_norm=s.qk_norm, qkv_bias=s.qkv_bias,
-                      rope_scaling=s.rope_scaling, norm_eps=s.norm_eps, name="attn")(h, positions)
+                      rope_scaling=s.rope_scaling, norm_eps=s.norm_eps,
+                      name="attn")(h, positions, segment_ids)
     h = RMSNorm(s.norm_eps, dtype=s.dtype, name="ln_mlp")(x)
     if self.use_moe:
       y, aux = MoE(d_model=s.d_model, d_ff=s.moe_d_ff, num_experts=s.num_experts, top_k=s.top_k,
@@ -106,12 +107,12 @@ class Unit(nn.Module):
   spec: BackboneSpec
 
   @nn.compact
-  def __call__(self, carry, positions):
+  def __call__(self, carry, positions, segment_ids=None):
     x, acc = carry
     n = self.spec.unit_size
     for i in range(n):
       use_moe = bool(self.spec.num_moe_layers) and i == n - 1
-      x, aux = Block(self.spec, use_moe, name=f"layer_{i}")(x, positions)
+      x, aux = Block(self.spec, use_moe, name=f"layer_{i}")(x, positions, segment_ids)
       if aux is not None:
         acc = {k: acc[k] + aux[k].astype(jnp.float32) for k in acc}
     return (x, acc), None
@@ -121,7 +122,8 @@ class Unit(nn.Module):
 def layer_stack(apply_unit: Callable, unit_params, carry, positions):
   """Runs the units in order: ``carry = apply_unit(params_u, carry, positions)`` for each
   slice ``params_u`` of the leading ``[num_units]`` axis of ``unit_params``. A named op, so a
-  pipeline schedule can split the units into stages."""
+  pipeline schedule can split the units into stages. ``positions`` is a pytree of per-token
+  [B, T] arrays (the backbone passes ``(positions, segment_ids)``)."""
   def body(c, p):
     return apply_unit(p, c, positions), None
   return jax.lax.scan(body, carry, unit_params)[0]
@@ -131,26 +133,28 @@ class Backbone(nn.Module):
   """Stack of units over ``x`` [B, T, D]; returns (hidden [B, T, D], averaged MoE aux).
 
   Parameters are created by ``nn.scan`` (leading ``[num_units]`` axis under ``units``);
-  applying runs them through the :func:`layer_stack` named op.
+  applying runs them through the :func:`layer_stack` named op. ``positions`` [B, T] feed the
+  rotary embeddings; ``segment_ids`` [B, T] (packed documents) or ``None`` mask attention.
   """
   spec: BackboneSpec
 
   @nn.compact
-  def __call__(self, x, positions):
+  def __call__(self, x, positions, segment_ids=None):
     s = self.spec
     policy = REMAT_POLICIES[s.remat]
     carry = (x, s.zero_aux())
     if self.is_initializing():
       scanned = nn.scan(Unit, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=nn.broadcast, length=s.num_units)
-      (x, acc), _ = scanned(s, name="units")(carry, positions)
+                        in_axes=(nn.broadcast, nn.broadcast), length=s.num_units)
+      (x, acc), _ = scanned(s, name="units")(carry, positions, segment_ids)
     else:
       unit = Unit(s, parent=None)
 
       def apply_unit(p, c, pos):
-        return unit.apply({"params": p}, c, pos)[0]
+        return unit.apply({"params": p}, c, *pos)[0]
       if policy is not None:
         apply_unit = jax.checkpoint(apply_unit, policy=policy, prevent_cse=False)
-      x, acc = layer_stack(apply_unit, self.variables["params"]["units"], carry, positions)
+      x, acc = layer_stack(apply_unit, self.variables["params"]["units"], carry,
+                           (positions, segment_ids))
     n = max(s.num_moe_layers, 1)
     return x, {k: v / n for k, v in acc.items()}

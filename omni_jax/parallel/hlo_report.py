@@ -117,12 +117,15 @@ def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: floa
   gradients (3 passes); expert — per MoE layer 4 all-to-alls (send and return, forward and
   backward) of the dropless send buffer, ``expert x top_k`` local activations;
   expert / sequence as batch-like axes — all-reduce of the unsharded parameters' gradients;
-  sequence — Ulysses: 4 all-to-alls forward and 4 backward per layer; ring: each device
-  passes its K and V chunks (``kv_fraction`` of an activation each) n-1 hops forward and
-  their gradients n-1 hops backward; tensor — Megatron: 2 all-reduces of activations
-  forward and 2 backward per layer; pipeline (GPipe, P stages, M microbatches) — one
-  microbatch's activations per tick (M + P - 1 ticks) forward and backward, plus the
-  all-reduce that hands the last stage's output to every stage (forward and backward).
+  sequence — Ulysses: 4 all-to-alls forward and 4 backward per layer; ring (flash-style
+  backward): each device passes its K and V chunks (``kv_fraction`` of an activation each)
+  n-1 hops forward, again n-1 hops backward beside their gradients, which take n hops (the
+  last one home); ``ring_zigzag`` adds the half-chunk exchange of q, k, v and the output
+  into and out of the zig-zag order, forward and backward; tensor — Megatron: 2
+  all-reduces of activations forward and 2 backward per layer; pipeline (GPipe, P stages,
+  M microbatches) — one microbatch's activations per tick (M + P - 1 ticks) forward and
+  backward, plus the all-reduce that hands the last stage's output to every stage (forward
+  and backward).
   """
   frac = lambda n: (n - 1) / n
   d, f, e = mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["expert"]
@@ -131,8 +134,10 @@ def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: floa
   total += 3 * frac(f) * pb["fsdp_full"]
   total += 4 * frac(e) * e * top_k * activation_bytes * num_moe_layers
   total += 2 * frac(e * s) * pb["replicated_local"] if e * s > 1 else 0.0
-  if sequence_op == "ring":
-    total += 4 * (s - 1) * kv_fraction * activation_bytes * num_layers
+  if sequence_op in ("ring", "ring_zigzag"):
+    total += (6 * s - 4) * kv_fraction * activation_bytes * num_layers if s > 1 else 0.0
+    if sequence_op == "ring_zigzag" and s > 1:
+      total += 2 * (2 + 2 * kv_fraction) * activation_bytes * num_layers
   else:
     total += 8 * frac(s) * activation_bytes * num_layers
   total += 4 * 2 * frac(t) * activation_bytes * num_layers

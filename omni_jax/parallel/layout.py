@@ -7,7 +7,8 @@ module maps those names onto implementations for the axes that are > 1:
   (:mod:`omni_jax.parallel.expert_parallel`), else shard-local dispatch over the batch and
   sequence axes (:mod:`omni_jax.parallel.moe_local`);
 * ``sequence > 1``: Ulysses (:mod:`omni_jax.parallel.ulysses`) or ring attention
-  (:mod:`omni_jax.parallel.ring_attention`) replaces the ``attention`` core;
+  (:mod:`omni_jax.parallel.ring_attention`; ``ring_zigzag`` balances its causal work)
+  replaces the ``attention`` core;
 * ``tensor > 1``: Megatron ``self_attention`` and ``dense_mlp``
   (:mod:`omni_jax.parallel.tensor_parallel`), which then run the sequence body themselves;
 * ``pipeline > 1``: GPipe ``layer_stack`` (:mod:`omni_jax.parallel.pipeline`), with the
@@ -16,6 +17,7 @@ module maps those names onto implementations for the axes that are > 1:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 
 from omni_jax.parallel.expert_parallel import ep_moe_dispatch
@@ -26,7 +28,9 @@ from omni_jax.parallel.ring_attention import ring_attention, ring_body
 from omni_jax.parallel.tensor_parallel import megatron_attention, megatron_mlp
 from omni_jax.parallel.ulysses import ulysses_attention, ulysses_body
 
-SEQUENCE_OPS = {"ulysses": (ulysses_attention, ulysses_body), "ring": (ring_attention, ring_body)}
+SEQUENCE_OPS = {"ulysses": (ulysses_attention, ulysses_body), "ring": (ring_attention, ring_body),
+                "ring_zigzag": (functools.partial(ring_attention, zigzag=True),
+                                functools.partial(ring_body, zigzag=True))}
 
 
 def parse_layout(text: str) -> tuple[dict[str, int], dict[str, str]]:

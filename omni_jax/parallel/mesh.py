@@ -89,7 +89,7 @@ def batch_divisor(mesh) -> int:
   return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
-SEQUENCE_FIELDS = ("tokens", "targets", "target_head")
+SEQUENCE_FIELDS = ("tokens", "targets", "target_head", "segment_ids", "positions")
 
 
 def put_batch(mesh, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:

@@ -55,7 +55,7 @@ def gpipe(mesh, microbatches: int) -> Callable:
       raise ValueError(f"batch of {b} rows does not split into parallel.pipeline_microbatches="
                        f"{m}")
     split = lambda a: a.reshape(b // m, m, *a.shape[1:]).swapaxes(0, 1)   # [M, b/M, ...]
-    xs, ps = split(x), split(positions)
+    xs, ps = split(x), jax.tree.map(split, positions)
 
     def body(params, xs, ps):
       stage = jax.lax.axis_index(PIPE)
@@ -72,7 +72,7 @@ def gpipe(mesh, microbatches: int) -> Callable:
         valid = (mb >= 0) & (mb < m)
         mb_c = jnp.clip(mb, 0, m - 1)
         h_in = jnp.where(stage == 0, xs[jnp.clip(t, 0, m - 1)], inbox)
-        h, a = run_stage(h_in, ps[mb_c])
+        h, a = run_stage(h_in, jax.tree.map(lambda a: a[mb_c], ps))
         acc = jax.tree.map(lambda s, v: s + jnp.where(valid, v, 0), acc, a)
         outs = jnp.where(last & valid, outs.at[mb_c].set(h), outs)
         return (jax.lax.ppermute(h, PIPE, shift), outs, acc), None

@@ -60,18 +60,20 @@ def megatron_attention(mesh, sequence_body: Callable | None = None) -> Callable:
   t = mesh.shape[TENSOR]
   attend = sequence_body if mesh.shape["sequence"] > 1 else attention.default
 
-  def impl(x, positions, wq, wk, wv, wo, *, rope_theta=10_000.0, block=0):
+  def impl(x, positions, wq, wk, wv, wo, *, rope_theta=10_000.0, block=0, segment_ids=None):
     h, kv = wq.shape[1], wk.shape[1]
     _check("num_heads", h, t)
     if kv % t:
       wk, wv = jnp.repeat(wk, h // kv, axis=1), jnp.repeat(wv, h // kv, axis=1)
 
-    def body(x, pos, wq, wk, wv, wo):
+    def body(x, pos, wq, wk, wv, wo, seg):
       y = attention_sublayer(x, pos, wq, wk, wv, wo, rope_theta=rope_theta, block=block,
-                             attend=attend)
+                             attend=attend, segment_ids=seg)
       return jax.lax.psum(y, TENSOR)
     heads = P(None, TENSOR, None)
+    seg_spec = None if segment_ids is None else POSITIONS
     return jax.shard_map(body, mesh=context_mesh(mesh),
-                         in_specs=(TOKENS, POSITIONS, heads, heads, heads, P(TENSOR, None, None)),
-                         out_specs=TOKENS)(x, positions, wq, wk, wv, wo)
+                         in_specs=(TOKENS, POSITIONS, heads, heads, heads, P(TENSOR, None, None),
+                                   seg_spec),
+                         out_specs=TOKENS)(x, positions, wq, wk, wv, wo, segment_ids)
   return impl

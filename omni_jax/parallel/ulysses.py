@@ -24,9 +24,10 @@ from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
 SEQ = "sequence"
 
 
-def ulysses_body(q, k, v, *, causal: bool, block: int = 0, axis: str = SEQ):
+def ulysses_body(q, k, v, *, causal: bool, block: int = 0, segment_ids=None, axis: str = SEQ):
   """Attention of local chunks [b, T/n, H, Dh] over the whole sequence; call inside a
-  ``shard_map`` in which ``axis`` is manual."""
+  ``shard_map`` in which ``axis`` is manual. ``segment_ids`` [b, T/n] (local chunk) are
+  all-gathered: each device then masks its heads over the whole sequence."""
   n = jax.lax.axis_size(axis)
   h, kv = q.shape[2], k.shape[2]
   if h % n:
@@ -37,7 +38,10 @@ def ulysses_body(q, k, v, *, causal: bool, block: int = 0, axis: str = SEQ):
     k, v = jnp.repeat(k, h // kv, axis=2), jnp.repeat(v, h // kv, axis=2)
   # [b, t/n, H, Dh] -> [b, t, H/n, Dh] -> attention -> back
   to_heads = lambda x: jax.lax.all_to_all(x, axis, split_axis=2, concat_axis=1, tiled=True)
-  out = attention.default(to_heads(q), to_heads(k), to_heads(v), causal=causal, block=block)
+  if segment_ids is not None:
+    segment_ids = jax.lax.all_gather(segment_ids, axis, axis=1, tiled=True)
+  out = attention.default(to_heads(q), to_heads(k), to_heads(v), causal=causal, block=block,
+                          segment_ids=segment_ids)
   return jax.lax.all_to_all(out, axis, split_axis=1, concat_axis=2, tiled=True)
 
 
@@ -46,13 +50,18 @@ def sequence_attention(mesh, body: Callable) -> Callable:
   ``shard_map`` with the batch over the batch axes and the sequence over ``sequence``."""
   n = mesh.shape[SEQ]
 
-  def impl(q, k, v, *, causal, block=0):
+  def impl(q, k, v, *, causal, block=0, segment_ids=None):
     if q.shape[1] % n:
       raise ValueError(f"sequence length {q.shape[1]} is not a multiple of sequence={n}")
     spec = P(BATCH_AXES, SEQ, None, None)
-    return jax.shard_map(lambda q, k, v: body(q, k, v, causal=causal, block=block),
-                         mesh=context_mesh(mesh), in_specs=(spec, spec, spec),
-                         out_specs=spec)(q, k, v)
+    if segment_ids is None:
+      return jax.shard_map(lambda q, k, v: body(q, k, v, causal=causal, block=block),
+                           mesh=context_mesh(mesh), in_specs=(spec, spec, spec),
+                           out_specs=spec)(q, k, v)
+    return jax.shard_map(
+        lambda q, k, v, seg: body(q, k, v, causal=causal, block=block, segment_ids=seg),
+        mesh=context_mesh(mesh), in_specs=(spec, spec, spec, P(BATCH_AXES, SEQ)),
+        out_specs=spec)(q, k, v, segment_ids)
   return impl
 
 

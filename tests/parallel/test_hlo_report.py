@@ -48,7 +48,12 @@ def test_expected_bytes_closed_forms_for_ring_and_pipeline():
   pb = {"local": 0.0, "fsdp_full": 0.0, "expert_full": 0.0, "replicated_local": 0.0}
   ring = expected_wire_bytes(pb, mesh_lib.make_mesh(dict(sequence=8)), activation_bytes=100.0,
                              num_layers=3, sequence_op="ring", kv_fraction=0.25)
-  assert ring == pytest.approx(4 * 7 * 0.25 * 100.0 * 3)   # K,V: 7 hops fwd + 7 bwd, 3 layers
+  # K,V: 7 hops fwd, 7 bwd again beside dK,dV, which take 8 (home); 3 layers
+  assert ring == pytest.approx((2 * 7 + 2 * 7 + 2 * 8) * 0.25 * 100.0 * 3)
+  zigzag = expected_wire_bytes(pb, mesh_lib.make_mesh(dict(sequence=8)), activation_bytes=100.0,
+                               num_layers=3, sequence_op="ring_zigzag", kv_fraction=0.25)
+  # + q, k, v, out into / out of zig-zag order, forward and backward
+  assert zigzag - ring == pytest.approx(2 * (1 + 0.25 + 0.25 + 1) * 100.0 * 3)
   pipe = expected_wire_bytes(pb, mesh_lib.make_mesh(dict(pipeline=2, data=4)),
                              activation_bytes=100.0, num_layers=3, microbatches=4)
   assert pipe == pytest.approx(2 * 5 / 4 * 100.0 + 4 * 0.5 * 100.0)

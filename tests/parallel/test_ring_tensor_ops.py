@@ -8,7 +8,7 @@ from configs.omni_moe import get_config
 from omni_jax.config import ConfigError
 from omni_jax.models.layers import attention, dense_mlp, self_attention
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.parallel.ring_attention import ring_attention
+from omni_jax.parallel.ring_attention import ring_attention, ring_block_counts, ring_block_imbalance
 from omni_jax.parallel.tensor_parallel import megatron_attention, megatron_mlp
 from omni_jax.parallel.ulysses import ulysses_body
 from omni_jax.train.omni import parallel_op_names
@@ -25,17 +25,30 @@ def _close(a, b, tol=1e-5):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=tol * np.abs(y).max())
 
 
-@pytest.mark.parametrize("causal,block", [(True, 4), (True, 0), (False, 8)])
-def test_ring_attention_equals_plain_attention(causal, block):
+@pytest.mark.parametrize("causal,block,zigzag", [(True, 2, False), (True, 0, False),
+                                                 (False, 8, False), (True, 2, True),
+                                                 (False, 0, True)])
+def test_ring_attention_equals_plain_attention(causal, block, zigzag):
   q, k, v = _qkv()
   mesh = mesh_lib.make_mesh(dict(sequence=8))
-  ring = ring_attention(mesh)
+  ring = ring_attention(mesh, zigzag=zigzag)
   loss = lambda f: lambda q, k, v: (f(q, k, v, causal=causal) ** 2 * np.arange(8)).sum()
   ref = jax.value_and_grad(loss(attention.default), argnums=(0, 1, 2))(q, k, v)
   got = jax.jit(jax.value_and_grad(
       loss(lambda q, k, v, causal: ring(q, k, v, causal=causal, block=block)),
       argnums=(0, 1, 2)))(q, k, v)
   _close(got, ref)
+
+
+def test_zigzag_balances_causal_ring_work():
+  # contiguous: device d computes 4d + 3 half-chunk pairs; zig-zag: 2(n-1) + 3 on every device
+  assert ring_block_counts(8, zigzag=False) == [4 * d + 3 for d in range(8)]
+  assert ring_block_counts(8, zigzag=True) == [17] * 8
+  assert ring_block_imbalance(8, zigzag=False) == pytest.approx(31 / 17)
+  assert ring_block_imbalance(8, zigzag=True) <= 1.05
+  # both orders compute the same number of pairs in all: the causal half plus the diagonal
+  assert sum(ring_block_counts(8, zigzag=True)) == sum(ring_block_counts(8, zigzag=False))
+  assert ring_block_counts(4, zigzag=True, causal=False) == [16] * 4
 
 
 def test_megatron_sublayers_equal_plain_ones():
@@ -68,6 +81,6 @@ def test_parallel_config_names_the_sequence_op():
   assert parallel_op_names(cfg)["sequence_attention"] == "ulysses"
   cfg.parallel.sequence_attention = "ring"
   assert parallel_op_names(cfg)["sequence_attention"] == "ring"
-  cfg.parallel.sequence_attention = "zigzag"
-  with pytest.raises(ConfigError, match="allowed: \\['ulysses', 'ring'\\]"):
+  cfg.parallel.sequence_attention = "striped"
+  with pytest.raises(ConfigError, match="allowed: \\['ulysses', 'ring', 'ring_zigzag'\\]"):
     parallel_op_names(cfg)

@@ -43,7 +43,7 @@ class Rule:
 
 # The parallel ops a recipe may name, per seam (implementations in omni_jax.parallel.layout).
 OP_CHOICES = {
-    "sequence_attention": ("ulysses", "ring"),
+    "sequence_attention": ("ulysses", "ring", "ring_zigzag"),
     "moe_dispatch": ("all_to_all",),
     "tensor": ("megatron",),
     "pipeline": ("gpipe",),
