@@ -130,13 +130,16 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
         tx: optax.GradientTransformation, get_batch: Callable[[int], dict],
         put_batch: Callable[[dict], dict], param_sharding: Callable,
         eval_fn: Callable[[Any, int], dict] | None = None,
-        tokens_per_step: int = 0, flops_per_step: float = 0.0) -> FitResult:
-  """Trains ``loop.steps`` steps (resuming from ``workdir`` when a checkpoint exists)."""
-  ckpt = Checkpointer(workdir, loop.keep_checkpoints)
+        tokens_per_step: int = 0, flops_per_step: float = 0.0, data_iter=None) -> FitResult:
+  """Trains ``loop.steps`` steps (resuming from ``workdir`` when a checkpoint exists).
+
+  ``data_iter``: the input iterator behind ``get_batch`` when it has state (a Grain
+  ``DatasetIterator``); it is checkpointed beside the train state and restored on resume."""
+  ckpt = Checkpointer(workdir, loop.keep_checkpoints, with_data=data_iter is not None)
   state, shardings = create_state(init_params, tx, loop.seed, param_sharding)
   resumed = ckpt.latest_step()
   if resumed is not None:
-    state = ckpt.restore(resumed, abstract_like(state))
+    state = ckpt.restore(resumed, abstract_like(state), data=data_iter)
     logging.info("resumed from checkpoint step %d in %s", resumed, ckpt.directory)
   log = MetricsLog(f"{workdir}/metrics.jsonl", resume_step=resumed,
                    writer=jax.process_index() == 0)
@@ -192,7 +195,7 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
                      if "tokens_per_sec" in rec else "", eta)
         meter.start()
       if do_ckpt:
-        ckpt.save(step, state)
+        ckpt.save(step, state, data=data_iter)
   finally:
     ckpt.close()
   return FitResult(state, log.read(), meter.mean_step_time, resumed)
