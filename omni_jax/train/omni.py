@@ -215,11 +215,15 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
                "peak %.3g FLOP/s", params_total / 1e6, params_active / 1e6, flops,
                loop.peak_flops)
   eval_fn = make_eval_fn(spec, model, stream, loop.eval_batches, mesh, layout_ops)
-  result: FitResult = fit(
-      workdir=workdir, loop=loop, init_params=init_params, loss_fn=loss_fn, tx=tx,
-      get_batch=stream.batch, put_batch=put_batch,
-      param_sharding=param_sharding, eval_fn=eval_fn,
-      tokens_per_step=tokens_per_step, flops_per_step=flops, data_iter=data_iter)
+  try:
+    result: FitResult = fit(
+        workdir=workdir, loop=loop, init_params=init_params, loss_fn=loss_fn, tx=tx,
+        get_batch=stream.batch, put_batch=put_batch,
+        param_sharding=param_sharding, eval_fn=eval_fn,
+        tokens_per_step=tokens_per_step, flops_per_step=flops, data_iter=data_iter)
+  finally:
+    if data_iter is not None:
+      data_iter.close()  # stops Grain's worker processes
   summary = make_summary(spec, config, result, params_total, params_active, flops, loop)
   summary["data"] = data_summary(stream, spec, config)
   d = summary["data"]
