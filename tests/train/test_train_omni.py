@@ -2,6 +2,9 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import wave
 
 import flax.linen as nn
@@ -15,7 +18,6 @@ from PIL import Image
 
 from configs.omni_moe import get_config
 from omni_jax.config import ConfigError
-from omni_jax.data.pipeline import PipelineStream
 from omni_jax.data.stream import OmniStream
 from omni_jax.modalities import ModalityKind, register_kind
 from omni_jax.modalities.base import MODALITY_KINDS, stack_for
@@ -155,13 +157,33 @@ def write_manifest(tmp_path, n=24, broken=True):
 def manifest_config(manifest):
   cfg = get_config("micro")
   cfg.model.modalities = {k: cfg.model.modalities[k] for k in ("image", "audio")}
-  cfg.data.update(source="manifest", manifest=str(manifest), pack_window=16, prefetch=1)
+  cfg.data.update(source="manifest", manifest=str(manifest), pack_window=16, prefetch=1,
+                  max_bad_fraction=0.1)  # 1 bad record in 25 passes
   return cfg
 
 
-def test_manifest_source_trains_resumes_exactly_and_reports_bad_lines(tmp_path, monkeypatch):
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KILL_IN_SAVE = """
+import os, signal
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+from tests.train.test_train_omni import manifest_config
+from omni_jax.data.pipeline import InputIterator
+from omni_jax.train.omni import train_omni
+
+real = InputIterator.get_state
+def get_state(self):  # called by the checkpoint's data item, after the train state's save began
+  if self.batches == 4:
+    os.kill(os.getpid(), signal.SIGKILL)
+  return real(self)
+InputIterator.get_state = get_state
+train_omni(manifest_config({manifest!r}), {workdir!r})
+"""
+
+
+@pytest.mark.slow  # three micro runs, one in a subprocess: > 10 min on 2 busy cores
+def test_manifest_run_killed_mid_save_resumes_exactly_and_reports_bad_lines(tmp_path):
   cfg = manifest_config(write_manifest(tmp_path))
-  cfg.data.max_bad_fraction = 0.1  # 1 bad record in 25 passes
   straight = train_omni(cfg, str(tmp_path / "straight"))
   data = straight["data"]
   assert {"source", "records_read", "records_skipped", "tokenizer", "vocab_size",
@@ -171,15 +193,13 @@ def test_manifest_source_trains_resumes_exactly_and_reports_bad_lines(tmp_path, 
   assert 0.5 < data["packing_efficiency"] <= 1
   assert {"image", "audio"} == set(straight["eval"])
 
-  def crash_at_step_3(self, step):
-    if step == 2:
-      raise KeyboardInterrupt("simulated crash")
-    return real_batch(self, step)
-  real_batch = PipelineStream.batch
-  monkeypatch.setattr(PipelineStream, "batch", crash_at_step_3)
-  with pytest.raises(KeyboardInterrupt):
-    train_omni(cfg, str(tmp_path / "resumed"))
-  monkeypatch.setattr(PipelineStream, "batch", real_batch)
+  # Killed (SIGKILL) inside the step-4 checkpoint save, while the input state is written.
+  script = KILL_IN_SAVE.format(manifest=cfg.data.manifest, workdir=str(tmp_path / "resumed"))
+  run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                       timeout=900)
+  assert run.returncode == -signal.SIGKILL, run.stderr[-3000:]
+  left = os.listdir(tmp_path / "resumed" / "checkpoints")
+  assert "2" in left and "4" not in left and any(x.startswith("4.") for x in left), left
   assert "process_0-of-1.json" in os.listdir(tmp_path / "resumed" / "checkpoints" / "2" / "data")
   resumed = train_omni(cfg, str(tmp_path / "resumed"))
   assert resumed["resumed_from_step"] == 2
