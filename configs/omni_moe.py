@@ -41,9 +41,14 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
       modalities=modalities(),
   )
   c.data = dict(source="synthetic", seq_len=64, batch_size=32, seed=0, text_weight=1.0,
-                manifest="", on_error="fatal", codebook_samples=64,
+                manifest="", on_error="skip", codebook_samples=64,
                 pack=False,  # True: fill each training row's padding with text samples
                 tokenizer="bytes")  # or a tokenizer.json / SentencePiece .model path
+  # The Grain pipeline of data.source = 'manifest' (docs/data.md): stop past this fraction of
+  # bad records; worker processes and prefetched windows; epochs (0 = endless); reader shards
+  # (0 = one per process); held-out fraction (by record-id hash); records packed per window.
+  c.data.update(max_bad_fraction=0.001, workers=0, prefetch=2, epochs=0, shards=0,
+                eval_fraction=0.1, pack_window=256)
   c.optim = dict(lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.01, b1=0.9, b2=0.95,
                  eps=1e-8, clip_norm=1.0)
   # Device layout (omni_jax/parallel/mesh.py); -1 takes the devices the others leave.

@@ -1,5 +1,8 @@
 """The omni model's input stream: built-in synthetic multimodal data or a JSONL manifest.
 
+:func:`make_stream` picks the stream ``config.data.source`` names; manifest data goes through
+the Grain pipeline (:mod:`omni_jax.data.pipeline`); this module holds the synthetic stream.
+
 Batches are a pure function of ``(seed, step)``, so a resumed run sees exactly the batches
 it would have seen without the interruption, and evaluation batches come from a disjoint
 random stream. Every batch holds all modalities (zeros + mask where a row lacks one), so
@@ -13,11 +16,10 @@ synthetic sample of modality m) and ``<m>:generate`` (emit m's VQ codes from its
 from __future__ import annotations
 
 import numpy as np
-from absl import logging
 
 from omni_jax.config import ConfigError, check_keys, one_of, positive_int, require
-from omni_jax.data import manifest as manifest_lib
 from omni_jax.data import vq
+from omni_jax.data.pipeline import PIPELINE_DEFAULTS, PipelineStream
 from omni_jax.data.sequences import TASK_TEXT, RowBuilder, collate, generate_task, understand_task
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.models.omni import OmniSpec
@@ -42,13 +44,17 @@ class OmniStream:
   """Deterministic batches for an :class:`OmniSpec` from ``config.data``."""
 
   def __init__(self, spec: OmniSpec, data_cfg):
-    check_keys(data_cfg, (*DATA_KEYS, "pack", "tokenizer"), "data.", required=DATA_KEYS)
+    check_keys(data_cfg, (*DATA_KEYS, "pack", "tokenizer", *PIPELINE_DEFAULTS), "data.",
+               required=DATA_KEYS)
     tokenizer = str(data_cfg.get("tokenizer", "bytes"))
     built_with = "bytes" if spec.init_from else spec.tokenizer_source  # init_from: its own
     require(tokenizer == built_with, "data.tokenizer", tokenizer,
             f"the model spec was built with tokenizer {spec.tokenizer_source!r}: pass "
             "config.data.tokenizer to build_spec")
     self.source = one_of(data_cfg, "source", ("synthetic", "manifest"), "data.")
+    if self.source != "synthetic":
+      raise ConfigError("OmniStream serves data.source = 'synthetic'; manifest data goes "
+                        "through omni_jax.data.stream.make_stream (the Grain pipeline)")
     self.seq_len = positive_int(data_cfg, "seq_len", "data.")
     self.batch_size = positive_int(data_cfg, "batch_size", "data.")
     self.seed = int(data_cfg["seed"])
@@ -56,6 +62,7 @@ class OmniStream:
     tw = data_cfg["text_weight"]
     require(isinstance(tw, int | float) and tw >= 0, "data.text_weight", tw, "must be >= 0")
     self.spec = spec
+    self._rows = self._nonpad = 0  # served by batch(): for summary()
     self.builder = RowBuilder(spec, self.seq_len)
     self.mods = dict(spec.modalities)
     self.kinds = {m: MODALITY_KINDS.get(ms["kind"]) for m, ms in spec.modalities}
@@ -65,11 +72,8 @@ class OmniStream:
     self.task_probs = w / w.sum()
     self.codebooks: dict[str, np.ndarray] = {}
     n_fit = positive_int(data_cfg, "codebook_samples", "data.")
-    if self.source == "synthetic":
-      self._fit_synthetic_codebooks(n_fit)
-      self._check_lengths()
-    else:
-      self._load_manifest(data_cfg)
+    self._fit_synthetic_codebooks(n_fit)
+    self._check_lengths()
 
   # ---------------------------------------------------------------- codebooks
   def _fit_synthetic_codebooks(self, n: int) -> None:
@@ -141,81 +145,36 @@ class OmniStream:
       rows = [self.builder.pack_text(r, _arithmetic(rng)) for r in rows]
     return collate(self.spec, rows, inputs, list(task_ids))
 
-  # ---------------------------------------------------------------- manifest
-  def _load_manifest(self, data_cfg) -> None:
-    path = data_cfg["manifest"]
-    require(bool(path), "data.manifest", path, "must name a JSONL file when data.source = "
-            "'manifest'")
-    on_error = one_of(data_cfg, "on_error", ("skip", "fatal"), "data.")
-    img, aud = self.mods.get("image"), self.mods.get("audio")
-    samples, skipped = manifest_lib.load_manifest(
-        path, image_size=tuple(img["size"]) if img else (1, 1),
-        sample_rate=aud["sample_rate"] if aud else 1,
-        max_audio_samples=aud["num_samples"] if aud else 1, on_error=on_error)
-    self.skipped = skipped
-    for s in samples:
-      for field, spec in (("image", img), ("audio", aud)):
-        if getattr(s, field) is not None and spec is None:
-          raise ConfigError(f"{s.source}: the manifest has {field} but config.model.modalities "
-                            f"has no '{field}' modality")
-    if img is not None:
-      require(img["channels"] == 3, "model.modalities.image.channels", img["channels"],
-              "manifest images are RGB: use 3")
-    inputs = [self._manifest_inputs(s) for s in samples]
-    for m in self.mods:
-      have = [x[m] for x in inputs if m in x]
-      if have and self.mods[m]["codebook_size"] and self.kinds[m].code_vectors is not None:
-        vecs = self.kinds[m].code_vectors(self.mods[m], np.stack(have))
-        flat = vecs.reshape(-1, vecs.shape[-1])
-        if flat.shape[0] < self.mods[m]["codebook_size"]:
-          raise ConfigError(f"the manifest has {flat.shape[0]} {m} code vectors, fewer than "
-                            f"model.modalities.{m}.codebook_size = {self.mods[m]['codebook_size']}")
-        self.codebooks[m] = vq.fit_codebook(flat, self.mods[m]["codebook_size"], seed=self.seed)
-    self.rows = []  # (task id, Row, inputs)
-    for s, x in zip(samples, inputs, strict=True):
-      present = [m for m in self.mods if m in x]
-      task = understand_task(present[0]) if present else TASK_TEXT
-      row = self.builder.understand(present, s.text) if present else self.builder.text(s.text)
-      self.rows.append((self.tasks.index(task), row, x))
-      for m in present:
-        if self.mods[m]["codebook_size"]:
-          row = self.builder.generate(m, s.text, self.codes(m, x[m][None])[0])
-          self.rows.append((self.tasks.index(generate_task(m)), row, {}))
-    n = len(self.rows)
-    held = set(range(9, n, 10)) if n >= 20 else set()
-    self.eval_rows = sorted(held) if held else list(range(n))
-    self.train_rows = [i for i in range(n) if i not in held]
-    logging.info("manifest %s: %d samples -> %d train rows, %d eval rows, %d lines skipped",
-                 path, len(samples), len(self.train_rows), len(self.eval_rows), len(skipped))
-
-  def _manifest_inputs(self, s) -> dict[str, np.ndarray]:
-    x = {}
-    if s.image is not None:
-      x["image"] = s.image.astype(np.float32) / 255.0
-    if s.audio is not None:
-      x["audio"] = s.audio.astype(np.float32)
-    return x
-
-  def _manifest_batch(self, pool: list[int], start: int, rng_key) -> dict[str, np.ndarray]:
-    picks = []
-    for g in range(start, start + self.batch_size):
-      epoch, i = divmod(g, len(pool))
-      picks.append(pool[_rng(*rng_key, epoch).permutation(len(pool))[i]])
-    chosen = [self.rows[p] for p in picks]
-    return collate(self.spec, [c[1] for c in chosen], [c[2] for c in chosen],
-                   [c[0] for c in chosen])
-
   # ---------------------------------------------------------------- public
   def batch(self, step: int) -> dict[str, np.ndarray]:
     """The training batch of ``step`` (a pure function of seed and step)."""
-    if self.source == "synthetic":
-      return self._synthetic_batch(_rng(self.seed, step), pack=self.pack)
-    return self._manifest_batch(self.train_rows, step * self.batch_size, (self.seed,))
+    b = self._synthetic_batch(_rng(self.seed, step), pack=self.pack)
+    self._rows += len(b["tokens"])
+    self._nonpad += int(np.count_nonzero(b["tokens"] != self.spec.tokenizer.pad_id))
+    return b
+
+  def example_batch(self) -> dict[str, np.ndarray]:
+    """A batch with the training batch's fields and shapes (for init)."""
+    return self._synthetic_batch(_rng(self.seed, 0), pack=self.pack)
+
+  def summary(self) -> dict[str, object]:
+    """The stream's part of summary.json, over the batches this object served: synthetic
+    samples (one per row; no records) and the non-pad fraction of their tokens."""
+    total = self._rows * self.seq_len
+    return {"source": "synthetic", "records_read": 0, "records_skipped": 0,
+            "samples": self._rows, "packing_efficiency": self._nonpad / total if total else None}
 
   def eval_batch(self, i: int) -> dict[str, np.ndarray]:
     """Held-out batch ``i``: a disjoint random stream with tasks in rotation, so every task
-    is measured on equally many rows (synthetic), or held-out rows (manifest)."""
-    if self.source == "synthetic":
-      rotation = (i * self.batch_size + np.arange(self.batch_size)) % len(self.tasks)
-      return self._synthetic_batch(_rng(self.seed, EVAL_DOMAIN, i), rotation)
-    return self._manifest_batch(self.eval_rows, i * self.batch_size, (self.seed, EVAL_DOMAIN))
+    is measured on equally many rows."""
+    rotation = (i * self.batch_size + np.arange(self.batch_size)) % len(self.tasks)
+    return self._synthetic_batch(_rng(self.seed, EVAL_DOMAIN, i), rotation)
+
+
+def make_stream(spec: OmniSpec, data_cfg):
+  """The stream ``config.data.source`` names: :class:`OmniStream` (synthetic) or the Grain
+  pipeline's :class:`~omni_jax.data.pipeline.PipelineStream` (manifest)."""
+  source = one_of(data_cfg, "source", ("synthetic", "manifest"), "data.")
+  if source == "manifest":
+    return PipelineStream(spec, data_cfg, DATA_KEYS)
+  return OmniStream(spec, data_cfg)

@@ -111,6 +111,41 @@ def put_batch(mesh, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
   return out
 
 
+def process_rows(mesh, batch_size: int) -> tuple[int, int]:
+  """The rows ``[lo, hi)`` of a global batch this process's devices hold (per-host reading).
+
+  Raises when they are not one contiguous block, or when the ``sequence`` axis splits a row
+  across processes (each process reads whole rows)."""
+  sh = NamedSharding(mesh, batch_spec(1, False))
+  spans = {(s[0].start or 0, batch_size if s[0].stop is None else s[0].stop)
+           for s in sh.addressable_devices_indices_map((batch_size,)).values()}
+  lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+  if sum(b - a for a, b in spans) != hi - lo:
+    raise ValueError(f"this process's devices hold rows {sorted(spans)} of the batch, not one "
+                     "contiguous block; per-host reading needs a block per process")
+  s = mesh.shape["sequence"]
+  tokens = NamedSharding(mesh, batch_spec(2, True))
+  cols = {idx[1].start or 0 for idx in tokens.addressable_devices_indices_map(
+      (batch_size, s)).values()}
+  if len(cols) != s:
+    raise ValueError(f"mesh.sequence = {s} splits each row across processes; per-host reading "
+                     "needs every process to hold whole rows (put the sequence axis within "
+                     "a process)")
+  return lo, hi
+
+
+def put_local_batch(mesh, batch: dict[str, np.ndarray], batch_size: int) -> dict[str, jax.Array]:
+  """Places this process's rows (:func:`process_rows`) of a global batch of ``batch_size``
+  rows on the mesh with ``jax.make_array_from_process_local_data``: each process builds only
+  its own part of the batch."""
+  out = {}
+  for k, v in batch.items():
+    seq = k in SEQUENCE_FIELDS
+    sh = NamedSharding(mesh, batch_spec(v.ndim, seq))
+    out[k] = jax.make_array_from_process_local_data(sh, v, (batch_size, *v.shape[1:]))
+  return out
+
+
 def context_mesh(mesh):
   """The mesh a ``shard_map`` should name: the abstract context mesh when called inside an
   enclosing partially-manual ``shard_map`` (e.g. a pipeline stage), else ``mesh``."""

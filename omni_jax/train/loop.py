@@ -137,17 +137,19 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
         put_batch: Callable[[dict], dict], param_sharding: Callable,
         eval_fn: Callable[[Any, int], dict] | None = None,
         tokens_per_step: int = 0, flops_per_step: float = 0.0,
-        params_hook: Callable[[Any], Any] | None = None) -> FitResult:
+        params_hook: Callable[[Any], Any] | None = None, data_iter=None) -> FitResult:
   """Trains ``loop.steps`` steps (resuming from ``workdir`` when a checkpoint exists).
 
   ``params_hook(params) -> params`` edits a fresh start's initial parameters (same shapes and
   shardings), e.g. to load pretrained weights; the optimizer state is then re-initialised
-  from them. A resumed run restores its checkpoint instead."""
-  ckpt = Checkpointer(workdir, loop.keep_checkpoints)
+  from them. A resumed run restores its checkpoint instead. ``data_iter``: the input iterator
+  behind ``get_batch`` when it has state (a Grain ``DatasetIterator``); it is checkpointed
+  beside the train state and restored on resume."""
+  ckpt = Checkpointer(workdir, loop.keep_checkpoints, with_data=data_iter is not None)
   state, shardings = create_state(init_params, tx, loop.seed, param_sharding)
   resumed = ckpt.latest_step()
   if resumed is not None:
-    state = ckpt.restore(resumed, abstract_like(state))
+    state = ckpt.restore(resumed, abstract_like(state), data=data_iter)
     logging.info("resumed from checkpoint step %d in %s", resumed, ckpt.directory)
   elif params_hook is not None:
     params = params_hook(state.params)
@@ -209,7 +211,7 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
             if "tokens_per_sec" in rec else ""), force=True)
         meter.start()
       if do_ckpt:
-        ckpt.save(step, state)
+        ckpt.save(step, state, data=data_iter)
     if start < loop.steps:
       prog.finish()
   finally:

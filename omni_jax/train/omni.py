@@ -20,7 +20,7 @@ from absl import logging
 
 from omni_jax.config import ConfigError, check_keys, require, to_dict
 from omni_jax.data.sequences import TASK_TEXT
-from omni_jax.data.stream import OmniStream
+from omni_jax.data.stream import OmniStream, make_stream
 from omni_jax.models import named_ops
 from omni_jax.models.flops import train_flops_per_step
 from omni_jax.models.omni import OmniModel, OmniSpec, build_spec, count_params, omni_loss
@@ -132,7 +132,7 @@ def validate(config) -> tuple[OmniSpec, OmniStream, LoopConfig]:
   spec = build_spec(config.model, tokenizer=config.data.get("tokenizer", "bytes"))
   loop = LoopConfig.from_config(config.train)
   make_optimizer(config.optim, loop.steps)
-  stream = OmniStream(spec, config.data)
+  stream = make_stream(spec, config.data)
   parallel_op_names(config)
   pipeline_microbatches(config)
   return spec, stream, loop
@@ -202,7 +202,8 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   check_batch_fits_mesh(stream, mesh, micro)
   model = OmniModel(spec)
   tx = make_optimizer(config.optim, loop.steps)
-  example = stream.batch(0)
+  put_batch, data_iter = input_placement(stream, mesh)
+  example = stream.example_batch()
 
   def init_params(key):
     return model.init(key, example)["params"]
@@ -222,13 +223,21 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
                "peak %.3g FLOP/s", params_total / 1e6, params_active / 1e6, flops,
                loop.peak_flops)
   eval_fn = make_eval_fn(spec, model, stream, loop.eval_batches, mesh, layout_ops)
-  result: FitResult = fit(
-      workdir=workdir, loop=loop, init_params=init_params, loss_fn=loss_fn, tx=tx,
-      get_batch=stream.batch, put_batch=lambda b: mesh_lib.put_batch(mesh, b),
-      param_sharding=param_sharding, eval_fn=eval_fn,
-      tokens_per_step=tokens_per_step, flops_per_step=flops,
-      params_hook=pretrained_hook(spec))
+  try:
+    result: FitResult = fit(
+        workdir=workdir, loop=loop, init_params=init_params, loss_fn=loss_fn, tx=tx,
+        get_batch=stream.batch, put_batch=put_batch,
+        param_sharding=param_sharding, eval_fn=eval_fn,
+        tokens_per_step=tokens_per_step, flops_per_step=flops,
+        params_hook=pretrained_hook(spec), data_iter=data_iter)
+  finally:
+    if data_iter is not None:
+      data_iter.close()  # stops Grain's worker processes
   summary = make_summary(spec, config, result, params_total, params_active, flops, loop)
+  summary["data"] = data_summary(stream, spec, config)
+  d = summary["data"]
+  logging.info("data (%s): %d records read, %d skipped, packing efficiency %s", d["source"],
+               d["records_read"], d["records_skipped"], d["packing_efficiency"])
   if jax.process_index() != 0:  # process 0 writes the records of a multi-process job
     return summary
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)
@@ -239,6 +248,31 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
               log_y=False, hlines={"chance (codes)": 1 / max(h.size for h in spec.heads[1:])}
               if len(spec.heads) > 1 else None)
   return summary
+
+
+def input_placement(stream, mesh):
+  """``(put_batch, data_iter)``: manifest streams read only this process's rows
+  (per-host reading) and have an iterator state to checkpoint; the synthetic stream builds
+  the global batch on every process and needs no state (batches are a function of step)."""
+  if not getattr(stream, "process_local", False):
+    return (lambda b: mesh_lib.put_batch(mesh, b)), None
+  try:
+    rows = mesh_lib.process_rows(mesh, stream.batch_size)
+  except ValueError as e:
+    raise ConfigError(f"config.mesh: {e}") from None
+  stream.bind(rows, jax.process_count())
+  return (lambda b: mesh_lib.put_local_batch(mesh, b, stream.batch_size)), stream.iterator
+
+
+def data_summary(stream, spec: OmniSpec, config) -> dict[str, Any]:
+  """summary.json's ``data``: source, records read / skipped, tokenizer, vocabulary size and
+  packing efficiency (non-pad fraction of training tokens). Manifest counts are this
+  process's (process 0's in a multi-process job); synthetic rows hold one sample each."""
+  out = dict(stream.summary())
+  out.setdefault("packing_efficiency", None)
+  out["tokenizer"] = str(config.data.get("tokenizer", "bytes"))
+  out["vocab_size"] = spec.text_vocab
+  return out
 
 
 def make_summary(spec, config, result: FitResult, params_total, params_active, flops, loop):

@@ -2,6 +2,9 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import wave
 
 import flax.linen as nn
@@ -135,25 +138,75 @@ def _write_wav(path, samples, rate):
     w.writeframes((np.asarray(samples) * 32767).astype("<i2").tobytes())
 
 
-def test_manifest_source_trains_and_reports_bad_lines(tmp_path):
+def write_manifest(tmp_path, n=24, broken=True):
+  """n records with an image and a WAV each (+ a line naming a missing file)."""
   rng = np.random.default_rng(0)
   lines = []
-  for i in range(6):
+  for i in range(n):
     Image.fromarray((rng.uniform(size=(20, 24, 3)) * 255).astype(np.uint8)).save(
         tmp_path / f"im{i}.png")
     _write_wav(tmp_path / f"a{i}.wav", np.sin(np.arange(1500) * 0.1 * (i + 1)) * 0.5, 8000)
-    lines.append(json.dumps({"text": f"sample {i}", "image": f"im{i}.png", "audio": f"a{i}.wav"}))
-  lines.append(json.dumps({"text": "broken", "image": "missing.png"}))
+    lines.append(json.dumps({"id": i, "text": f"sample {i}", "image": f"im{i}.png",
+                             "audio": f"a{i}.wav"}))
+  if broken:
+    lines.append(json.dumps({"id": "x", "text": "broken", "image": "missing.png"}))
   (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+  return tmp_path / "m.jsonl"
+
+
+def manifest_config(manifest):
   cfg = get_config("micro")
-  cfg.data.source = "manifest"
-  cfg.data.manifest = str(tmp_path / "m.jsonl")
-  with pytest.raises(ValueError, match=r"m.jsonl:7: .*missing.png"):
-    train_omni(cfg, str(tmp_path / "fatal"))
-  cfg.data.on_error = "skip"
-  cfg.train.steps = 2
-  summary = train_omni(cfg, str(tmp_path / "run"))
-  assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
+  cfg.model.modalities = {k: cfg.model.modalities[k] for k in ("image", "audio")}
+  cfg.data.update(source="manifest", manifest=str(manifest), pack_window=16, prefetch=1,
+                  max_bad_fraction=0.1)  # 1 bad record in 25 passes
+  return cfg
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KILL_IN_SAVE = """
+import os, signal
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+from tests.train.test_train_omni import manifest_config
+from omni_jax.data.pipeline import InputIterator
+from omni_jax.train.omni import train_omni
+
+real = InputIterator.get_state
+def get_state(self):  # called by the checkpoint's data item, after the train state's save began
+  if self.batches == 4:
+    os.kill(os.getpid(), signal.SIGKILL)
+  return real(self)
+InputIterator.get_state = get_state
+train_omni(manifest_config({manifest!r}), {workdir!r})
+"""
+
+
+@pytest.mark.slow  # three micro runs, one in a subprocess: > 10 min on 2 busy cores
+def test_manifest_run_killed_mid_save_resumes_exactly_and_reports_bad_lines(tmp_path):
+  cfg = manifest_config(write_manifest(tmp_path))
+  straight = train_omni(cfg, str(tmp_path / "straight"))
+  data = straight["data"]
+  assert {"source", "records_read", "records_skipped", "tokenizer", "vocab_size",
+          "packing_efficiency"} <= set(data)
+  assert data["source"] == "manifest" and data["tokenizer"] == "bytes"
+  assert data["records_skipped"] >= 1 and data["records_read"] >= 16
+  assert 0.5 < data["packing_efficiency"] <= 1
+  assert {"image", "audio"} == set(straight["eval"])
+
+  # Killed (SIGKILL) inside the step-4 checkpoint save, while the input state is written.
+  script = KILL_IN_SAVE.format(manifest=cfg.data.manifest, workdir=str(tmp_path / "resumed"))
+  run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                       timeout=900)
+  assert run.returncode == -signal.SIGKILL, run.stderr[-3000:]
+  left = os.listdir(tmp_path / "resumed" / "checkpoints")
+  assert "2" in left and "4" not in left and any(x.startswith("4.") for x in left), left
+  assert "process_0-of-1.json" in os.listdir(tmp_path / "resumed" / "checkpoints" / "2" / "data")
+  resumed = train_omni(cfg, str(tmp_path / "resumed"))
+  assert resumed["resumed_from_step"] == 2
+  for x, y in zip(jax.tree.leaves(_params(tmp_path / "straight", 4)),
+                  jax.tree.leaves(_params(tmp_path / "resumed", 4)), strict=True):
+    np.testing.assert_array_equal(x, y)
+  assert resumed["data"] == data  # read / skipped counts and efficiency come back too
 
 
 def test_config_errors_come_before_compile(tmp_path):

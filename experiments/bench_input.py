@@ -1,0 +1,62 @@
+r"""Benchmark the manifest input pipeline against the train step that consumes it.
+
+  python -m experiments.bench_input --config=configs/omni_moe.py:files --workdir=/tmp/bi
+
+In one run: the Grain pipeline's records/s and tokens/s (decode, resample, tokenize, pack,
+with --workers worker processes) and the train step's tokens/s on a batch from it (see
+omni_jax/train/input_bench.py). Writes summary.json with ``input_tokens_per_sec``,
+``step_tokens_per_sec``, ``input_over_step`` and ``packing_efficiency``. Any config whose
+``data.source`` is 'manifest' works, e.g. ``--config=configs/omni_moe.py:tiny
+--config.data.source=manifest --config.data.manifest=/path/m.jsonl``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import app, flags, logging
+
+from experiments import common
+
+_CONFIG = common.define_config("configs/omni_moe.py:files", lock_config=True)
+_WORKDIR = common.define_workdir("where summary.json goes")
+_WORKERS = flags.DEFINE_integer("workers", 2, "pipeline worker processes (config.data.workers)")
+_BATCHES = flags.DEFINE_integer("input_batches", 40, "timed input batches")
+_STEPS = flags.DEFINE_integer("steps", 10, "timed train steps")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  del argv
+  common.setup_devices()
+  from omni_jax.config import ConfigError, to_dict
+  from omni_jax.train.input_bench import measure_input, measure_step
+  from omni_jax.train.metrics import write_json_atomic
+  from omni_jax.train.omni import validate
+
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  if config.data.source != "manifest":
+    raise ConfigError("bench_input measures the manifest pipeline: set config.data.source = "
+                      "'manifest' and config.data.manifest")
+  config.data.workers = _WORKERS.value
+  os.makedirs(workdir, exist_ok=True)
+  spec, stream, _ = validate(config)
+  inp = measure_input(stream, _BATCHES.value)
+  logging.info("input: %s", inp)
+  host_batch = stream.batch(_BATCHES.value + 1)
+  stream.iterator.close()
+  step = measure_step(config, spec, stream, host_batch, _STEPS.value)
+  summary = {**inp, **step, "input_over_step":
+             inp["input_tokens_per_sec"] / step["step_tokens_per_sec"],
+             "workers": _WORKERS.value, "batch_size": stream.batch_size,
+             "seq_len": stream.seq_len, "config": to_dict(config)}
+  write_json_atomic(os.path.join(workdir, "summary.json"), summary)
+  logging.info("input %.0f tokens/s (%.1f records/s, packing %.3f) vs step %.0f tokens/s: "
+               "input_over_step %.2f; summary in %s/summary.json",
+               inp["input_tokens_per_sec"], inp["input_records_per_sec"],
+               inp["packing_efficiency"], step["step_tokens_per_sec"],
+               summary["input_over_step"], workdir)
+
+
+if __name__ == "__main__":
+  app.run(main)

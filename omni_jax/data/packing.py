@@ -1,0 +1,126 @@
+"""Packing documents into fixed-length rows with segment ids, and rows into batches.
+
+A *document* is one sample's token sequence (an understand, generate or text sequence of
+:mod:`omni_jax.data.sequences`, without padding). Packing places several documents in one
+row of ``seq_len`` tokens and marks them:
+
+* ``segment_ids`` int32 [B, T]: 0 on padding, 1..n for the row's documents in order — the
+  attention mask allows a token to see only its own document;
+* ``positions`` int32 [B, T]: restart at 0 at each document (0 on padding);
+* ``targets`` / ``target_head``: a document's last token predicts nothing (head 0), so no
+  loss crosses a boundary and padding carries no loss.
+
+The batch layout has one slot per modality per row (``<m>`` [B, ...], ``<m>_pos`` [B, N_m],
+``<m>_mask`` [B]), so a row takes at most ONE document that carries modality ``m``'s encoder
+input (understand documents); generate and text documents carry only tokens and pack freely.
+
+The packer is best-fit decreasing over a window of documents: longest first, each into the
+open row with the least room left that fits it and has its modality slots free. Rows are
+filled to the token budget ``seq_len`` (the VeOmni-style dynamic batcher: the number of samples
+per batch varies, the tokens per batch do not).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from omni_jax.modalities import MODALITY_KINDS
+from omni_jax.models.omni import OmniSpec
+
+
+@dataclasses.dataclass
+class Doc:
+  """One document: unpadded ids and targets, its modality slots and inputs."""
+  tokens: np.ndarray      # int32 [n]
+  targets: np.ndarray     # int32 [n] (local ids of the next token)
+  target_head: np.ndarray  # int32 [n] (0 = no loss; the last token always 0)
+  slots: dict[str, np.ndarray]  # modality -> int32 offsets in the document
+  inputs: dict[str, np.ndarray]  # modality -> encoder input
+  task: int
+
+  def __len__(self) -> int:
+    return len(self.tokens)
+
+
+def doc_from_row(row, inputs: dict[str, np.ndarray], task: int, pad_id: int) -> Doc:
+  """A :class:`~omni_jax.data.sequences.Row` (padded) as a :class:`Doc` (padding cut)."""
+  n = int(np.count_nonzero(row.tokens != pad_id))  # documents hold no <pad> inside
+  return Doc(row.tokens[:n].copy(), row.targets[:n].copy(), row.target_head[:n].copy(),
+             dict(row.slots), {m: inputs[m] for m in row.slots}, task)
+
+
+def pack(docs: list[Doc], seq_len: int) -> list[list[Doc]]:
+  """Best-fit decreasing packing under the one-slot-per-modality rule; deterministic."""
+  rows: list[list[Doc]] = []
+  room: list[int] = []
+  used: list[set[str]] = []
+  order = sorted(range(len(docs)), key=lambda i: (-len(docs[i]), i))
+  for i in order:
+    d = docs[i]
+    if len(d) > seq_len:
+      raise ValueError(f"a document of {len(d)} tokens does not fit data.seq_len = {seq_len}")
+    mods = set(d.slots)
+    best, best_room = -1, seq_len + 1
+    for r in range(len(rows)):
+      if len(d) <= room[r] < best_room and not mods & used[r]:
+        best, best_room = r, room[r]
+    if best < 0:
+      rows.append([])
+      room.append(seq_len)
+      used.append(set())
+      best = len(rows) - 1
+    rows[best].append(d)
+    room[best] -= len(d)
+    used[best] |= mods
+  return rows
+
+
+def collate_packed(spec: OmniSpec, rows: list[list[Doc]], seq_len: int) -> dict[str, np.ndarray]:
+  """Packed rows -> a batch: the :func:`~omni_jax.data.sequences.collate` fields plus
+  ``segment_ids`` and ``positions``. ``task`` holds each row's first document's task."""
+  b, t = len(rows), seq_len
+  pad = spec.tokenizer.pad_id
+  tokens = np.full((b, t), pad, np.int32)
+  targets = np.zeros((b, t), np.int32)
+  heads = np.zeros((b, t), np.int32)
+  seg = np.zeros((b, t), np.int32)
+  pos = np.zeros((b, t), np.int32)
+  task = np.zeros(b, np.int32)
+  batch = {}
+  mods = {}
+  for name, ms in spec.modalities:
+    kind = MODALITY_KINDS.get(ms["kind"])
+    n = kind.num_tokens(ms)
+    mods[name] = (np.zeros((b, *kind.input_shape(ms)), kind.input_dtype),
+                  np.tile(np.arange(n, dtype=np.int32), (b, 1)), np.zeros(b, bool))
+  for i, row in enumerate(rows):
+    at = 0
+    for k, d in enumerate(row, start=1):
+      n = len(d)
+      sl = slice(at, at + n)
+      tokens[i, sl], targets[i, sl], heads[i, sl] = d.tokens, d.targets, d.target_head
+      seg[i, sl] = k
+      pos[i, sl] = np.arange(n, dtype=np.int32)
+      for m, offs in d.slots.items():
+        x, p, mask = mods[m]
+        if mask[i]:
+          raise ValueError(f"row {i} holds two documents with modality {m!r}")
+        x[i], p[i], mask[i] = d.inputs[m], offs + at, True
+      if k == 1:
+        task[i] = d.task
+      at += n
+    if at > t:
+      raise ValueError(f"row {i} holds {at} tokens, more than seq_len = {t}")
+  batch.update(tokens=tokens, targets=targets, target_head=heads, task=task, segment_ids=seg,
+               positions=pos)
+  for name, (x, p, mask) in mods.items():
+    batch[name], batch[f"{name}_pos"], batch[f"{name}_mask"] = x, p, mask
+  return batch
+
+
+def efficiency(batch: dict[str, np.ndarray]) -> tuple[int, int]:
+  """(non-pad tokens, all tokens) of a packed batch."""
+  seg = batch["segment_ids"]
+  return int(np.count_nonzero(seg)), int(seg.size)

@@ -1,0 +1,64 @@
+"""Input pipeline vs train step: how fast each produces / consumes tokens (bench_input).
+
+:func:`measure_input` pulls training batches from a manifest stream as fast as it delivers
+them (decode, resample, tokenize, pack, collate; worker processes as configured) and
+:func:`measure_step` runs the jitted train step on one device-resident batch, so the two
+rates are measured alone on the same machine. ``input_over_step`` > 1 means the pipeline
+keeps up with the step; the issue's goal is >= 5 (headroom for slower files and hosts).
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from omni_jax.models.omni import OmniModel
+from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.train.loop import create_state, make_train_step
+from omni_jax.train.omni import make_layout_mesh, make_loss_fn, parallel_op_names, state_sharding
+from omni_jax.train.optim import make_optimizer
+
+
+def measure_input(stream, batches: int) -> dict[str, float]:
+  """Rates of ``batches`` training batches after a first, untimed one (worker start-up)."""
+  if stream.iterator is None:
+    stream.bind()
+  it = stream.iterator
+  stream.batch(0)
+  read0, nonpad0 = it.records_read, it.nonpad
+  t0 = time.perf_counter()
+  for step in range(1, batches + 1):
+    stream.batch(step)
+  dt = time.perf_counter() - t0
+  tokens = batches * stream.batch_size * stream.seq_len
+  return {"input_seconds": dt, "input_batches": batches,
+          "input_records_per_sec": (it.records_read - read0) / dt,
+          "input_tokens_per_sec": tokens / dt,
+          "input_nonpad_tokens_per_sec": (it.nonpad - nonpad0) / dt,
+          "packing_efficiency": it.packing_efficiency}
+
+
+def measure_step(config, spec, stream, host_batch: dict[str, np.ndarray], steps: int
+                 ) -> dict[str, float]:
+  """Seconds per train step (mean of ``steps`` after two warm-up steps) on ``host_batch``."""
+  mesh = make_layout_mesh(config)
+  model = OmniModel(spec)
+  tx = make_optimizer(config.optim, config.train.steps)  # the run's own schedule
+  loss_fn = make_loss_fn(spec, model, mesh, parallel_op_names(config))
+  state, shardings = create_state(lambda k: model.init(k, host_batch)["params"], tx, 0,
+                                  state_sharding(mesh))
+  step_fn = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0,
+                    out_shardings=(shardings, mesh_lib.replicated(mesh, 0)))
+  batch = mesh_lib.put_batch(mesh, host_batch)
+  for _ in range(2):
+    state, metrics = step_fn(state, batch)
+  jax.block_until_ready(metrics["loss"])
+  t0 = time.perf_counter()
+  for _ in range(steps):
+    state, metrics = step_fn(state, batch)
+  jax.block_until_ready(metrics["loss"])
+  dt = (time.perf_counter() - t0) / steps
+  return {"step_seconds": dt, "step_tokens_per_sec": stream.batch_size * stream.seq_len / dt,
+          "step_loss": float(metrics["loss"])}

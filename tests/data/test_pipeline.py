@@ -1,0 +1,260 @@
+"""The Grain input pipeline: lazy records, id-hash split, packing, shards, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from absl import flags
+from PIL import Image
+
+from configs.omni_moe import get_config
+from omni_jax.data import packing
+from omni_jax.data.pipeline import DataError, PipelineStream
+from omni_jax.data.records import ManifestIndex, is_eval, record_id
+from omni_jax.data.stream import DATA_KEYS, make_stream
+from omni_jax.models.omni import build_spec
+
+
+def text_config(manifest, **data):
+  """The micro config on a text-only model (no codebooks to fit: fast)."""
+  cfg = get_config("micro")
+  cfg.model.modalities = dict(
+      image=dict(kind="patch", size=(16, 16), channels=3, patch=8, codebook_size=0,
+                 encoder_dim=16, encoder_layers=1, encoder_heads=2))
+  cfg.data.update(source="manifest", manifest=str(manifest), on_error="skip", **data)
+  return cfg
+
+
+def write_lines(path, lines):
+  path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
+  return path
+
+
+def texts_of(spec, batch):
+  """The text of every document of a packed batch (bytes between <bos> and <eos>)."""
+  tok = spec.tokenizer
+  out = []
+  for tokens, seg in zip(batch["tokens"], batch["segment_ids"], strict=True):
+    for k in range(1, seg.max() + 1):
+      ids = tokens[seg == k]
+      out.append(tok.decode(ids[ids < tok.vocab_size]))  # codes of generate documents dropped
+  return out
+
+
+def test_index_is_lazy_and_split_follows_the_id(tmp_path):
+  m = write_lines(tmp_path / "m.jsonl", [{"id": i, "text": f"t{i}"} for i in range(200)]
+                  + ["", "   "] + [{"text": "no id"}])
+  index = ManifestIndex(m, eval_fraction=0.25)
+  assert len(index.offsets) == 201 and index.linenos[-1] == 203
+  train, ev = index.split("train"), index.split("eval")
+  assert len(train) + len(ev) == 201
+  assert 30 < len(ev) < 70  # ~ 0.25 of 201
+  lineno, raw = ev[0]
+  assert json.loads(raw)["text"] == f"t{lineno - 1}"
+  # The split is a function of the id, not of the line's place or its other keys.
+  for i in range(200):
+    assert index.eval_mask[i] == is_eval(record_id(json.dumps({"text": "x", "id": i}).encode()),
+                                         0.25)
+  assert record_id(b'{"text": "a"}\n') == b'{"text": "a"}'
+  with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+    ManifestIndex(tmp_path / "nope.jsonl", 0.1)
+
+
+def doc(n, slots=(), task=0):
+  toks = np.arange(10, 10 + n, dtype=np.int32)
+  heads = np.ones(n, np.int32)
+  heads[-1] = 0
+  return packing.Doc(toks, toks + 1, heads, {m: np.arange(1, 5, dtype=np.int32) for m in slots},
+                     {m: np.full((16, 16, 3), n, np.float32) for m in slots}, task)
+
+
+def test_packing_layout_and_one_slot_per_modality(tmp_path):
+  spec = build_spec(text_config(tmp_path / "x").model)
+  docs = [doc(20, ["image"], 1), doc(20, ["image"], 1), doc(10), doc(6), doc(18)]
+  rows = packing.pack(docs, 48)
+  for row in rows:
+    assert sum(len(d) for d in row) <= 48
+    assert sum("image" in d.slots for d in row) <= 1
+  assert sorted(len(d) for r in rows for d in r) == [6, 10, 18, 20, 20]
+  assert [[len(d) for d in r] for r in rows] == [[20, 18, 10], [20, 6]]  # best fit decreasing
+  b = packing.collate_packed(spec, rows, 48)
+  for i, row in enumerate(rows):
+    at = 0
+    for k, d in enumerate(row, start=1):
+      sl = slice(at, at + len(d))
+      np.testing.assert_array_equal(b["tokens"][i, sl], d.tokens)
+      np.testing.assert_array_equal(b["segment_ids"][i, sl], k)
+      np.testing.assert_array_equal(b["positions"][i, sl], np.arange(len(d)))
+      assert b["target_head"][i, at + len(d) - 1] == 0  # no loss across the boundary
+      if "image" in d.slots:
+        np.testing.assert_array_equal(b["image_pos"][i], at + d.slots["image"])
+        assert b["image_mask"][i] and b["image"][i].max() == len(d)
+      at += len(d)
+    assert (b["segment_ids"][i, at:] == 0).all() and (b["target_head"][i, at:] == 0).all()
+    assert (b["tokens"][i, at:] == spec.tokenizer.pad_id).all()
+  assert packing.efficiency(b) == (74, 96)
+  with pytest.raises(ValueError, match="does not fit data.seq_len = 16"):
+    packing.pack([doc(20)], 16)
+
+
+def test_shards_read_disjoint_halves_and_batches_concatenate(tmp_path):
+  m = write_lines(tmp_path / "m.jsonl", [{"id": i, "text": f"record {i:03d}"} for i in range(96)])
+  cfg = text_config(m, epochs=1, pack_window=8, shards=2, prefetch=0)
+  spec = build_spec(cfg.model)
+  halves, reads = [], []
+  for shard in (0, 1):
+    s = PipelineStream(spec, cfg.data, DATA_KEYS)
+    per = s.batch_size // 2
+    s.bind((shard * per, (shard + 1) * per))
+    seen = []
+    with pytest.raises(DataError, match="ran out after data.epochs = 1"):
+      for step in range(100):
+        seen += texts_of(spec, s.batch(step))
+    halves.append(seen)
+    reads.append(s.summary()["records_read"])
+  train = {f"record {json.loads(r)['id']:03d}" for _, r in
+           (s.train_source[i] for i in range(len(s.train_source)))}
+  a, b = set(halves[0]), set(halves[1])
+  assert not a & b
+  assert len(halves[0]) == len(a)  # one epoch: no record twice
+  assert abs(len(a) - len(b)) <= 1
+  assert sum(reads) == len(train)  # each shard read its whole half once
+  # Only the docs of each shard's last, unfinished batch (4 rows of <= 4 docs) are unseen.
+  assert a | b <= train and len(train - (a | b)) < 2 * 4 * 4
+
+  # One process reading both shards builds the concatenation of the two halves' rows.
+  one = PipelineStream(spec, cfg.data, DATA_KEYS)
+  one.bind()
+  two = []
+  for shard in (0, 1):
+    s = PipelineStream(spec, cfg.data, DATA_KEYS)
+    s.bind((shard * 4, shard * 4 + 4))
+    two.append(s)
+  for step in range(2):  # 43 records per shard: 2 full batches
+    whole = one.batch(step)
+    parts = [s.batch(step) for s in two]
+    for k, v in whole.items():
+      np.testing.assert_array_equal(v, np.concatenate([p[k] for p in parts]), err_msg=k)
+
+
+def test_input_state_resumes_exactly(tmp_path):
+  m = write_lines(tmp_path / "m.jsonl", [{"id": i, "text": "w " * (i % 7) + str(i)}
+                                         for i in range(60)])
+  cfg = text_config(m, pack_window=16, prefetch=2)
+  spec = build_spec(cfg.model)
+  a = make_stream(spec, cfg.data)
+  a.bind()
+  first = [a.batch(i) for i in range(5)]
+  state = json.loads(json.dumps(a.iterator.get_state()))  # what the checkpoint stores
+  rest = [a.batch(i) for i in range(5, 12)]
+  b = make_stream(spec, cfg.data)
+  b.bind()
+  b.iterator.set_state(state)
+  for i, want in enumerate(rest, start=5):
+    got = b.batch(i)
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k], err_msg=f"batch {i} {k}")
+  assert b.summary() == a.summary()
+  assert a.summary()["records_read"] >= 12 * 8 // 3  # packed: several records per row
+  with pytest.raises(ValueError, match="sequential: asked for batch 3, next is 12"):
+    b.batch(3)
+  assert first[0]["tokens"].shape == (8, 48)
+
+
+def test_eval_split_keeps_a_record_whole(tmp_path):
+  rng = np.random.default_rng(0)
+  lines = []
+  for i in range(40):
+    Image.fromarray((rng.uniform(size=(8, 8, 3)) * 255).astype(np.uint8)).save(
+        tmp_path / f"{i}.png")
+    lines.append({"id": f"r{i}", "text": f"pic {i:02d}", "image": f"{i}.png"})
+  m = write_lines(tmp_path / "m.jsonl", lines)
+  cfg = get_config("micro")
+  cfg.model.modalities = dict(image=cfg.model.modalities.image)
+  cfg.data.update(source="manifest", manifest=str(m), eval_fraction=0.3, codebook_samples=8,
+                  epochs=1, prefetch=0)
+  s = make_stream(build_spec(cfg.model), cfg.data)
+  s.bind()
+  spec = s.spec
+  train_texts = []
+  with pytest.raises(DataError, match="ran out"):
+    for step in range(50):
+      train_texts += texts_of(spec, s.batch(step))
+  eval_texts = [t for i in range(3) for t in texts_of(spec, s.eval_batch(i))]
+  train_ids = {t[:6] for t in train_texts}
+  eval_ids = {t[:6] for t in eval_texts}
+  assert train_ids and eval_ids and not train_ids & eval_ids
+  assert len(train_ids | eval_ids) == 40
+  # Each eval record gives an understand and a generate document, both held out.
+  ev_tasks = {}
+  for i in range(3):
+    b = s.eval_batch(i)
+    for text, t in zip(texts_of(spec, b), b["task"], strict=True):
+      ev_tasks.setdefault(text[:6], set()).add(s.tasks[t])
+  assert all(v == {"image:understand", "image:generate"} for v in ev_tasks.values())
+  ev = s.eval_batch(0)
+  assert (ev["segment_ids"].max(1) == 1).all()  # eval rows: one document each
+  tasks = {s.tasks[t] for t in ev["task"]}
+  assert tasks == {"image:understand", "image:generate"}
+
+
+def test_bad_records_are_reported_counted_and_capped(tmp_path):
+  (tmp_path / "junk.png").write_bytes(b"not a png")
+  lines = [{"id": i, "text": f"good {i:02d} " + "x" * 30} for i in range(40)]  # a row each
+  bad = {3: "{broken", 7: {"text": 5}, 11: {"text": "x", "colour": "red"},
+         15: {"text": "x", "image": "missing.png"}, 19: {"text": "x", "image": "junk.png"},
+         23: {"text": "y" * 80}}
+  for i, line in bad.items():
+    lines[i] = line
+  m = write_lines(tmp_path / "m.jsonl", lines)
+  cfg = text_config(m, eval_fraction=0.0, epochs=1, pack_window=64, max_bad_fraction=0.2,
+                    prefetch=0)
+  s = make_stream(build_spec(cfg.model), cfg.data)
+  s.bind()
+  s.batch(0)
+  got = s.summary()
+  assert got["records_read"] == 40 and got["records_skipped"] == 6
+  msgs = s.iterator.readers[0].bad
+  assert sorted(int(x.split(":")[1]) for x in msgs) == [i + 1 for i in bad]
+  by_line = {int(x.split(":")[1]): x for x in msgs}
+  assert all(x.startswith(f"{m}:") for x in msgs)
+  assert "invalid JSON" in by_line[4]
+  assert "'text' must be a string" in by_line[8]
+  assert "unknown key(s) ['colour']" in by_line[12]
+  assert "not found" in by_line[16] and "missing.png" in by_line[16]
+  assert "junk.png" in by_line[20]
+  assert "data.seq_len = 48" in by_line[24]
+
+  cfg.data.max_bad_fraction = 0.1  # 6 / 40 = 0.15 > 0.1: stops, listing them
+  s = make_stream(build_spec(cfg.model), cfg.data)
+  s.bind()
+  with pytest.raises(DataError, match=r"6 of 40 records read were bad .*max_bad_fraction = 0.1"
+                     ) as info:
+    s.batch(0)
+  assert all(x in str(info.value) for x in msgs)
+  cfg.data.on_error = "fatal"
+  s = make_stream(build_spec(cfg.model), cfg.data)
+  s.bind()
+  with pytest.raises(DataError, match=r"on_error = 'fatal'.*m.jsonl:\d+: "):
+    s.batch(0)
+
+
+@pytest.mark.slow  # spawns a worker process (~25 s on 2 cores)
+def test_worker_processes_give_the_same_batches(tmp_path):
+  if not flags.FLAGS.is_parsed():  # Grain's worker start-up reads its absl flags
+    flags.FLAGS.mark_as_parsed()
+  m = write_lines(tmp_path / "m.jsonl", [{"id": i, "text": f"rec {i}"} for i in range(50)])
+  cfg = text_config(m, pack_window=8)
+  spec = build_spec(cfg.model)
+  got = {}
+  for workers in (0, 1):
+    cfg.data.workers = workers
+    s = make_stream(spec, cfg.data)
+    s.bind()
+    got[workers] = [s.batch(i) for i in range(3)]
+    s.iterator.close()
+  for a, b in zip(got[0], got[1], strict=True):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])

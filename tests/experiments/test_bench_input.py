@@ -1,0 +1,46 @@
+"""experiments.bench_input on a manifest written here (micro model, no worker processes)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_bench_input_writes_its_keys(tmp_path):
+  rng = np.random.default_rng(0)
+  lines = []
+  for i in range(40):
+    rec = {"id": i, "text": f"thing {i}"}
+    if i % 2:
+      Image.fromarray((rng.uniform(size=(10, 10, 3)) * 255).astype(np.uint8)).save(
+          tmp_path / f"{i}.png")
+      rec["image"] = f"{i}.png"
+    lines.append(json.dumps(rec))
+  (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  r = subprocess.run(
+      [sys.executable, "-m", "experiments.bench_input", "--config=configs/omni_moe.py:micro",
+       f"--workdir={tmp_path / 'out'}", "--config.data.source=manifest",
+       f"--config.data.manifest={tmp_path / 'm.jsonl'}", "--config.data.codebook_samples=8",
+       "--config.data.pack_window=16", "--workers=0", "--input_batches=4", "--steps=2",
+       "--cpu_devices=2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  s = json.load(open(tmp_path / "out" / "summary.json"))
+  assert s["input_over_step"] == pytest.approx(s["input_tokens_per_sec"]
+                                               / s["step_tokens_per_sec"])
+  assert s["input_tokens_per_sec"] == pytest.approx(4 * 8 * 48 / s["input_seconds"])
+  assert s["step_tokens_per_sec"] == pytest.approx(8 * 48 / s["step_seconds"])
+  assert 0.3 < s["packing_efficiency"] <= 1 and s["input_records_per_sec"] > 0
+  assert np.isfinite(s["step_loss"]) and s["workers"] == 0
+  r = subprocess.run(
+      [sys.executable, "-m", "experiments.bench_input", "--config=configs/omni_moe.py:micro",
+       f"--workdir={tmp_path / 'synthetic'}"], cwd=ROOT, env=env, capture_output=True,
+      text=True, timeout=600)
+  assert r.returncode != 0 and "set config.data.source = 'manifest'" in r.stderr
