@@ -9,9 +9,10 @@ memory from ``memory_analysis``, checks one step's gradients against the 1-devic
 times a few steps. Layouts whose bytes exceed the expectation by more than 10% are
 flagged. Writes summary.json (``layouts``: name, mesh, max_rel_grad_err, collectives,
 expected_bytes, bytes_ratio, peak_memory_bytes, tokens_per_sec; ring layouts add
-``ring_block_imbalance``, max/mean causal half-chunk pairs computed per device, counted
-from the ring's schedule; the top-level ``ring_block_imbalance`` is the largest over the
-ring layouts) and report.png.
+``sequence_attention`` and ``ring_block_imbalance``, max/mean causal half-chunk pairs
+computed per device, counted from the ring's schedule; top level: ``ring_block_imbalance``,
+the largest over the ``ring_zigzag`` layouts, and ``ring_block_imbalance_contiguous`` over
+the ``ring`` ones) and report.png.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def main(argv):
            "tokens_per_sec_per_device": tps / mesh.size,
            "mfu": flops * tps / tokens / (mesh.size * peak_flops)}
     if op_names["sequence_attention"] in ("ring", "ring_zigzag") and mesh.shape["sequence"] > 1:
+      row["sequence_attention"] = op_names["sequence_attention"]
       row["ring_block_imbalance"] = ring_block_imbalance(
           mesh.shape["sequence"], zigzag=op_names["sequence_attention"] == "ring_zigzag")
     rows.append(row)
@@ -152,9 +154,11 @@ def main(argv):
              "one_device_tokens_per_sec": one_tps, "peak_flops_per_sec": peak_flops,
              "model_flops_per_step": flops,
              "config": config.to_dict()}
-  ring_rows = [r["ring_block_imbalance"] for r in rows if "ring_block_imbalance" in r]
-  if ring_rows:
-    summary["ring_block_imbalance"] = max(ring_rows)
+  for key, op in (("ring_block_imbalance", "ring_zigzag"),
+                  ("ring_block_imbalance_contiguous", "ring")):
+    vals = [r["ring_block_imbalance"] for r in rows if r.get("sequence_attention") == op]
+    if vals:
+      summary[key] = max(vals)
   if _MEMORY_SEQ.value:
     summary["sequence_memory"] = sequence_memory_check(config, _MEMORY_SEQ.value)
     logging.info("sequence-parallel memory check: %s", summary["sequence_memory"])

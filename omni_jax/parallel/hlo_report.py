@@ -137,7 +137,9 @@ def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: floa
   if sequence_op in ("ring", "ring_zigzag"):
     total += (6 * s - 4) * kv_fraction * activation_bytes * num_layers if s > 1 else 0.0
     if sequence_op == "ring_zigzag" and s > 1:
-      total += 2 * (2 + 2 * kv_fraction) * activation_bytes * num_layers
+      # two half-chunk permutes per array; at s = 2 the even-halves one is the identity
+      moved = 0.5 if s == 2 else 1.0
+      total += 2 * (2 + 2 * kv_fraction) * moved * activation_bytes * num_layers
   else:
     total += 8 * frac(s) * activation_bytes * num_layers
   total += 4 * 2 * frac(t) * activation_bytes * num_layers

@@ -54,6 +54,11 @@ def test_expected_bytes_closed_forms_for_ring_and_pipeline():
                                num_layers=3, sequence_op="ring_zigzag", kv_fraction=0.25)
   # + q, k, v, out into / out of zig-zag order, forward and backward
   assert zigzag - ring == pytest.approx(2 * (1 + 0.25 + 0.25 + 1) * 100.0 * 3)
+  two = lambda op: expected_wire_bytes(pb, mesh_lib.make_mesh(dict(sequence=2, data=4)),
+                                      activation_bytes=100.0, num_layers=3, sequence_op=op,
+                                      kv_fraction=0.25)
+  # at sequence=2 half of the exchange stays on its device (an identity permute, not sent)
+  assert two("ring_zigzag") - two("ring") == pytest.approx((1 + 0.25 + 0.25 + 1) * 100.0 * 3)
   pipe = expected_wire_bytes(pb, mesh_lib.make_mesh(dict(pipeline=2, data=4)),
                              activation_bytes=100.0, num_layers=3, microbatches=4)
   assert pipe == pytest.approx(2 * 5 / 4 * 100.0 + 4 * 0.5 * 100.0)
