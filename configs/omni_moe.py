@@ -33,7 +33,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.model = dict(
       d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=256, rope_theta=10_000.0,
       moe=dict(num_experts=4, top_k=2, d_ff=128, every=1, renormalize=True, impl="dropless",
-               capacity_factor=1.25, shared_experts=0, lb_coef=0.01, z_coef=1e-3),
+               capacity_factor=1.25, shared_experts=0, lb_coef=0.01, z_coef=1e-3,
+               balance="aux_loss", bias_rate=1e-3),  # or 'bias' | 'both' (aux-loss-free)
       remat="none", dtype="float32", text_loss_weight=1.0,
       attention_block=0,  # > 0: blockwise attention over key blocks (long context)
       modalities=modalities(),

@@ -51,6 +51,7 @@ class BackboneSpec:
   remat: str = "none"
   dtype: Any = jnp.float32
   attention_block: int = 0    # > 0: blockwise attention (long context)
+  moe_balance: str = "aux_loss"  # 'aux_loss' | 'bias' | 'both' (omni_jax.models.moe.MoE)
 
   @property
   def unit_size(self) -> int:
@@ -65,9 +66,12 @@ class BackboneSpec:
     return self.num_units if self.num_experts and self.moe_every else 0
 
   def zero_aux(self) -> dict[str, jax.Array]:
-    return dict(lb_loss=jnp.zeros((), jnp.float32), z_loss=jnp.zeros((), jnp.float32),
-                dropped_frac=jnp.zeros((), jnp.float32),
-                expert_load=jnp.zeros((max(self.num_experts, 1),), jnp.float32))
+    zero = jnp.zeros((), jnp.float32)
+    aux = dict(lb_loss=zero, z_loss=zero, dropped_frac=zero, load_imbalance=zero,
+               expert_load=jnp.zeros((max(self.num_experts, 1),), jnp.float32))
+    if self.moe_balance != "aux_loss":
+      aux["balance_probe"] = zero
+    return aux
 
 
 class Block(nn.Module):
@@ -86,7 +90,7 @@ class Block(nn.Module):
       y, aux = MoE(d_model=s.d_model, d_ff=s.moe_d_ff, num_experts=s.num_experts, top_k=s.top_k,
                    renormalize=s.renormalize, impl=s.moe_impl,
                    capacity_factor=s.capacity_factor, num_shared_experts=s.shared_experts,
-                   dtype=s.dtype, name="moe")(h)
+                   dtype=s.dtype, balance=s.moe_balance, name="moe")(h)
     else:
       y, aux = SwiGLU(s.d_ff, dtype=s.dtype, name="mlp")(h), None
     return x + y, aux
