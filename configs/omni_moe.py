@@ -50,7 +50,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.parallel = dict(recipe="omni", sequence_attention="",  # 'ulysses' | 'ring'
                     pipeline_microbatches=4)           # GPipe microbatches (mesh.pipeline > 1)
   c.train = dict(steps=300, seed=0, log_every=25, eval_every=100, eval_batches=4,
-                 checkpoint_every=100, keep_checkpoints=2, peak_flops=0.0)
+                 checkpoint_every=100, keep_checkpoints=2, peak_flops=0.0,
+                 grad_accum=1)  # microbatches per optimizer step (lax.scan in the step)
 
   if arg == "tiny":
     pass
