@@ -34,7 +34,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.model = dict(
       d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=256, rope_theta=10_000.0,
       moe=dict(num_experts=4, top_k=2, d_ff=128, every=1, renormalize=True, impl="dropless",
-               capacity_factor=1.25, shared_experts=0, lb_coef=0.01, z_coef=1e-3),
+               capacity_factor=1.25, shared_experts=0, lb_coef=0.01, z_coef=1e-3,
+               balance="aux_loss", bias_rate=1e-3),  # or 'bias' | 'both' (aux-loss-free)
       remat="none", dtype="float32", text_loss_weight=1.0,
       attention_block=0,  # > 0: blockwise attention over key blocks (long context)
       init_from="",  # "hf:DIR": backbone + text tokenizer from a Hugging Face checkpoint
@@ -58,7 +59,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                     pipeline_microbatches=4)           # GPipe microbatches (mesh.pipeline > 1)
   c.train = dict(steps=300, seed=0, log_every=25, eval_every=100, eval_batches=4,
                  checkpoint_every=100, keep_checkpoints=2, peak_flops=0.0,
-                 profile_steps="")                     # "a:b": jax.profiler trace of steps a..b
+                 profile_steps="",                     # "a:b": jax.profiler trace of steps a..b
+                 grad_accum=1)  # microbatches per optimizer step (lax.scan in the step)
 
   if arg == "tiny":
     pass

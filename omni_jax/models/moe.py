@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from omni_jax.models.named_ops import named_op
 
 IMPLS = ("dropless", "capacity")
+BALANCE_MODES = ("aux_loss", "bias", "both")
 
 
 # ------------------------------------------------------------------------------------------
@@ -99,7 +100,8 @@ def moe_flops_per_token(d_model: int, d_ff: int, top_k: int, num_shared_experts:
 # Router
 # ------------------------------------------------------------------------------------------
 
-def route(x: jax.Array, router_kernel: jax.Array, top_k: int, renormalize: bool
+def route(x: jax.Array, router_kernel: jax.Array, top_k: int, renormalize: bool,
+          bias: jax.Array | None = None
           ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Float32 softmax top-k router.
 
@@ -108,6 +110,9 @@ def route(x: jax.Array, router_kernel: jax.Array, top_k: int, renormalize: bool
     router_kernel: ``[D, E]`` float32.
     top_k: experts per token.
     renormalize: divide the top-k probabilities by their sum so each token's gates sum to 1.
+    bias: optional ``[E]`` aux-loss-free routing bias (DeepSeek-V3): added to the
+      probabilities for the top-k *selection* only; the gates are the unbiased probabilities
+      of the selected experts.
 
   Returns:
     ``(logits [N, E] f32, probs [N, E] f32, weights [N, k] f32, expert_ids [N, k] int32)``;
@@ -116,7 +121,11 @@ def route(x: jax.Array, router_kernel: jax.Array, top_k: int, renormalize: bool
   logits = jnp.dot(x.astype(jnp.float32), router_kernel.astype(jnp.float32),
                    precision=jax.lax.Precision.HIGHEST)
   probs = jax.nn.softmax(logits, axis=-1)
-  weights, expert_ids = jax.lax.top_k(probs, top_k)
+  if bias is None:
+    weights, expert_ids = jax.lax.top_k(probs, top_k)
+  else:
+    _, expert_ids = jax.lax.top_k(probs + bias.astype(jnp.float32), top_k)
+    weights = jnp.take_along_axis(probs, expert_ids, axis=-1)
   if renormalize:
     weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
   return logits, probs, weights, expert_ids.astype(jnp.int32)
@@ -132,6 +141,7 @@ def router_aux(logits: jax.Array, probs: jax.Array, expert_ids: jax.Array
     ``P_e = mean_n probs[n, e]`` is the mean router probability of ``e``. Equals 1 for a
     perfectly uniform router; its gradient flows through ``P`` only.
   * ``z_loss``: ST-MoE router z-loss ``mean_n logsumexp(logits[n])**2``.
+  * ``load_imbalance``: ``max_e f_e / mean_e f_e`` (1 = perfectly balanced, E = collapsed).
   """
   num_experts = probs.shape[-1]
   counts = jnp.bincount(expert_ids.reshape(-1), length=num_experts)
@@ -139,7 +149,8 @@ def router_aux(logits: jax.Array, probs: jax.Array, expert_ids: jax.Array
   mean_prob = jnp.mean(probs, axis=0)
   lb_loss = num_experts * jnp.sum(jax.lax.stop_gradient(load) * mean_prob)
   z_loss = jnp.mean(jnp.square(jax.nn.logsumexp(logits, axis=-1)))
-  return {"lb_loss": lb_loss, "z_loss": z_loss, "expert_load": load}
+  return {"lb_loss": lb_loss, "z_loss": z_loss, "expert_load": load,
+          "load_imbalance": num_experts * jnp.max(load)}
 
 
 # ------------------------------------------------------------------------------------------
@@ -200,6 +211,15 @@ def _dispatch_dropless(x, expert_ids, wi_gate, wi_up, wo) -> jax.Array:
   return out_sorted[inverse].reshape(n, k, -1)
 
 
+def capacity_positions(expert_ids: jax.Array, num_experts: int) -> jax.Array:
+  """``[N, k]`` rank of each assignment inside its expert in capacity priority order (every
+  token's slot-0 choice first, tokens in order, then every slot-1 choice, ...); an assignment
+  is kept iff its rank is below the capacity. Shared by the expert-parallel dispatch."""
+  n, k = expert_ids.shape
+  _, _, position = _sort_by_expert(expert_ids.T.reshape(-1), num_experts)
+  return position.reshape(k, n).T
+
+
 def _dispatch_capacity(x, expert_ids, wi_gate, wi_up, wo, capacity: int
                        ) -> tuple[jax.Array, jax.Array]:
   """Per-assignment outputs ``[N, k, D]`` (zero where dropped) and the kept mask ``[N, k]``.
@@ -214,7 +234,7 @@ def _dispatch_capacity(x, expert_ids, wi_gate, wi_up, wo, capacity: int
   n, k = expert_ids.shape
   num_experts, d = wi_gate.shape[0], x.shape[1]
   flat_ids = expert_ids.T.reshape(-1)                    # slot-major: index j*N + n
-  _, _, position = _sort_by_expert(flat_ids, num_experts)
+  position = capacity_positions(expert_ids, num_experts).T.reshape(-1)
   keep = position < capacity
   dropped_slot = num_experts * capacity                  # out of bounds: scatter drops it
   slot = jnp.where(keep, flat_ids * capacity + position, dropped_slot)
@@ -299,6 +319,15 @@ class MoE(nn.Module):
   ``z_loss``, ``expert_load [E]`` (see :func:`router_aux`) and ``dropped_frac``, the fraction
   of the ``N*k`` assignments dropped for lack of capacity (exactly 0.0 for dropless).
   Parameters are float32; expert math runs in ``dtype``, router math always in float32.
+
+  ``balance``: ``"aux_loss"`` (the load-balancing loss only; no extra parameter),
+  ``"bias"`` or ``"both"`` (aux-loss-free balancing, DeepSeek-V3): a ``routing_bias [E]``
+  leaf biases top-k selection (:func:`route`). It is not trained by gradient descent: ``aux``
+  gains ``balance_probe = sum_e (b_e - stop_grad(b_e)) * f_e``, which is exactly 0 but whose
+  gradient with respect to ``b`` is the load ``f``; the optimizer gives ``routing_bias``
+  leaves the sign step of ``omni_jax.train.optim.balance_bias_update``. The load thus
+  travels through the ordinary backward (any layout, pipeline, gradient accumulation) and is
+  summed over the whole batch like a gradient.
   """
   d_model: int
   d_ff: int
@@ -311,6 +340,7 @@ class MoE(nn.Module):
   dtype: Any = jnp.float32
   shared_d_ff: int = 0        # width of the shared experts; 0: num_shared_experts * d_ff
   shared_gate: bool = False   # scale the shared output by sigmoid(x @ shared_gate) (Qwen2-MoE)
+  balance: str = "aux_loss"
 
   def __post_init__(self):
     validate_moe_config(self.d_model, self.d_ff, self.num_experts, self.top_k,
@@ -321,6 +351,8 @@ class MoE(nn.Module):
     if (self.shared_d_ff or self.shared_gate) and not self.num_shared_experts:
       raise _bad("shared_d_ff" if self.shared_d_ff else "shared_gate",
                  self.shared_d_ff or self.shared_gate, "needs num_shared_experts >= 1")
+    if self.balance not in BALANCE_MODES:
+      raise _bad("balance", self.balance, f"must be one of {list(BALANCE_MODES)}")
     super().__post_init__()
 
   @nn.compact
@@ -333,9 +365,19 @@ class MoE(nn.Module):
     wi_up = self.param("wi_up", _expert_init(1, 2), (e, d, f), jnp.float32)
     wo = self.param("wo", _expert_init(1, 2), (e, f, d), jnp.float32)
 
+    bias = None
+    if self.balance != "aux_loss":
+      # No rng drawn (self.variable, not self.param): the other parameters initialise exactly
+      # as with balance='aux_loss'.
+      bias = self.variable("params", "routing_bias", jnp.zeros, (e,), jnp.float32).value
+
     tokens = x.reshape(-1, d)
-    logits, probs, weights, expert_ids = route(tokens, router, self.top_k, self.renormalize)
+    logits, probs, weights, expert_ids = route(
+        tokens, router, self.top_k, self.renormalize,
+        None if bias is None else jax.lax.stop_gradient(bias))
     aux = router_aux(logits, probs, expert_ids)
+    if bias is not None:
+      aux["balance_probe"] = jnp.sum((bias - jax.lax.stop_gradient(bias)) * aux["expert_load"])
     capacity = None
     if self.impl == "capacity":
       capacity = moe_capacity(tokens.shape[0], e, self.top_k, self.capacity_factor)

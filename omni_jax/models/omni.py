@@ -42,6 +42,8 @@ MODEL_KEYS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "rop
 OPTIONAL_MODEL_KEYS = ("init_from",)
 MOE_KEYS = ("num_experts", "top_k", "d_ff", "every", "renormalize", "impl", "capacity_factor",
             "shared_experts", "lb_coef", "z_coef")
+# Optional: 'aux_loss' (default) | 'bias' | 'both', and the bias step (DeepSeek-V3: 1e-3).
+MOE_BALANCE_KEYS = ("balance", "bias_rate")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -66,6 +68,7 @@ class OmniSpec:
   tokenizer_source: str = "bytes"            # config.data.tokenizer
   init_from: str = ""                        # "hf:DIR": backbone from a pretrained checkpoint
   text_tokenizer: Any = None                 # that checkpoint's tokenizer (None: tokenizer_source)
+  bias_rate: float = 0.0                     # aux-loss-free balance step (0: balance off)
 
   @property
   def tokenizer(self):
@@ -110,7 +113,11 @@ def build_spec(model_cfg, tokenizer: str = "bytes") -> OmniSpec:
 
   moe = model_cfg["moe"]
   q = p + "moe."
-  check_keys(moe, MOE_KEYS, q, required=MOE_KEYS)
+  check_keys(moe, MOE_KEYS + MOE_BALANCE_KEYS, q, required=MOE_KEYS)
+  balance, bias_rate = moe.get("balance", "aux_loss"), moe.get("bias_rate", 1e-3)
+  one_of({"balance": balance}, "balance", ("aux_loss", "bias", "both"), q)
+  require(isinstance(bias_rate, int | float) and not isinstance(bias_rate, bool)
+          and bias_rate > 0, q + "bias_rate", bias_rate, "must be a number > 0")
   e = moe["num_experts"]
   require(isinstance(e, int) and e >= 0, q + "num_experts", e, "must be an integer >= 0 "
           "(0 = dense model)")
@@ -137,7 +144,7 @@ def build_spec(model_cfg, tokenizer: str = "bytes") -> OmniSpec:
       moe_every=moe["every"], renormalize=bool(moe["renormalize"]), moe_impl=moe["impl"],
       capacity_factor=float(moe["capacity_factor"]), shared_experts=moe["shared_experts"],
       remat=model_cfg["remat"], dtype=DTYPES[model_cfg["dtype"]],
-      attention_block=model_cfg["attention_block"])
+      attention_block=model_cfg["attention_block"], moe_balance=balance)
 
   raw_mods = model_cfg["modalities"]
   mods = tuple((name, resolve_spec(name, raw_mods[name])) for name in sorted(raw_mods))
@@ -165,7 +172,9 @@ def build_spec(model_cfg, tokenizer: str = "bytes") -> OmniSpec:
                   code_offsets=tuple(offsets), input_vocab=-(-nxt // 128) * 128,
                   heads=tuple(heads), lb_coef=float(moe["lb_coef"]), z_coef=float(moe["z_coef"]),
                   tokenizer_source=init_from or str(tokenizer), init_from=init_from,
-                  text_tokenizer=tok if init_from else None)
+                  text_tokenizer=tok if init_from else None,
+                  bias_rate=float(bias_rate) if backbone.num_moe_layers and balance != "aux_loss"
+                  else 0.0)
 
 
 def scatter_features(x, feats, pos, mask):
@@ -207,8 +216,29 @@ class OmniModel(nn.Module):
     return logits, aux
 
 
-def omni_loss(spec: OmniSpec, logits, aux, batch):
-  """Weighted per-head cross-entropy + MoE aux losses; returns (loss, metrics)."""
+def loss_norm(spec: OmniSpec):
+  """``(batch, k) -> norm`` for gradient accumulation over ``k`` microbatches of ``batch``:
+  the whole batch's target count per head, by which each microbatch's token sums are divided
+  (see :func:`omni_loss`)."""
+  def norm(batch, k: int):
+    counts = jnp.stack([(batch["target_head"] == i).sum() for i in range(1, len(spec.heads) + 1)])
+    return {"counts": counts.astype(jnp.float32), "microbatches": k}
+  return norm
+
+
+def omni_loss(spec: OmniSpec, logits, aux, batch, norm=None):
+  """Weighted per-head cross-entropy + MoE aux losses; returns (loss, metrics).
+
+  ``norm`` (from :func:`loss_norm`): ``batch`` is one of ``k`` microbatches and the result is
+  its additive share of the whole batch's. Cross-entropy and accuracy sums are divided by the
+  whole batch's per-head target count, so the shares add up to the big batch's per-token
+  means exactly (not to a mean of per-microbatch means); counts stay sums; the MoE terms are
+  token means over equal-sized microbatches and count ``1/k`` each, which is exact for the
+  z-loss and the expert load. The load-balancing loss ``E * sum_e f_e P_e`` is a product of
+  two batch means, so accumulated it is the mean over microbatches of each microbatch's
+  balance loss (Megatron's per-micro-batch form), not the big batch's: equal only when
+  ``lb_coef = 0`` or with ``balance = 'bias'``.
+  """
   targets, head_ids = batch["targets"], batch["target_head"]
   total = jnp.zeros((), jnp.float32)
   metrics = {}
@@ -222,15 +252,24 @@ def omni_loss(spec: OmniSpec, logits, aux, batch):
     logz = jax.nn.logsumexp(lg, axis=-1)
     nll = logz - jnp.take_along_axis(lg, tgt[..., None], axis=-1)[..., 0]
     count = mask.sum()
-    loss_h = (nll * mask).sum() / jnp.maximum(count, 1.0)
-    acc_h = ((jnp.argmax(lg, -1) == tgt) * mask).sum() / jnp.maximum(count, 1.0)
+    den = jnp.maximum(count if norm is None else norm["counts"][i - 1], 1.0)
+    loss_h = (nll * mask).sum() / den
+    acc_h = ((jnp.argmax(lg, -1) == tgt) * mask).sum() / den
     total = total + hd.weight * loss_h
     metrics[f"loss/{hd.name}"] = loss_h
     metrics[f"acc/{hd.name}"] = acc_h
     metrics[f"count/{hd.name}"] = count
   metrics["loss/lm"] = total
   if spec.backbone.num_moe_layers:
-    total = total + spec.lb_coef * aux["lb_loss"] + spec.z_coef * aux["z_loss"]
+    if norm is not None:
+      aux = {k: v / norm["microbatches"] for k, v in aux.items()}
+    balance = spec.backbone.moe_balance
+    if balance != "bias":
+      total = total + spec.lb_coef * aux["lb_loss"]
+    total = total + spec.z_coef * aux["z_loss"]
+    if balance != "aux_loss":  # exactly 0; its gradient carries the load to routing_bias
+      total = total + aux["balance_probe"]
+    metrics["moe/load_max_over_mean"] = aux["load_imbalance"]
     metrics["moe/lb_loss"] = aux["lb_loss"]
     metrics["moe/z_loss"] = aux["z_loss"]
     metrics["moe/dropped_frac"] = aux["dropped_frac"]

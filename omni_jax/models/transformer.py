@@ -58,6 +58,7 @@ class BackboneSpec:
   rope_scaling: tuple | None = None  # sorted (key, value) pairs, see layers.rope_inv_freq
   shared_d_ff: int = 0        # shared-expert width; 0: shared_experts * moe_d_ff
   shared_gate: bool = False   # sigmoid(x w) gate on the shared experts' output (Qwen2-MoE)
+  moe_balance: str = "aux_loss"  # 'aux_loss' | 'bias' | 'both' (omni_jax.models.moe.MoE)
 
   @property
   def unit_size(self) -> int:
@@ -72,9 +73,12 @@ class BackboneSpec:
     return self.num_units if self.num_experts and self.moe_every else 0
 
   def zero_aux(self) -> dict[str, jax.Array]:
-    return dict(lb_loss=jnp.zeros((), jnp.float32), z_loss=jnp.zeros((), jnp.float32),
-                dropped_frac=jnp.zeros((), jnp.float32),
-                expert_load=jnp.zeros((max(self.num_experts, 1),), jnp.float32))
+    zero = jnp.zeros((), jnp.float32)
+    aux = dict(lb_loss=zero, z_loss=zero, dropped_frac=zero, load_imbalance=zero,
+               expert_load=jnp.zeros((max(self.num_experts, 1),), jnp.float32))
+    if self.moe_balance != "aux_loss":
+      aux["balance_probe"] = zero
+    return aux
 
 
 class Block(nn.Module):
@@ -96,7 +100,7 @@ class Block(nn.Module):
                    renormalize=s.renormalize, impl=s.moe_impl,
                    capacity_factor=s.capacity_factor, num_shared_experts=s.shared_experts,
                    shared_d_ff=s.shared_d_ff, shared_gate=s.shared_gate,
-                   dtype=s.dtype, name="moe")(h)
+                   dtype=s.dtype, balance=s.moe_balance, name="moe")(h)
     else:
       y, aux = SwiGLU(s.d_ff, dtype=s.dtype, name="mlp")(h), None
     return x + y, aux

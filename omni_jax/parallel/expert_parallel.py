@@ -12,9 +12,14 @@ dense parts, as in VeOmni). Per MoE layer, inside ``jax.shard_map``:
 4. all-to-all back, and each token combines its k expert outputs with its gates.
 
 ``C`` per (source, destination) pair: for ``dropless`` every assignment fits (C = local
-assignments, the worst case — a ragged all-to-all would send only what is used); for
-``capacity`` it is the local share of the experts' capacity, and assignments beyond it are
-dropped (counted in ``dropped_frac``).
+assignments, the worst case — a ragged all-to-all would send only what is used). For
+``capacity`` the buffers are sized by ``capacity_factor``: each of the destination's ``E/ep``
+experts gets ``c = ceil(C_e / shards)`` slots from every source shard, where ``C_e`` is the
+single-device capacity of the whole batch (:func:`~omni_jax.models.moe.moe_capacity`), so
+``C = (E/ep) * c``. Which assignments are kept is the single-device rule applied to each
+shard's tokens with capacity ``c`` (priority: every token's first choice, then every second
+choice, ...), exactly as the shard-local dispatch (:mod:`omni_jax.parallel.moe_local`) does;
+the rest are dropped and counted in ``dropped_frac``.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from omni_jax.models.moe import moe_dispatch
+from omni_jax.models.moe import capacity_positions, moe_dispatch
 from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
 
 EXPERT = "expert"
@@ -60,13 +65,17 @@ def ep_moe_dispatch(mesh) -> Callable:
       lead, d, k = x.shape[:-1], x.shape[-1], ids.shape[-1]
       xf, idf, gf = x.reshape(-1, d), ids.reshape(-1), g.reshape(-1, k)
       n = xf.shape[0]
+      dest = idf // e_loc                                   # [n*k] owning device
       if impl == "dropless":
         cap = n * k
-      else:
-        cap = min(n * k, e_loc * max(1, math.ceil(capacity / n_shards)))
-      dest = idf // e_loc                                   # [n*k] owning device
-      slot = _slots(dest, ep)
-      keep = slot < cap
+        slot = _slots(dest, ep)
+        keep = slot < cap
+      else:  # the single-device rule on this shard: per expert, c slots in priority order
+        c = min(n, max(1, math.ceil(capacity / n_shards)))
+        cap = e_loc * c
+        position = capacity_positions(ids.reshape(n, k), num_experts).reshape(-1)
+        keep = position < c
+        slot = (idf % e_loc) * c + position
       where = jnp.where(keep, dest * cap + slot, ep * cap)  # out of range: dropped
       token = jnp.arange(n * k) // k
       send = jnp.zeros((ep * cap, d), x.dtype).at[where].set(xf[token], mode="drop")

@@ -39,7 +39,8 @@ from omni_jax.train.progress import Progress
 
 TRAIN_KEYS = ("steps", "seed", "log_every", "eval_every", "eval_batches", "checkpoint_every",
               "keep_checkpoints", "peak_flops")
-OPTIONAL_TRAIN_KEYS = ("profile_steps",)   # "a:b": jax.profiler trace of steps a..b
+OPTIONAL_TRAIN_KEYS = ("profile_steps",   # "a:b": jax.profiler trace of steps a..b
+                       "grad_accum")      # microbatches per optimizer step (default 1)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -64,10 +65,14 @@ class LoopConfig:
   keep_checkpoints: int
   peak_flops: float
   profile_steps: tuple[int, int] | None = None   # trace steps a..b (omni_jax.train.profiling)
+  grad_accum: int = 1
 
   @classmethod
   def from_config(cls, train_cfg) -> LoopConfig:
     check_keys(train_cfg, TRAIN_KEYS + OPTIONAL_TRAIN_KEYS, "train.", required=TRAIN_KEYS)
+    accum = train_cfg.get("grad_accum", 1)
+    require(isinstance(accum, int) and not isinstance(accum, bool) and accum >= 1,
+            "train.grad_accum", accum, "must be an integer >= 1 (microbatches per step)")
     for k in ("steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_batches"):
       positive_int(train_cfg, k, "train.")
     ev = train_cfg["eval_every"]
@@ -78,13 +83,64 @@ class LoopConfig:
             "must be >= 0 (0 = measure this machine's matmul peak at start-up)")
     prof = parse_profile_steps(train_cfg.get("profile_steps"), train_cfg["steps"],
                                "config.train.profile_steps")
-    return cls(**{k: train_cfg[k] for k in TRAIN_KEYS}, profile_steps=prof)
+    return cls(**{k: train_cfg[k] for k in TRAIN_KEYS}, profile_steps=prof, grad_accum=accum)
 
 
-def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation) -> Callable:
-  """``(state, batch) -> (state, metrics)``: one AdamW step on ``loss_fn``'s gradient."""
+def split_microbatches(batch, k: int):
+  """``[B, ...]`` leaves -> ``[k, B/k, ...]``; microbatch ``j`` holds rows ``j, j+k, ...``.
+
+  Strided rather than contiguous, so that a batch sharded over devices along ``B`` stays
+  sharded the same way inside every microbatch (each device keeps its own rows).
+  """
+  def one(a):
+    if a.shape[0] % k:
+      raise ValueError(f"train.grad_accum = {k} must divide the batch of {a.shape[0]} rows")
+    return a.reshape(a.shape[0] // k, k, *a.shape[1:]).swapaxes(0, 1)
+  return jax.tree.map(one, batch)
+
+
+def accumulate_gradients(loss_fn: Callable, params, batch, k: int,
+                         loss_norm: Callable | None = None):
+  """``(grads, metrics)`` of one batch computed as ``k`` microbatches in a ``lax.scan``.
+
+  With ``loss_norm``, ``loss_fn(params, microbatch, loss_norm(batch, k))`` must return the
+  microbatch's *additive share* of the whole batch's loss and metrics (e.g. token sums over
+  the whole batch's token count), so the sums over microbatches are the big batch's values.
+  Without it, the loss is taken to be a mean over equally sized microbatches: each
+  contributes ``1/k`` of its loss and metrics.
+  """
+  micro = split_microbatches(batch, k)
+  if loss_norm is None:
+    def share(p, mb):
+      loss, metrics = loss_fn(p, mb)
+      return loss / k, jax.tree.map(lambda v: v / k, metrics)
+  else:
+    norm = loss_norm(batch, k)
+    share = lambda p, mb: loss_fn(p, mb, norm)
+  grad_fn = jax.value_and_grad(share, has_aux=True)
+  first = jax.tree.map(lambda a: a[0], micro)
+  shapes = jax.eval_shape(grad_fn, params, first)
+  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), (shapes[0][1], shapes[1]))
+
+  def body(acc, mb):
+    (_, metrics), grads = grad_fn(params, mb)
+    return jax.tree.map(jnp.add, acc, (metrics, grads)), None
+  (metrics, grads), _ = jax.lax.scan(body, zeros, micro)
+  return grads, metrics
+
+
+def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, grad_accum: int = 1,
+                    loss_norm: Callable | None = None) -> Callable:
+  """``(state, batch) -> (state, metrics)``: one AdamW step on ``loss_fn``'s gradient.
+
+  ``grad_accum > 1``: the gradient is accumulated over that many microbatches inside the
+  step (:func:`accumulate_gradients`); one optimizer update per step.
+  """
   def step(state: TrainState, batch):
-    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+    if grad_accum == 1:
+      (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+    else:
+      grads, metrics = accumulate_gradients(loss_fn, state.params, batch, grad_accum, loss_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
@@ -137,7 +193,8 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
         put_batch: Callable[[dict], dict], param_sharding: Callable,
         eval_fn: Callable[[Any, int], dict] | None = None,
         tokens_per_step: int = 0, flops_per_step: float = 0.0,
-        params_hook: Callable[[Any], Any] | None = None, data_iter=None) -> FitResult:
+        params_hook: Callable[[Any], Any] | None = None, data_iter=None,
+        loss_norm: Callable | None = None) -> FitResult:
   """Trains ``loop.steps`` steps (resuming from ``workdir`` when a checkpoint exists).
 
   ``params_hook(params) -> params`` edits a fresh start's initial parameters (same shapes and
@@ -161,7 +218,7 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   named = [s for s in jax.tree.leaves(shardings) if isinstance(s, jax.sharding.NamedSharding)]
   replicated = jax.sharding.NamedSharding(named[0].mesh, jax.sharding.PartitionSpec()) \
       if named else None
-  step_fn = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0,
+  step_fn = jax.jit(make_train_step(loss_fn, tx, loop.grad_accum, loss_norm), donate_argnums=0,
                     out_shardings=(shardings, replicated))
   start = int(jax.device_get(state.step))
   if start >= loop.steps:

@@ -23,7 +23,7 @@ from omni_jax.data.sequences import TASK_TEXT
 from omni_jax.data.stream import OmniStream, make_stream
 from omni_jax.models import named_ops
 from omni_jax.models.flops import train_flops_per_step
-from omni_jax.models.omni import OmniModel, OmniSpec, build_spec, count_params, omni_loss
+from omni_jax.models.omni import OmniModel, OmniSpec, build_spec, count_params, loss_norm, omni_loss
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.train.loop import FitResult, LoopConfig, fit
@@ -100,22 +100,25 @@ def make_layout_mesh(config):
   return mesh_lib.make_mesh(mesh_cfg)
 
 
-def check_batch_fits_mesh(stream: OmniStream, mesh, microbatches: int = 4) -> None:
-  """Batch, sequence and pipeline divisibility, as config errors before any compile."""
+def check_batch_fits_mesh(stream: OmniStream, mesh, microbatches: int = 4,
+                          grad_accum: int = 1) -> None:
+  """Batch, sequence, accumulation and pipeline divisibility, as config errors before any
+  compile. With ``grad_accum = k`` every rule applies to each ``batch_size / k`` microbatch."""
   n = mesh_lib.batch_divisor(mesh)
-  if stream.batch_size % n:
-    raise ConfigError(f"config.data.batch_size = {stream.batch_size} must be a multiple of the "
-                      f"{n} devices on the batch axes {mesh_lib.BATCH_AXES}")
+  if stream.batch_size % (grad_accum * n):
+    raise ConfigError(f"config.data.batch_size = {stream.batch_size} must be a multiple of "
+                      f"train.grad_accum ({grad_accum}) x the {n} devices on the batch axes "
+                      f"{mesh_lib.BATCH_AXES}")
   p = mesh.shape["pipeline"]
   if p > 1:
     units = stream.spec.backbone.num_units
     if units % p:
       raise ConfigError(f"config.mesh.pipeline = {p} must divide the backbone's {units} units "
                         "(model.num_layers / model.moe.every)")
-    if stream.batch_size % (n * microbatches):
+    if stream.batch_size % (grad_accum * n * microbatches):
       raise ConfigError(f"config.data.batch_size = {stream.batch_size} must be a multiple of "
-                        f"parallel.pipeline_microbatches ({microbatches}) x the {n} devices on "
-                        "the batch axes")
+                        f"train.grad_accum ({grad_accum}) x parallel.pipeline_microbatches "
+                        f"({microbatches}) x the {n} devices on the batch axes")
   block = stream.spec.backbone.attention_block
   if block and stream.seq_len % block:
     raise ConfigError(f"config.model.attention_block = {block} must divide data.seq_len = "
@@ -131,7 +134,7 @@ def validate(config) -> tuple[OmniSpec, OmniStream, LoopConfig]:
   check_keys(config, TOP_KEYS, "", required=REQUIRED_KEYS)
   spec = build_spec(config.model, tokenizer=config.data.get("tokenizer", "bytes"))
   loop = LoopConfig.from_config(config.train)
-  make_optimizer(config.optim, loop.steps)
+  make_optimizer(config.optim, loop.steps, spec.bias_rate)
   stream = make_stream(spec, config.data)
   parallel_op_names(config)
   pipeline_microbatches(config)
@@ -164,13 +167,14 @@ def pipeline_microbatches(config) -> int:
 
 def make_loss_fn(spec: OmniSpec, model: OmniModel, mesh, op_names: dict | None = None,
                  microbatches: int = 4):
-  """``(params, batch) -> (loss, metrics)`` with the mesh's named-op implementations."""
+  """``(params, batch, norm=None) -> (loss, metrics)`` with the mesh's named-op
+  implementations; ``norm`` for gradient accumulation (:func:`omni_loss`)."""
   ops = layout.ops(mesh, op_names, microbatches)
 
-  def loss_fn(params, batch):
+  def loss_fn(params, batch, norm=None):
     with named_ops.override(**ops):  # active whenever the step is traced
       logits, aux = model.apply({"params": params}, batch)
-    return omni_loss(spec, logits, aux, batch)
+    return omni_loss(spec, logits, aux, batch, norm)
   return loss_fn
 
 
@@ -199,9 +203,9 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   spec, stream, loop = validate(config)
   mesh = mesh or make_layout_mesh(config)
   micro = pipeline_microbatches(config)
-  check_batch_fits_mesh(stream, mesh, micro)
+  check_batch_fits_mesh(stream, mesh, micro, loop.grad_accum)
   model = OmniModel(spec)
-  tx = make_optimizer(config.optim, loop.steps)
+  tx = make_optimizer(config.optim, loop.steps, spec.bias_rate)
   put_batch, data_iter = input_placement(stream, mesh)
   example = stream.example_batch()
 
@@ -229,7 +233,8 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
         get_batch=stream.batch, put_batch=put_batch,
         param_sharding=param_sharding, eval_fn=eval_fn,
         tokens_per_step=tokens_per_step, flops_per_step=flops,
-        params_hook=pretrained_hook(spec), data_iter=data_iter)
+        params_hook=pretrained_hook(spec), data_iter=data_iter,
+        loss_norm=loss_norm(spec))
   finally:
     if data_iter is not None:
       data_iter.close()  # stops Grain's worker processes
@@ -270,9 +275,21 @@ def data_summary(stream, spec: OmniSpec, config) -> dict[str, Any]:
   process's (process 0's in a multi-process job); synthetic rows hold one sample each."""
   out = dict(stream.summary())
   out.setdefault("packing_efficiency", None)
-  out["tokenizer"] = str(config.data.get("tokenizer", "bytes"))
+  out["tokenizer"] = spec.tokenizer_source
   out["vocab_size"] = spec.text_vocab
   return out
+
+
+def moe_summary(train_records: list[dict]) -> dict[str, Any]:
+  """Last logged window's expert load [E] (mean over MoE layers) and per-layer max/mean."""
+  last = train_records[-1] if train_records else {}
+  if "moe/expert_load" not in last:
+    return {}
+  load = np.asarray(last["moe/expert_load"], np.float64)
+  return {"final_expert_load": [float(v) for v in load],
+          "final_load_max_over_mean": float(last["moe/load_max_over_mean"]),
+          "final_dropped_frac": float(last["moe/dropped_frac"])}
+
 
 
 def make_summary(spec, config, result: FitResult, params_total, params_active, flops, loop):
@@ -296,5 +313,6 @@ def make_summary(spec, config, result: FitResult, params_total, params_active, f
       "params_total": params_total,
       "params_active": params_active,
       "resumed_from_step": result.resumed_from,
+      "moe": moe_summary(train),
       "config": to_dict(config),
   }
