@@ -42,7 +42,7 @@ def test_train_omni_cli_bad_override_is_one_clear_error(tmp_path):
 @pytest.mark.parametrize("steps", [2])
 def test_bench_step_writes_its_keys(tmp_path, steps):
   r = _run("experiments.bench_step", "--config=configs/omni_moe.py:micro",
-           f"--workdir={tmp_path}", f"--steps={steps}")
+           f"--workdir={tmp_path}", f"--steps={steps}", "--peak_sizes=256,512")
   assert r.returncode == 0, r.stderr[-3000:]
   s = json.load(open(tmp_path / "summary.json"))
   assert s["mfu_vs_measured_peak"] == pytest.approx(s["step_flops_per_sec"]
