@@ -17,7 +17,8 @@ def _run(*args, timeout=600):
                         text=True, timeout=timeout)
 
 
-def test_train_omni_cli_writes_outputs_and_resumes(tmp_path):
+def _train_omni_cli_writes_outputs(tmp_path):
+  """Runs the main job's CLI once; returns its argument tuple (after checking its outputs)."""
   wd = str(tmp_path / "run")
   args = ("experiments.train_omni", "--config=configs/omni_moe.py:micro", f"--workdir={wd}",
           "--cpu_devices=2", "--config.train.steps=2", "--config.train.checkpoint_every=1")
@@ -26,6 +27,18 @@ def test_train_omni_cli_writes_outputs_and_resumes(tmp_path):
   summary = json.load(open(os.path.join(wd, "summary.json")))
   assert summary["steps"] == 2 and summary["config"]["train"]["steps"] == 2
   assert {"loss.png", "eval.png", "metrics.jsonl", "checkpoints"} <= set(os.listdir(wd))
+  return args
+
+
+def test_train_omni_cli_writes_outputs(tmp_path):
+  _train_omni_cli_writes_outputs(tmp_path)
+
+
+# A second full CLI run (~35 CPU-s); resume itself is checked in-process by
+# tests/train/test_train_omni.py::test_resume_is_bit_identical_and_summary_complete.
+@pytest.mark.slow
+def test_train_omni_cli_writes_outputs_and_resumes(tmp_path):
+  args = _train_omni_cli_writes_outputs(tmp_path)
   r = _run(*args)  # the same command again: resumes, nothing left to train
   assert r.returncode == 0 and "resumed from checkpoint step 2" in r.stderr
 
