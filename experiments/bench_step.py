@@ -29,6 +29,9 @@ _CONFIG = common.define_config("configs/omni_moe.py:bench",
 _WORKDIR = common.define_workdir("where summary.json and breakdown.png go")
 _STEPS = flags.DEFINE_integer("steps", 8, "timed repetitions per measurement (fastest is kept)")
 _PROFILE_STEPS = common.define_profile_steps()
+_PEAK_SIZES = flags.DEFINE_list(
+    "peak_sizes", ["1024", "2048", "3072"],
+    "square matmul sizes whose best FLOP/s is the measured peak (the tests use small ones)")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -130,7 +133,7 @@ def main(argv):
     return m["loss"]
   # The peak is measured before and after the step and the higher one kept: other load on
   # the machine can only lower a measurement, and a low peak would flatter the MFU.
-  peak_of = lambda: max(measure_matmul_flops(n) for n in (1024, 2048, 3072))
+  peak_of = lambda: max(measure_matmul_flops(int(n)) for n in _PEAK_SIZES.value)
   logging.info("timing the matmul peak, the train step, the peak again, the components ...")
   peak = peak_of()
   step_s = min(time_calls(one_step, repeats=_STEPS.value))

@@ -17,7 +17,8 @@ def _run(*args, timeout=600):
                         text=True, timeout=timeout)
 
 
-def test_train_omni_cli_writes_outputs_and_resumes(tmp_path):
+def _train_omni_cli_writes_outputs(tmp_path):
+  """Runs the main job's CLI once; returns its argument tuple (after checking its outputs)."""
   wd = str(tmp_path / "run")
   args = ("experiments.train_omni", "--config=configs/omni_moe.py:micro", f"--workdir={wd}",
           "--cpu_devices=2", "--config.train.steps=2", "--config.train.checkpoint_every=1",
@@ -39,6 +40,18 @@ def test_train_omni_cli_writes_outputs_and_resumes(tmp_path):
   assert [v for _, v in ev["loss"]] == pytest.approx([v for _, v in losses], rel=1e-6)
   assert {"figures/loss", "figures/eval"} <= set(ev)
   assert '"profile_steps": "2:2"' in ev["config"][0][1]
+  return args
+
+
+def test_train_omni_cli_writes_outputs(tmp_path):
+  _train_omni_cli_writes_outputs(tmp_path)
+
+
+# A second full CLI run (~35 CPU-s); resume itself is checked in-process by
+# tests/train/test_train_omni.py::test_resume_is_bit_identical_and_summary_complete.
+@pytest.mark.slow
+def test_train_omni_cli_writes_outputs_and_resumes(tmp_path):
+  args = _train_omni_cli_writes_outputs(tmp_path)
   r = _run(*args)  # the same command again: resumes, nothing left to train
   assert r.returncode == 0 and "resumed from checkpoint step 2" in r.stderr
 
@@ -60,7 +73,8 @@ def test_train_omni_cli_bad_override_is_one_clear_error(tmp_path):
 @pytest.mark.parametrize("steps", [2])
 def test_bench_step_writes_its_keys(tmp_path, steps):
   r = _run("experiments.bench_step", "--config=configs/omni_moe.py:micro",
-           f"--workdir={tmp_path}", f"--steps={steps}", "--profile_steps=2:3")
+           f"--workdir={tmp_path}", f"--steps={steps}", "--profile_steps=2:3",
+           "--peak_sizes=256,512")
   assert r.returncode == 0, r.stderr[-3000:]
   traces = [f for _, _, fs in os.walk(tmp_path / "profile") for f in fs]
   assert any(f.endswith(".xplane.pb") for f in traces), traces    # timed calls 2..3 traced
