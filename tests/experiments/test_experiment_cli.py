@@ -86,6 +86,7 @@ def test_bench_step_writes_its_keys(tmp_path, steps):
   assert os.path.getsize(tmp_path / "breakdown.png") > 1000
 
 
+@pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
 def test_parallel_report_writes_layouts(tmp_path):
   r = _run("experiments.parallel_report", "--config=configs/omni_moe.py:micro",
            f"--workdir={tmp_path}", "--layouts=fsdp=4+sequence=2", "--steps=1",

@@ -95,6 +95,7 @@ def test_put_batch_rejects_indivisible_batch():
     mesh_lib.put_batch(mesh, {"tokens": np.zeros((6, 4), np.int32)})
 
 
+@pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
 def test_twenty_steps_of_3d_layout_follow_the_one_device_curve(tmp_path):
   from omni_jax.train.omni import train_omni
   cfg = get_config("micro")

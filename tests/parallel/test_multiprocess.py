@@ -6,6 +6,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -21,6 +23,7 @@ def _cmd(workdir, *extra):
           "--config.mesh.fsdp=-1", *extra]
 
 
+@pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
 def test_two_processes_match_one(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
@@ -43,6 +46,7 @@ def test_two_processes_match_one(tmp_path):
   assert abs(a["initial_loss"] - b["initial_loss"]) <= 1e-6 * abs(a["initial_loss"])
 
 
+@pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
 def test_two_processes_read_disjoint_halves_of_a_manifest(tmp_path):
   """Per-host reading: each process reads one of data.shards = 2 shards and builds only its
   rows; one process reading both shards builds the same global batches (same loss)."""

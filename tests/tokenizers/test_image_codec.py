@@ -91,7 +91,7 @@ def test_cli_image_tiny_writes_summary_and_resumes(tmp_path):
   assert np.isfinite(s["recon_psnr_db"])
   assert 1.0 <= s["codebook_perplexity"] <= 1000 and 0 < s["codebook_usage"] <= 1
   assert (tmp_path / "recon.png").stat().st_size > 0
-  assert "step 6/6" in r.stderr
+  assert "step: 6/6" in r.stderr   # the train loop's progress line
   r = _run(tmp_path, "--config.train.steps=8")
   assert r.returncode == 0, r.stderr[-3000:]
   assert "resumed from checkpoint step 6" in r.stderr

@@ -45,7 +45,7 @@ def _leaf_rel_err(a, b):
              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
 
 
-@pytest.mark.parametrize("balance", ["aux_loss", "bias"])
+@pytest.mark.parametrize("balance", ["aux_loss", pytest.param("bias", marks=pytest.mark.slow)])
 def test_accumulated_equals_big_batch(balance):
   # lb_coef = 0: every remaining term (per-token CE over uneven per-head counts, z-loss, the
   # load probe of balance='bias') is exactly additive, so k microbatches == the big batch.
@@ -73,6 +73,7 @@ def test_accumulated_equals_big_batch(balance):
     np.testing.assert_allclose(g.sum(-1), 1.0 / spec.backbone.num_moe_layers, rtol=1e-6)
 
 
+@pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
 def test_lb_loss_accumulates_per_microbatch():
   # The balance loss is a product of batch means: accumulated, it is the mean of the
   # microbatches' own balance losses (documented in omni_loss), checked against each alone.

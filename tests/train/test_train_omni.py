@@ -220,6 +220,7 @@ def test_config_errors_come_before_compile(tmp_path):
     train_omni(cfg, str(tmp_path))
 
 
+@pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
 def test_checkpoint_restores_under_another_layout(tmp_path, monkeypatch):
   cfg = get_config("micro")
   cfg.mesh.update(data=1, fsdp=8)

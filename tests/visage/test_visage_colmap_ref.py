@@ -65,4 +65,5 @@ def test_disabled_and_unusable_reference(monkeypatch, tmp_path):
                     reason="pycolmap installed: the missing-package answer is not reachable")
 def test_missing_pycolmap_is_reported_not_raised(tmp_path):
   out = colmap_ref.run_reference(Path(tmp_path), ["a.png"], Path(tmp_path), 150.0)
-  assert out["available"] is False and "pycolmap not importable" in out["reason"]
+  assert out["available"] is False and "pycolmap is not installed" in out["reason"]
+  assert "pip install -e '.[peers]'" in out["reason"]   # the command that installs it
