@@ -12,6 +12,7 @@ from PIL import Image
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
 def test_bench_input_writes_its_keys(tmp_path):
   rng = np.random.default_rng(0)
   lines = []

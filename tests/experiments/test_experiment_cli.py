@@ -70,6 +70,7 @@ def test_train_omni_cli_bad_override_is_one_clear_error(tmp_path):
           in r.stderr)
 
 
+@pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
 @pytest.mark.parametrize("steps", [2])
 def test_bench_step_writes_its_keys(tmp_path, steps):
   r = _run("experiments.bench_step", "--config=configs/omni_moe.py:micro",

@@ -130,7 +130,8 @@ def test_sequence_parallel_paths_equal_documents_alone(path, causal, block):
   check_against_documents(packed, alone, q, k, v, w)
 
 
-@pytest.mark.parametrize("body", [pytest.param(ulysses_body, marks=pytest.mark.slow), ring_body,
+@pytest.mark.parametrize("body", [pytest.param(ulysses_body, marks=pytest.mark.slow),
+                                  pytest.param(ring_body, marks=pytest.mark.slow),
                                   functools.partial(ring_body, zigzag=True)])
 def test_megatron_attention_equals_documents_alone(body):
   x = jax.random.normal(jax.random.PRNGKey(1), (2, 32, 16))

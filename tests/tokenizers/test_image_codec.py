@@ -83,6 +83,7 @@ def _run(workdir, *extra):
       capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
 def test_cli_image_tiny_writes_summary_and_resumes(tmp_path):
   r = _run(tmp_path)
   assert r.returncode == 0, r.stderr[-3000:]

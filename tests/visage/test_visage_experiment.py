@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from configs import visage as visage_config
 from omni_jax.visage import simulate
 
@@ -18,6 +20,7 @@ KEYS = {"images", "subgraphs", "insights", "time_to_first_insight_s", "time_to_a
         "baseline_time_s", "speedup", "uploaded_bytes", "baseline_uploaded_bytes"}
 
 
+@pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
 def test_tiny_run_with_bad_input(tmp_path):
   cfg = visage_config.get_config("tiny")
   cfg.flight.no_gps_fraction = 0.12
