@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from omni_jax.data import spm
-from omni_jax.data.tokenizer import ByteTokenizer, special_token_names
+from omni_jax.data.tokenizer import ByteTokenizer, SpecialTokens, special_token_names
 
 BYTES = "bytes"
 ALLOWED = ("'bytes'", "a path to a tokenizer.json (HF tokenizers)",
@@ -63,15 +63,12 @@ class _SentencePieceBackend:
     return self.sp.decode(ids)
 
 
-class SubwordTokenizer:
+class SubwordTokenizer(SpecialTokens):
   """A learned vocabulary (ids ``0 .. base - 1``) plus the omni special tokens after it."""
 
   def __init__(self, backend, modalities: Sequence[str], source: str = ""):
+    super().__init__(backend.base, modalities)
     self._backend = backend
-    self._special_names = special_token_names(modalities)
-    self._modalities = tuple(modalities)
-    self._base = int(backend.base)
-    self._special_ids = {n: self._base + i for i, n in enumerate(self._special_names)}
     self.source = source
 
   @classmethod
@@ -79,85 +76,11 @@ class SubwordTokenizer:
     """Wraps an HF ``tokenizers.Tokenizer``."""
     return cls(_HFBackend(hf_tokenizer), modalities, source)
 
-  @property
-  def modalities(self) -> tuple[str, ...]:
-    return self._modalities
-
-  @property
-  def base_vocab_size(self) -> int:
-    """Size of the learned vocabulary (the first special id)."""
-    return self._base
-
-  @property
-  def special_names(self) -> tuple[str, ...]:
-    return self._special_names
-
-  @property
-  def num_specials(self) -> int:
-    return len(self._special_names)
-
-  @property
-  def vocab_size(self) -> int:
-    """Learned vocabulary plus the special tokens."""
-    return self._base + self.num_specials
-
-  @property
-  def pad_id(self) -> int:
-    return self._special_ids["<pad>"]
-
-  @property
-  def bos_id(self) -> int:
-    return self._special_ids["<bos>"]
-
-  @property
-  def eos_id(self) -> int:
-    return self._special_ids["<eos>"]
-
-  def special(self, name: str) -> int:
-    """Returns the id of a special token, e.g. special('<image:slot>')."""
-    try:
-      return self._special_ids[name]
-    except KeyError:
-      raise KeyError(
-          f"unknown special token {name!r}; valid: {list(self._special_names)}") from None
-
-  def special_name(self, token_id: int) -> str:
-    if not self.is_special(token_id):
-      raise ValueError(f"id {token_id} is not a special token; specials are "
-                       f"{self._base}..{self.vocab_size - 1}")
-    return self._special_names[int(token_id) - self._base]
-
-  def is_special(self, token_id: int) -> bool:
-    return self._base <= int(token_id) < self.vocab_size
-
-  def encode(self, text: str) -> list[int]:
-    """Learned-vocabulary ids of ``text`` (no bos/eos, never a special id)."""
-    if not isinstance(text, str):
-      raise TypeError(f"encode expects str, got {type(text).__name__}")
-    try:
-      text.encode("utf-8")
-    except UnicodeEncodeError as e:
-      raise ValueError(f"text is not valid Unicode (lone surrogate?): {e}") from None
+  def _encode_text(self, text: str) -> list[int]:
     return self._backend.encode(text)
 
-  def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
-    """Ids back to text. Special tokens are dropped when ``skip_special``, else written as
-    their names; ids outside [0, vocab_size) raise ValueError."""
-    pieces: list[str] = []
-    run: list[int] = []
-    for raw in ids:
-      token_id = int(raw)
-      if 0 <= token_id < self._base:
-        run.append(token_id)
-        continue
-      if not self.is_special(token_id):
-        raise ValueError(f"token id {token_id} outside the vocabulary [0, {self.vocab_size})")
-      if not skip_special:
-        pieces.append(self._backend.decode(run) if run else "")
-        run = []
-        pieces.append(self._special_names[token_id - self._base])
-    pieces.append(self._backend.decode(run) if run else "")
-    return "".join(pieces)
+  def _decode_run(self, ids: list[int]) -> str:
+    return self._backend.decode(ids)
 
   def __repr__(self) -> str:
     return (f"SubwordTokenizer(source={self.source!r}, modalities={list(self._modalities)}, "

@@ -48,16 +48,20 @@ def special_token_names(modalities: Sequence[str]) -> tuple[str, ...]:
   return tuple(names)
 
 
-class ByteTokenizer:
-  """UTF-8 byte tokenizer; ids >= 256 are special tokens (see module docstring)."""
+class SpecialTokens:
+  """The omni special tokens placed after a text vocabulary of ``base`` ids.
 
-  def __init__(self, modalities: Sequence[str]):
+  Every text tokenizer of the stack (bytes, learned BPE / SentencePiece, an imported
+  checkpoint's) shares this interface: ids ``0 .. base - 1`` are text, ``base ..
+  vocab_size - 1`` are pad, bos, eos, then each modality's begin / end / slot / gen. A
+  subclass supplies ``_encode_text(text)`` and ``_decode_run(ids)`` for its text ids.
+  """
+
+  def __init__(self, base: int, modalities: Sequence[str]):
     self._modalities = _check_modalities(modalities)
-    names = list(_BASE_SPECIALS)
-    for m in self._modalities:
-      names.extend(modality_specials(m))
-    self._special_names = tuple(names)
-    self._special_ids = {name: NUM_BYTES + i for i, name in enumerate(names)}
+    self._base = int(base)
+    self._special_names = special_token_names(self._modalities)
+    self._special_ids = {n: self._base + i for i, n in enumerate(self._special_names)}
 
   @property
   def modalities(self) -> tuple[str, ...]:
@@ -65,8 +69,13 @@ class ByteTokenizer:
     return self._modalities
 
   @property
+  def base_vocab_size(self) -> int:
+    """Number of text ids (the first special id)."""
+    return self._base
+
+  @property
   def special_names(self) -> tuple[str, ...]:
-    """All special-token names, in id order (the first has id 256)."""
+    """All special-token names, in id order (the first has id ``base_vocab_size``)."""
     return self._special_names
 
   @property
@@ -76,8 +85,8 @@ class ByteTokenizer:
 
   @property
   def vocab_size(self) -> int:
-    """256 byte ids plus the special tokens."""
-    return NUM_BYTES + self.num_specials
+    """Text ids plus the special tokens."""
+    return self._base + self.num_specials
 
   @property
   def pad_id(self) -> int:
@@ -102,44 +111,65 @@ class ByteTokenizer:
   def special_name(self, token_id: int) -> str:
     """Returns the name of a special token id (inverse of `special`)."""
     if not self.is_special(token_id):
-      raise ValueError(
-          f"id {token_id} is not a special token; specials are {NUM_BYTES}..{self.vocab_size - 1}")
-    return self._special_names[int(token_id) - NUM_BYTES]
+      raise ValueError(f"id {token_id} is not a special token; specials are "
+                       f"{self._base}..{self.vocab_size - 1}")
+    return self._special_names[int(token_id) - self._base]
 
   def is_special(self, token_id: int) -> bool:
     """True iff `token_id` is one of the special-token ids."""
-    return NUM_BYTES <= int(token_id) < self.vocab_size
+    return self._base <= int(token_id) < self.vocab_size
 
   def encode(self, text: str) -> list[int]:
-    """Returns the UTF-8 bytes of `text` as ids (no bos/eos added)."""
+    """Text ids of `text` (no bos/eos added; never a special id)."""
     if not isinstance(text, str):
       raise TypeError(f"encode expects str, got {type(text).__name__}")
     try:
-      return list(text.encode("utf-8"))
+      text.encode("utf-8")
     except UnicodeEncodeError as e:
       raise ValueError(f"text is not valid Unicode (lone surrogate?): {e}") from None
+    return self._encode_text(text)
 
   def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
-    """Turns ids back into text; never raises on byte sequences.
+    """Turns ids back into text.
 
-    Invalid UTF-8 is replaced by U+FFFD. Special tokens are dropped when `skip_special`, else
-    written as their names (e.g. '<bos>'). Ids outside [0, vocab_size) raise ValueError.
+    Special tokens are dropped when `skip_special`, else written as their names (e.g.
+    '<bos>'). Ids outside [0, vocab_size) raise ValueError.
     """
     pieces: list[str] = []
-    buf = bytearray()
+    run: list[int] = []
     for raw in ids:
       token_id = int(raw)
-      if 0 <= token_id < NUM_BYTES:
-        buf.append(token_id)
+      if 0 <= token_id < self._base:
+        run.append(token_id)
         continue
       if not self.is_special(token_id):
         raise ValueError(f"token id {token_id} outside the vocabulary [0, {self.vocab_size})")
       if not skip_special:
-        pieces.append(buf.decode("utf-8", errors="replace"))
-        buf.clear()
-        pieces.append(self._special_names[token_id - NUM_BYTES])
-    pieces.append(buf.decode("utf-8", errors="replace"))
+        pieces.append(self._decode_run(run) if run else "")
+        run = []
+        pieces.append(self._special_names[token_id - self._base])
+    pieces.append(self._decode_run(run) if run else "")
     return "".join(pieces)
+
+  def _encode_text(self, text: str) -> list[int]:
+    raise NotImplementedError
+
+  def _decode_run(self, ids: list[int]) -> str:
+    raise NotImplementedError
+
+
+class ByteTokenizer(SpecialTokens):
+  """UTF-8 byte tokenizer; ids >= 256 are special tokens (see module docstring)."""
+
+  def __init__(self, modalities: Sequence[str]):
+    super().__init__(NUM_BYTES, modalities)
+
+  def _encode_text(self, text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+  def _decode_run(self, ids: list[int]) -> str:
+    # Never raises on byte sequences: invalid UTF-8 becomes U+FFFD.
+    return bytes(ids).decode("utf-8", errors="replace")
 
   def __repr__(self) -> str:
     return f"ByteTokenizer(modalities={list(self._modalities)}, vocab_size={self.vocab_size})"
