@@ -233,17 +233,21 @@ def sample_indices(num_frames: int, count: int) -> np.ndarray:
 
 
 def decode_video(path: str | os.PathLike, *, frames: int, size: tuple[int, int],
-                 channels: int, audio: Mapping[str, Any] | None = None
+                 channels: int, audio: Mapping[str, Any] | None = None,
+                 trust_frame_count: bool = True
                  ) -> tuple[np.ndarray, np.ndarray | None]:
   """Returns (float32 [frames, H, W, channels] in [0, 1], audio input or None).
 
-  Every frame of the first video stream is decoded and scaled to ``size`` (so memory is
-  the clip's frame count times one small frame; clips over :data:`MAX_VIDEO_BYTES` are an
-  error), then :func:`sample_indices` picks ``frames`` of them. ``channels`` is 3 (RGB) or
-  1 (grey). ``audio``: the spec of the modality fed by the clip's audio track (with
-  ``sample_rate``, ``num_samples``, ``channels``), or None to ignore the track; a clip
-  without a track then gives None. A container whose index promises more frames than
-  decode raises (truncated file).
+  Every frame of the first video stream is decoded; when the container states its frame
+  count, only the ``frames`` that :func:`sample_indices` picks are scaled to ``size`` (the
+  scaling was half the decode time), else every frame is scaled and kept (memory: the
+  clip's frame count times one small frame; clips over :data:`MAX_VIDEO_BYTES` are an
+  error) and the pick is made at the end. ``channels`` is 3 (RGB) or 1 (grey). ``audio``:
+  the spec of the modality fed by the clip's audio track (with ``sample_rate``,
+  ``num_samples``, ``channels``), or None to ignore the track; a clip without a track then
+  gives None. A container whose index promises more frames than decode raises (truncated
+  file); one that decodes more than it promised is decoded again keeping every frame
+  (``trust_frame_count=False``).
   """
   import av  # noqa: PLC0415  (PyAV loads ffmpeg: only when a video is decoded)
   from av.video.reformatter import VideoReformatter  # noqa: PLC0415
@@ -254,9 +258,10 @@ def decode_video(path: str | os.PathLike, *, frames: int, size: tuple[int, int],
   if fmt is None:
     raise DecodeError(path, f"video frames have 3 (RGB) or 1 (grey) channels, the modality "
                       f"wants {channels}")
-  kept: list[np.ndarray] = []
+  kept: dict[int, np.ndarray] = {}
   chunks: list[np.ndarray] = []
   rate = None
+  decoded = 0
   budget = MAX_VIDEO_BYTES // (height * width * channels)
   try:
     with av.open(str(path)) as container:
@@ -265,6 +270,8 @@ def decode_video(path: str | os.PathLike, *, frames: int, size: tuple[int, int],
       vstream = container.streams.video[0]
       scaler = VideoReformatter()  # one scaler context for the clip (4x faster than per frame)
       promised = int(vstream.frames or 0)
+      wanted = set(sample_indices(promised, frames).tolist()) if (
+          promised and trust_frame_count) else None
       streams = [vstream]
       if audio is not None and container.streams.audio:
         streams.append(container.streams.audio[0])
@@ -272,23 +279,29 @@ def decode_video(path: str | os.PathLike, *, frames: int, size: tuple[int, int],
       for packet in container.demux(*streams):
         for frame in packet.decode():
           if isinstance(frame, av.VideoFrame):
+            decoded += 1
+            if wanted is not None and decoded - 1 not in wanted:
+              continue
             if len(kept) >= budget:
               raise DecodeError(path, f"more than {budget} frames at {height}x{width}; cut "
                                 "the video into shorter clips")
-            kept.append(scaler.reformat(frame, width=width, height=height, format=fmt)
-                        .to_ndarray())
+            kept[decoded - 1] = scaler.reformat(frame, width=width, height=height,
+                                                format=fmt).to_ndarray()
           else:
             rate = _collect_audio(path, resampler, frame, chunks, rate)
   except DecodeError:
     raise
   except (av.FFmpegError, OSError, ValueError, EOFError) as e:
     raise DecodeError(path, f"not a decodable video ({e})") from None
-  if not kept:
+  if not decoded:
     raise DecodeError(path, "the video stream has no decodable frames")
-  if promised and len(kept) < promised:
+  if promised and decoded < promised:
     raise DecodeError(path, f"truncated video: the container lists {promised} frames, only "
-                      f"{len(kept)} decode")
-  pick = np.stack([kept[i] for i in sample_indices(len(kept), frames)])
+                      f"{decoded} decode")
+  if wanted is not None and decoded > promised:  # the index undercounts: pick from all
+    return decode_video(path, frames=frames, size=size, channels=channels, audio=audio,
+                        trust_frame_count=False)
+  pick = np.stack([kept[i] for i in sample_indices(decoded, frames).tolist()])
   pick = pick.reshape(frames, height, width, channels).astype(np.float32) / 255.0
   track = None
   if audio is not None and chunks:

@@ -50,7 +50,7 @@ from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.models.omni import OmniSpec
 
 PIPELINE_DEFAULTS = dict(max_bad_fraction=0.001, workers=0, prefetch=2, epochs=0, shards=0,
-                         eval_fraction=0.1, pack_window=256)
+                         eval_fraction=0.1, pack_window=256, slots_per_row=1)
 EVAL_SEED = 7_919
 MAX_LISTED = 10
 MAX_LOGGED = 100  # bad records logged one by one (per shard)
@@ -72,6 +72,7 @@ def pipeline_options(data_cfg) -> dict[str, Any]:
   e = o["eval_fraction"]
   require(isinstance(e, int | float) and 0 <= e < 1, "data.eval_fraction", e, "must be in [0, 1)")
   positive_int(o, "pack_window", "data.")
+  positive_int(o, "slots_per_row", "data.")
   return o
 
 
@@ -142,13 +143,13 @@ class DocMaker:
 class WindowPacker:
   """A window of :class:`DocMaker` outputs -> its packed rows and record counts."""
 
-  def __init__(self, spec: OmniSpec, seq_len: int):
-    self.spec, self.seq_len = spec, seq_len
+  def __init__(self, spec: OmniSpec, seq_len: int, slots: int = 1):
+    self.spec, self.seq_len, self.slots = spec, seq_len, slots
 
   def __call__(self, items: list[dict]) -> dict[str, Any]:
     docs = [d for it in items for d in it["docs"]]
-    rows = pack(docs, self.seq_len)
-    return {"batch": collate_packed(self.spec, rows, self.seq_len) if rows else None,
+    rows = pack(docs, self.seq_len, self.slots)
+    return {"batch": collate_packed(self.spec, rows, self.seq_len, self.slots) if rows else None,
             "rows": len(rows), "records": len(items),
             "bad": [it["bad"] for it in items if it["bad"]]}
 
@@ -375,7 +376,7 @@ class PipelineStream:
       raise ConfigError(f"this process holds rows [{lo}, {hi}) of each batch, not whole blocks "
                         f"of batch_size / data.shards = {per} rows; choose data.shards so each "
                         "process's rows are whole shards")
-    packer = WindowPacker(self.spec, self.seq_len)
+    packer = WindowPacker(self.spec, self.seq_len, self.opts["slots_per_row"])
     readers = [ShardReader(self.train_source, self.maker, packer, seed=self.seed, shard=s,
                            shards=shards, opts=self.opts) for s in range(lo // per, hi // per)]
     logging.info("input: this process reads shard(s) %s of %d (%s records) for rows [%d, %d)",
@@ -384,7 +385,8 @@ class PipelineStream:
 
   def example_batch(self) -> dict[str, np.ndarray]:
     """An all-padding global batch with the training batch's fields (for init)."""
-    return collate_packed(self.spec, [[] for _ in range(self.batch_size)], self.seq_len)
+    return collate_packed(self.spec, [[] for _ in range(self.batch_size)], self.seq_len,
+                          self.opts["slots_per_row"])
 
   def batch(self, step: int) -> dict[str, np.ndarray]:
     """This process's rows of training batch ``step`` (batches are read in order)."""
@@ -432,7 +434,8 @@ class PipelineStream:
     if not hasattr(self, "_eval_iter"):
       self._eval_iter = self._eval_docs()
     docs = [next(self._eval_iter) for _ in range(self.batch_size)]
-    return collate_packed(self.spec, [[d] for d in docs], self.seq_len)
+    return collate_packed(self.spec, [[d] for d in docs], self.seq_len,
+                          self.opts["slots_per_row"])
 
   # ---------------------------------------------------------------- summary
   def summary(self) -> dict[str, Any]:

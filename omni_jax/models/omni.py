@@ -10,6 +10,10 @@ Batch layout (all fixed shapes, so one compile serves every mix of modalities):
   the *distinct* placeholder positions its N_m features fill; ``<m>_mask`` bool [B]: rows
   that carry ``m`` (other rows keep their token embeddings). A batch may omit ``m``
   entirely: its encoder then runs on zeros and is added times 0 (gradients stay defined);
+* or, with K encoder slots per row (packed rows holding up to K inputs of ``m``,
+  ``config.data.slots_per_row``): ``<m>`` [B, K, *input_shape], ``<m>_pos`` [B, K, N_m],
+  ``<m>_mask`` bool [B, K] (slot k of row b is used). The encoder runs on all B·K inputs;
+  positions of used slots are distinct within a row, unused slots write nothing;
 * ``targets`` int32 [B, T] and ``target_head`` int32 [B, T]: the next id at each position
   and which output head predicts it (0 = no loss, 1 = text, 2.. = generated modalities);
 * optional, for packed rows: ``segment_ids`` int32 [B, T] (0 = padding, 1..n = the row's
@@ -178,11 +182,28 @@ def build_spec(model_cfg, tokenizer: str = "bytes") -> OmniSpec:
 
 
 def scatter_features(x, feats, pos, mask):
-  """Writes ``feats`` [B, N, D] into ``x`` [B, T, D] at distinct ``pos`` [B, N] where ``mask``."""
-  rows = jnp.arange(x.shape[0])[:, None]
-  cur = x[rows, pos]
-  return x.at[rows, pos].set(jnp.where(mask[:, None, None], feats.astype(x.dtype), cur),
-                             unique_indices=True)
+  """Writes ``feats`` [B, N, D] into ``x`` [B, T, D] at ``pos`` [B, N] where ``mask`` ([B]: per
+  row, or [B, N]: per feature). Positions of written features must be distinct within a row;
+  masked-out features are sent past the row's end and dropped, so their positions may repeat."""
+  b, t = x.shape[:2]
+  if mask.ndim == 1:
+    mask = jnp.broadcast_to(mask[:, None], pos.shape)
+  dest = jnp.where(mask, pos, t)
+  return x.at[jnp.arange(b)[:, None], dest].set(feats.astype(x.dtype), mode="drop")
+
+
+def encode_slots(enc, x, pos, mask):
+  """Runs encoder ``enc`` on one modality's batch fields; returns (feats [B, S, D], pos [B, S],
+  mask [B] or [B, S]) for :func:`scatter_features`. With K slots per row (``mask`` [B, K]) the
+  B·K inputs go through the encoder as one batch and each row's K feature runs are laid end
+  to end."""
+  if mask.ndim == 1:
+    return enc(x), pos, mask
+  b, k = mask.shape
+  feats = enc(x.reshape(b * k, *x.shape[2:]))
+  n = feats.shape[1]
+  return (feats.reshape(b, k * n, feats.shape[-1]), pos.reshape(b, k * n),
+          jnp.repeat(mask, n, axis=1))
 
 
 class OmniModel(nn.Module):
@@ -199,8 +220,8 @@ class OmniModel(nn.Module):
       kind = MODALITY_KINDS.get(ms["kind"])
       enc = kind.encoder(spec=ms, d_model=bb.d_model, dtype=bb.dtype, name=f"enc_{name}")
       if name in batch:
-        feats = enc(batch[name])
-        x = scatter_features(x, feats, batch[f"{name}_pos"], batch[f"{name}_mask"])
+        x = scatter_features(x, *encode_slots(enc, batch[name], batch[f"{name}_pos"],
+                                              batch[f"{name}_mask"]))
       else:  # dummy forward scaled by 0: the encoder's gradients stay defined (zero)
         dummy = jnp.zeros((b, *kind.input_shape(ms)), kind.input_dtype)
         x = x + 0.0 * enc(dummy).sum().astype(x.dtype)

@@ -41,6 +41,9 @@ def test_video_returns_uniformly_sampled_frames(tmp_path, suffix):
   tol = 3 if suffix != ".avi" else 4  # colour conversion (and JPEG) round-off
   np.testing.assert_allclose(video * 255, np.broadcast_to(want[:, None, None, None],
                                                           video.shape), atol=tol)
+  # Scaling only the picked frames (the container states its count) = scaling all, then picking.
+  every, _ = decode_video(path, frames=4, size=(16, 8), channels=3, trust_frame_count=False)
+  np.testing.assert_array_equal(every, video)
   grey, _ = decode_video(path, frames=1, size=(4, 4), channels=1)
   assert grey.shape == (1, 4, 4, 1)
   np.testing.assert_allclose(grey * 255, 8 * 14, atol=tol)  # middle frame (29 // 2)

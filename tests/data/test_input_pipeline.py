@@ -99,6 +99,38 @@ def test_packing_layout_and_one_slot_per_modality(tmp_path):
     packing.pack([doc(20)], 16)
 
 
+def test_two_slots_per_row_pack_tighter_and_each_document_reads_as_alone(tmp_path):
+  import jax
+  import jax.numpy as jnp
+
+  from omni_jax.models.omni import OmniModel
+  spec = build_spec(text_config(tmp_path / "x").model)
+  docs = [doc(20, ["image"], 1), doc(18, ["image"], 1), doc(16, ["image"], 1), doc(8)]
+  assert len(packing.pack(docs, 48)) == 3  # one slot: every image document opens a row
+  rows = packing.pack(docs, 48, slots=2)
+  assert [[len(d) for d in r] for r in rows] == [[20, 18, 8], [16]]
+  b = packing.collate_packed(spec, rows, 48, slots=2)
+  assert b["image"].shape == (2, 2, 16, 16, 3) and b["image_pos"].shape == (2, 2, 4)
+  np.testing.assert_array_equal(b["image_mask"], [[True, True], [True, False]])
+  np.testing.assert_array_equal(b["image_pos"][0], [np.arange(1, 5), 20 + np.arange(1, 5)])
+  assert b["image"][0, 1].max() == 18 and b["image"][1, 0].max() == 16
+  with pytest.raises(ValueError, match="more than 2 document.*slots_per_row"):
+    packing.collate_packed(spec, [[docs[0], docs[1], docs[2]]], 64, slots=2)
+  with pytest.raises(ValueError, match="slots per row must be >= 1"):
+    packing.pack(docs, 48, slots=0)
+  # Against each document alone in its own one-slot row: the same logits at its tokens.
+  alone = packing.collate_packed(spec, [[d] for d in rows[0]], 48)
+  model = OmniModel(spec)
+  params = model.init(jax.random.key(0), jax.tree.map(jnp.asarray, alone))
+  packed_logits = model.apply(params, jax.tree.map(jnp.asarray, b))[0]["text"]
+  alone_logits = model.apply(params, jax.tree.map(jnp.asarray, alone))[0]["text"]
+  at = 0
+  for i, d in enumerate(rows[0]):
+    np.testing.assert_allclose(packed_logits[0, at:at + len(d)], alone_logits[i, :len(d)],
+                               atol=2e-5, rtol=1e-5)
+    at += len(d)
+
+
 def test_shards_read_disjoint_halves_and_batches_concatenate(tmp_path):
   m = write_lines(tmp_path / "m.jsonl", [{"id": i, "text": f"record {i:03d}"} for i in range(96)])
   cfg = text_config(m, epochs=1, pack_window=8, shards=2, prefetch=0)
@@ -258,3 +290,12 @@ def test_worker_processes_give_the_same_batches(tmp_path):
   for a, b in zip(got[0], got[1], strict=True):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
+
+
+@pytest.mark.parametrize("key,value", [("slots_per_row", 0), ("pack_window", -1),
+                                       ("workers", 1.5), ("eval_fraction", 1.0)])
+def test_bad_pipeline_options_name_the_key(key, value):
+  from omni_jax.config import ConfigError
+  from omni_jax.data.pipeline import pipeline_options
+  with pytest.raises(ConfigError, match=f"data.{key}"):
+    pipeline_options({key: value})
