@@ -21,13 +21,14 @@ import optax
 from absl import logging
 from jax.sharding import PartitionSpec as P
 
-from omni_jax.collectives import aggregate, timing
+from omni_jax.collectives import aggregate, timing, wire
 from omni_jax.collectives.pipesgd import pipelined
 from omni_jax.config import ConfigError, check_keys, nonneg_float, one_of, positive_int, to_dict
 from omni_jax.train.metrics import MetricsLog, plot_curves, write_json_atomic
 from omni_jax.train.progress import Progress, time_calls
 
 AXIS = "data"
+WIRE_FORMAT = 2   # 2: bytes of the arrays handed to the collectives, checked against the HLO
 TRAIN_KEYS = ("seed", "steps", "batch_size", "lr", "momentum", "test_fraction", "tiny")
 
 
@@ -114,15 +115,25 @@ def make_step(model, tx, agg, mesh):
     mean, agg_state, wire = agg.reduce(grads, agg_state, AXIS, key)
     updates, opt_state = tx.update(mean, opt_state, params)
     params = optax.apply_updates(params, updates)
-    return (params, opt_state, jax.tree.map(lambda a: a[None], agg_state),
-            jax.lax.pmean(loss, AXIS), wire[None])
+    return (params, opt_state, jax.tree.map(lambda a: a[None], agg_state), loss[None],
+            wire[None])
 
   # check_vma off: ring outputs derive from ppermute, yet are bit-identical on every device
-  # (all decode the same bytes), so P() outputs are sound.
+  # (all decode the same bytes), so P() outputs are sound. The loss leaves per device (its
+  # mean is taken on the host) so the only collectives in the step are the aggregator's.
   sharded = jax.shard_map(body, mesh=mesh,
                           in_specs=(P(), P(), P(AXIS), P(AXIS), P(AXIS), P()),
-                          out_specs=(P(), P(), P(AXIS), P(), P(AXIS)), check_vma=False)
+                          out_specs=(P(), P(), P(AXIS), P(AXIS), P(AXIS)), check_vma=False)
   return jax.jit(sharded, donate_argnums=(0, 1, 2))
+
+
+def compile_step(step, *args):
+  """``step`` compiled for ``args``, and the operand bytes per collective kind of its HLO,
+  checked against the payloads the aggregator handed to the collectives while tracing (a
+  ValueError if they differ: the counted wire bytes are then the carried ones)."""
+  with wire.recording() as declared:
+    compiled = step.lower(*args).compile()
+  return compiled, wire.check_hlo(compiled.as_text(), declared)
 
 
 def train(cfg, name: str, width: int, data, log_path: str | None) -> dict:
@@ -140,9 +151,10 @@ def train(cfg, name: str, width: int, data, log_path: str | None) -> dict:
   tx = pipelined(optax.sgd(sched, momentum=cfg.momentum), width, cfg.pipeline_warmup)
   opt_state = tx.init(params)
   agg = make_aggregator(cfg, name)
-  one = agg.init(params, jax.random.fold_in(key, 1))
+  one = agg.init(params, jax.random.fold_in(key, 1), n_devices=n_dev)
   agg_state = jax.tree.map(lambda a: jnp.broadcast_to(a, (n_dev,) + a.shape), one)
-  step = make_step(model, tx, agg, mesh)
+  step, hlo_bytes = compile_step(make_step(model, tx, agg, mesh), params, opt_state,
+                                 agg_state, xtr[:cfg.batch_size], ytr[:cfg.batch_size], key)
   evaluate = jax.jit(lambda p, x: jnp.argmax(model.apply(p, x), -1))
   log = MetricsLog(log_path) if log_path else None
   wires, records, compressed_steps = [], [], []
@@ -155,15 +167,15 @@ def train(cfg, name: str, width: int, data, log_path: str | None) -> dict:
         params, opt_state, agg_state, xtr[idx], ytr[idx], jax.random.fold_in(key, 1000 + t))
     # One step in flight at a time: on a small, busy CPU host, queued multi-device executions
     # with collectives can starve each other's rendezvous (XLA aborts after a timeout).
-    wires.append(float(np.asarray(wire)[0]))
+    wires.append(float(np.max(np.asarray(wire))))   # the busiest device paces the ring
     if name == "gradiveq":
       compressed_steps.append(bool(agg.codec.compressed_at(t)))
     rec = None
     if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.steps:
       acc = float(np.mean(np.asarray(evaluate(params, xte)) == yte))
-      rec = {"step": t + 1, "loss": float(loss), "test_accuracy": acc}
+      rec = {"step": t + 1, "loss": float(np.mean(loss)), "test_accuracy": acc}
     elif (t + 1) % cfg.log_every == 0:
-      rec = {"step": t + 1, "loss": float(loss)}
+      rec = {"step": t + 1, "loss": float(np.mean(loss))}
     if rec:
       rec["wire_bytes"] = wires[-1]
       if name == "gradiveq":
@@ -187,6 +199,7 @@ def train(cfg, name: str, width: int, data, log_path: str | None) -> dict:
         if on.any() else None}
   return {**extra, "final_accuracy": acc, "wire_bytes_per_step": wire_per_step,
           "raw_bytes_per_step": raw, "params": n_values, "devices": n_dev,
+          "hlo_collective_operand_bytes": hlo_bytes,
           "train_seconds": prog.elapsed, "records": records}
 
 
@@ -280,10 +293,12 @@ def run(cfg, workdir: Path) -> dict:
   summary_path = workdir / "summary.json"
   data = load_digits(cfg.test_fraction, cfg.seed)
   old = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-  if old and _relevant(old.get("config", {})) == _relevant(json.loads(json.dumps(to_dict(cfg)))):
+  if (old and old.get("wire_format") == WIRE_FORMAT
+      and _relevant(old.get("config", {})) == _relevant(json.loads(json.dumps(to_dict(cfg))))):
     logging.info("training of this config done before: reusing %s", summary_path)
     res = {k: old[k] for k in ("final_accuracy", "wire_bytes_per_step", "raw_bytes_per_step")}
     res.update(params=old["measured"]["params"], devices=old["measured"]["emulated_devices"],
+               hlo_collective_operand_bytes=old["hlo_collective_operand_bytes"],
                train_seconds=old["measured"]["train_seconds"],
                records=MetricsLog(str(workdir / "metrics.jsonl"), resume_step=cfg.steps).read())
     if "gradiveq" in old:
@@ -315,6 +330,9 @@ def run(cfg, workdir: Path) -> dict:
       "wire_bytes_per_step": res["wire_bytes_per_step"],
       "raw_bytes_per_step": res["raw_bytes_per_step"],
       "compression_ratio": res["raw_bytes_per_step"] / res["wire_bytes_per_step"],
+      "measured_wire_ratio": res["raw_bytes_per_step"] / res["wire_bytes_per_step"],
+      "hlo_collective_operand_bytes": res["hlo_collective_operand_bytes"],
+      "wire_format": WIRE_FORMAT,
       "final_accuracy": res["final_accuracy"], "baseline_accuracy": base_acc,
       "predicted": ours, "predicted_at_model_size": at_size,
       **({"gradiveq": res["gradiveq"]} if "gradiveq" in res else {}),
@@ -326,7 +344,7 @@ def run(cfg, workdir: Path) -> dict:
               f"{cfg.codec} width {cfg.pipeline_width}: test accuracy", log_y=False,
               hlines={"uncompressed": base_acc})
   logging.info("summary: %s", json.dumps({k: summary[k] for k in (
-      "codec", "pipeline_width", "compression_ratio", "final_accuracy", "baseline_accuracy")}))
+      "codec", "pipeline_width", "measured_wire_ratio", "final_accuracy", "baseline_accuracy")}))
   return summary
 
 
