@@ -22,7 +22,7 @@ from absl import logging
 from jax.sharding import PartitionSpec as P
 
 from omni_jax.collectives import aggregate, timing, wire
-from omni_jax.collectives.pipesgd import pipelined
+from omni_jax.collectives.pipesgd import overlapped_step
 from omni_jax.config import ConfigError, check_keys, nonneg_float, one_of, positive_int, to_dict
 from omni_jax.train.metrics import MetricsLog, plot_curves, write_json_atomic
 from omni_jax.train.progress import Progress, time_calls
@@ -112,11 +112,11 @@ def make_step(model, tx, agg, mesh):
   def body(params, opt_state, agg_state, x, y, key):
     agg_state = jax.tree.map(lambda a: a[0], agg_state)
     loss, grads = jax.value_and_grad(loss_fn)(params, model, x, y)
-    mean, agg_state, wire = agg.reduce(grads, agg_state, AXIS, key)
+    mean, agg_state, nbytes = agg.reduce(grads, agg_state, AXIS, key)
     updates, opt_state = tx.update(mean, opt_state, params)
     params = optax.apply_updates(params, updates)
     return (params, opt_state, jax.tree.map(lambda a: a[None], agg_state), loss[None],
-            wire[None])
+            nbytes[None])
 
   # check_vma off: ring outputs derive from ppermute, yet are bit-identical on every device
   # (all decode the same bytes), so P() outputs are sound. The loss leaves per device (its
@@ -127,6 +127,31 @@ def make_step(model, tx, agg, mesh):
   return jax.jit(sharded, donate_argnums=(0, 1, 2))
 
 
+def make_pipelined_step(model, tx, agg, mesh):
+  """Jitted Pipe-SGD step (:func:`pipesgd.overlapped_step`): the all-reduce of the oldest
+  pending local gradient and this step's backward, with no data dependence between them."""
+
+  def grad_fn(params, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(params, model, *batch)
+    return grads, loss
+
+  def body(params, opt_state, pending, agg_state, x, y, key, valid):
+    agg_state = jax.tree.map(lambda a: a[0], agg_state)
+    pending = jax.tree.map(lambda a: a[0], pending)
+    reduce_fn = lambda g, s: agg.reduce(g, s, AXIS, key)
+    params, opt_state, queue, agg_state, loss, nbytes = overlapped_step(grad_fn, reduce_fn, tx)(
+        params, opt_state, pending, agg_state, (x, y), valid)
+    return (params, opt_state, jax.tree.map(lambda a: a[None], queue),
+            jax.tree.map(lambda a: a[None], agg_state), loss[None],
+            jnp.where(valid, nbytes, 0.0)[None])
+
+  sharded = jax.shard_map(body, mesh=mesh,
+                          in_specs=(P(), P(), P(AXIS), P(AXIS), P(AXIS), P(AXIS), P(), P()),
+                          out_specs=(P(), P(), P(AXIS), P(AXIS), P(AXIS), P(AXIS)),
+                          check_vma=False)
+  return jax.jit(sharded, donate_argnums=(0, 1, 2, 3))
+
+
 def compile_step(step, *args):
   """``step`` compiled for ``args``, and the operand bytes per collective kind of its HLO,
   checked against the payloads the aggregator handed to the collectives while tracing (a
@@ -134,6 +159,12 @@ def compile_step(step, *args):
   with wire.recording() as declared:
     compiled = step.lower(*args).compile()
   return compiled, wire.check_hlo(compiled.as_text(), declared)
+
+
+def collective_inputs(compiled) -> list[str]:
+  """The step arguments the compiled step's collectives read (``wire.overlap_report``)."""
+  return sorted({name.split("[")[0].split(".")[0] for name in
+                 wire.overlap_report(compiled.as_text())["collective_inputs"]})
 
 
 def train(cfg, name: str, width: int, data, log_path: str | None) -> dict:
@@ -148,28 +179,49 @@ def train(cfg, name: str, width: int, data, log_path: str | None) -> dict:
   key = jax.random.key(cfg.seed)
   params = model.init(key, jnp.zeros((1,) + xtr.shape[1:]))
   sched = optax.cosine_decay_schedule(cfg.lr, cfg.steps)
-  tx = pipelined(optax.sgd(sched, momentum=cfg.momentum), width, cfg.pipeline_warmup)
+  tx = optax.sgd(sched, momentum=cfg.momentum)
   opt_state = tx.init(params)
   agg = make_aggregator(cfg, name)
   one = agg.init(params, jax.random.fold_in(key, 1), n_devices=n_dev)
   agg_state = jax.tree.map(lambda a: jnp.broadcast_to(a, (n_dev,) + a.shape), one)
-  step, hlo_bytes = compile_step(make_step(model, tx, agg, mesh), params, opt_state,
-                                 agg_state, xtr[:cfg.batch_size], ytr[:cfg.batch_size], key)
+  batch0 = (xtr[:cfg.batch_size], ytr[:cfg.batch_size])
+  extra_out = {}
+  warmup = cfg.pipeline_warmup if width > 1 else cfg.steps
+  step = pipe_step = None
+  if warmup > 0:   # synchronous steps: width 1, and Pipe-SGD's warm-up
+    step, hlo_bytes = compile_step(make_step(model, tx, agg, mesh), params, opt_state,
+                                   agg_state, *batch0, key)
+  if width > 1:    # Pipe-SGD: width - 1 local gradients in flight
+    pending = tuple(jax.tree.map(lambda a: jnp.zeros((n_dev,) + a.shape, a.dtype), params)
+                    for _ in range(width - 1))
+    pipe_step, hlo_bytes = compile_step(make_pipelined_step(model, tx, agg, mesh), params,
+                                        opt_state, pending, agg_state, *batch0, key, True)
+    extra_out["pipelined_step_collective_inputs"] = collective_inputs(pipe_step)
   evaluate = jax.jit(lambda p, x: jnp.argmax(model.apply(p, x), -1))
   log = MetricsLog(log_path) if log_path else None
   wires, records, compressed_steps = [], [], []
   prog = Progress(f"{name} w{width}", cfg.steps, unit="steps")
   rng = np.random.default_rng(cfg.seed + 1)
   acc = float("nan")
+  reduced = 0   # all-reduces done (the aggregator's own step count)
   for t in range(cfg.steps):
     idx = rng.integers(0, len(ytr), cfg.batch_size)
-    params, opt_state, agg_state, loss, wire = step(
-        params, opt_state, agg_state, xtr[idx], ytr[idx], jax.random.fold_in(key, 1000 + t))
+    if t < warmup:
+      params, opt_state, agg_state, loss, nbytes = step(
+          params, opt_state, agg_state, xtr[idx], ytr[idx], jax.random.fold_in(key, 1000 + t))
+      valid = True
+    else:   # reduces the gradient of step t - width + 1 (with that step's key)
+      valid = t >= warmup + width - 1
+      params, opt_state, pending, agg_state, loss, nbytes = pipe_step(
+          params, opt_state, pending, agg_state, xtr[idx], ytr[idx],
+          jax.random.fold_in(key, 1000 + t - width + 1), valid)
     # One step in flight at a time: on a small, busy CPU host, queued multi-device executions
     # with collectives can starve each other's rendezvous (XLA aborts after a timeout).
-    wires.append(float(np.max(np.asarray(wire))))   # the busiest device paces the ring
-    if name == "gradiveq":
-      compressed_steps.append(bool(agg.codec.compressed_at(t)))
+    if valid:
+      wires.append(float(np.max(np.asarray(nbytes))))   # the busiest device paces the ring
+      if name == "gradiveq":
+        compressed_steps.append(bool(agg.codec.compressed_at(reduced)))
+      reduced += 1
     rec = None
     if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.steps:
       acc = float(np.mean(np.asarray(evaluate(params, xte)) == yte))
@@ -177,7 +229,7 @@ def train(cfg, name: str, width: int, data, log_path: str | None) -> dict:
     elif (t + 1) % cfg.log_every == 0:
       rec = {"step": t + 1, "loss": float(np.mean(loss))}
     if rec:
-      rec["wire_bytes"] = wires[-1]
+      rec["wire_bytes"] = wires[-1] if wires else 0.0
       if name == "gradiveq":
         rec["gradiveq_d"] = int(np.asarray(agg_state["gradiveq"]["d"])[0])
       records.append(rec)
@@ -197,7 +249,7 @@ def train(cfg, name: str, width: int, data, log_path: str | None) -> dict:
             agg_state["gradiveq"]["d"])[0]), "compressed_step_fraction": float(on.mean()),
         "compression_ratio_in_compressed_windows": raw / float(np.mean(np.asarray(wires)[on]))
         if on.any() else None}
-  return {**extra, "final_accuracy": acc, "wire_bytes_per_step": wire_per_step,
+  return {**extra, **extra_out, "final_accuracy": acc, "wire_bytes_per_step": wire_per_step,
           "raw_bytes_per_step": raw, "params": n_values, "devices": n_dev,
           "hlo_collective_operand_bytes": hlo_bytes,
           "train_seconds": prog.elapsed, "records": records}
@@ -303,6 +355,8 @@ def run(cfg, workdir: Path) -> dict:
                records=MetricsLog(str(workdir / "metrics.jsonl"), resume_step=cfg.steps).read())
     if "gradiveq" in old:
       res["gradiveq"] = old["gradiveq"]
+    if "pipelined_step_collective_inputs" in old:
+      res["pipelined_step_collective_inputs"] = old["pipelined_step_collective_inputs"]
     base_acc = old["baseline_accuracy"]
   else:
     res = train(cfg, cfg.codec, cfg.pipeline_width, data, str(workdir / "metrics.jsonl"))
@@ -336,6 +390,7 @@ def run(cfg, workdir: Path) -> dict:
       "final_accuracy": res["final_accuracy"], "baseline_accuracy": base_acc,
       "predicted": ours, "predicted_at_model_size": at_size,
       **({"gradiveq": res["gradiveq"]} if "gradiveq" in res else {}),
+      **({k: res[k] for k in ("pipelined_step_collective_inputs",) if k in res}),
       "measured": {**m, "params": res["params"], "emulated_devices": res["devices"],
                    "train_seconds": res["train_seconds"], "backend": jax.default_backend()},
       "cluster": to_dict(cfg.cluster), "config": to_dict(cfg)}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -134,3 +135,71 @@ def check_hlo(hlo_text: str, declared: list) -> dict:
                      f"payloads declare {want}: the counted wire bytes would not be the "
                      f"carried ones")
   return hlo
+
+
+# ---------------------------------------------------------------- dependences in HLO
+_COMP = re.compile(r"^(?:ENTRY\s+)?%(?P<name>[\w.\-]+)\s.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*.*?\s(?P<op>[a-z][\w\-]*)\("
+                    r"(?P<args>[^)]*)\)")
+_CALLED = re.compile(r"(?:calls|to_apply|body|condition|true_computation|false_computation)="
+                     r"%([\w.\-]+)|branch_computations=\{([^}]*)\}")
+
+
+def _parse(hlo_text: str):
+  comps, entry, cur = {}, None, None
+  for raw in hlo_text.splitlines():
+    line = re.sub(r"/\*.*?\*/", "", raw)
+    m = _COMP.match(line)
+    if m and "=" not in line.split("{")[0]:
+      cur = comps.setdefault(m.group("name"), [])
+      if line.startswith("ENTRY"):
+        entry = m.group("name")
+      continue
+    m = _INSTR.match(line)
+    if m and cur is not None:
+      called = [c for a, b in _CALLED.findall(line) for c in ([a] if a else re.findall(
+          r"%([\w.\-]+)", b))]
+      name = re.search(r'op_name="([^"]*)"', line)
+      cur.append({"name": m.group("name"), "op": m.group("op"), "root": "ROOT" in line[:8],
+                  "args": re.findall(r"%([\w.\-]+)", m.group("args")), "called": called,
+                  "op_name": name.group(1) if name else ""})
+  return comps, entry
+
+
+def overlap_report(hlo_text: str) -> dict:
+  """Data dependences around this module's collectives in a compiled program's entry.
+
+  Returns ``{"collective_inputs": entry parameters (their op_name: the argument names) that
+  any wire collective depends on, "outputs_after_collectives": indices of the root tuple's
+  elements that depend on a wire collective}``; an op that calls a computation holding a wire
+  collective (a ``while`` ring, a ``conditional`` ladder) counts as one. With these, a test
+  can show that a step's collective and its backward pass are independent."""
+  comps, entry = _parse(hlo_text)
+  is_wire = lambda ins: (ins["op"] in hlo_report.KINDS or ins["op"].endswith("-start")) and (
+      f"/{SCOPE}/" in f"/{ins['op_name']}/")
+  memo: dict = {}
+
+  def holds(comp: str) -> bool:
+    if comp not in memo:
+      memo[comp] = False
+      memo[comp] = any(is_wire(i) or any(holds(c) for c in i["called"])
+                       for i in comps.get(comp, []))
+    return memo[comp]
+
+  instrs = {i["name"]: i for i in comps[entry]}
+  comm = {n for n, i in instrs.items() if is_wire(i) or any(holds(c) for c in i["called"])}
+  seen, todo = set(comm), list(comm)   # everything the collectives read from
+  while todo:
+    for a in instrs[todo.pop()]["args"]:
+      if a in instrs and a not in seen:
+        seen.add(a)
+        todo.append(a)
+  inputs = sorted(instrs[a]["op_name"] for a in seen if instrs[a]["op"] == "parameter")
+  after: set = set()   # everything computed from a collective's result (operands come first)
+  for i in comps[entry]:
+    if i["name"] in comm or any(a in after for a in i["args"]):
+      after.add(i["name"])
+  root = next(i for i in comps[entry] if i["root"])
+  outs = root["args"] if root["op"] == "tuple" else [root["name"]]
+  after = [k for k, o in enumerate(outs) if o in after]
+  return {"collective_inputs": inputs, "outputs_after_collectives": after}

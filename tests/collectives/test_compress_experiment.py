@@ -32,6 +32,9 @@ def test_tiny_gradiveq_pipelined_run_writes_summary(tmp_path):
   on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
   assert KEYS <= set(on_disk) and on_disk["codec"] == "gradiveq"
   assert on_disk["pipeline_width"] == 2
+  # the compiled Pipe-SGD step: its collectives read the pending gradient, the aggregator's
+  # state (GradiVeQ uses no key), never the parameters or the batch its backward reads
+  assert on_disk["pipelined_step_collective_inputs"] == ["agg_state", "pending"]
   assert set(s["predicted"]) >= {"iteration_time_s", "comm_time_s",
                                  "speedup_vs_sync_uncompressed"}
   # raw bytes: a ring of 8 devices over 38,282 floats
