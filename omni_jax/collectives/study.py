@@ -50,8 +50,10 @@ def validate(cfg) -> None:
     raise ConfigError(f"config.test_fraction = {cfg.test_fraction!r} must be in (0, 1)")
   one_of(cfg.timing, "method", timing.METHODS, "timing.")
   positive_int(cfg.timing, "repeats", "timing.")
-  positive_int(cfg.timing, "model_params", "timing.")
-  nonneg_float(cfg.timing, "model_compute_s", "timing.")
+  positive_int(cfg.timing, "model_batch_per_worker", "timing.")
+  for k in ("device_flops_per_s", "bucket_bytes"):
+    if not nonneg_float(cfg.timing, k, "timing.") > 0:
+      raise ConfigError(f"config.timing.{k} = {cfg.timing[k]!r} must be > 0")
   try:
     cluster(cfg)
     make_aggregator(cfg)
@@ -98,6 +100,22 @@ class SmallCNN(nn.Module):
     x = nn.avg_pool(x, (2, 2), (2, 2))
     x = nn.relu(nn.Dense(64)(x.reshape(x.shape[0], -1)))
     return nn.Dense(10)(x)
+
+
+class AlexNet(nn.Module):
+  """AlexNet as in torchvision (one tower, 61.1M parameters), for the paper-sized profile."""
+
+  @nn.compact
+  def __call__(self, x):
+    pool = lambda v: nn.max_pool(v, (3, 3), (2, 2))
+    x = pool(nn.relu(nn.Conv(64, (11, 11), (4, 4), padding=2)(x)))
+    x = pool(nn.relu(nn.Conv(192, (5, 5), padding=2)(x)))
+    x = nn.relu(nn.Conv(384, (3, 3), padding=1)(x))
+    x = nn.relu(nn.Conv(256, (3, 3), padding=1)(x))
+    x = pool(nn.relu(nn.Conv(256, (3, 3), padding=1)(x)))
+    x = nn.relu(nn.Dense(4096)(x.reshape(x.shape[0], -1)))
+    x = nn.relu(nn.Dense(4096)(x))
+    return nn.Dense(1000)(x)
 
 
 def loss_fn(params, model, x, y):
@@ -257,15 +275,20 @@ def train(cfg, name: str, width: int, data, log_path: str | None) -> dict:
 
 # ---------------------------------------------------------------- measure
 def measure(cfg, name: str, data, n_dev: int) -> dict:
-  """One worker's forward+backward seconds and the codec's encode/decode bytes per second."""
+  """One worker's forward, forward+backward and backward (the difference) seconds, and the
+  codec's encode/decode bytes per second, measured on this machine."""
   xtr, ytr = data[0], data[1]
   model = SmallCNN()
   params = model.init(jax.random.key(cfg.seed), jnp.zeros((1,) + xtr.shape[1:]))
   local = cfg.batch_size // n_dev
   x, y = jnp.asarray(xtr[:local]), jnp.asarray(ytr[:local])
   grad = jax.jit(lambda p: jax.grad(loss_fn)(p, model, x, y))
+  forward = jax.jit(lambda p: loss_fn(p, model, x, y))
   compute_s = min(time_calls(grad, params, repeats=cfg.timing.repeats))
-  out = {"compute_s": compute_s, "encode_bytes_per_s": math.inf, "decode_bytes_per_s": math.inf}
+  forward_s = min(time_calls(forward, params, repeats=cfg.timing.repeats))
+  out = {"compute_s": compute_s, "forward_s": forward_s,
+         "backward_s": max(compute_s - forward_s, 0.0),
+         "encode_bytes_per_s": math.inf, "decode_bytes_per_s": math.inf}
   if name == "none":
     return out
   from jax.flatten_util import ravel_pytree
@@ -285,7 +308,7 @@ def measure_cached(cfg, name: str, data, n_dev: int, cache_dir: Path) -> dict:
   width) predicts from the same measurement."""
   settings = to_dict(cfg[name]) if name in ("inceptionn", "qsgd", "powersgd", "gradiveq") else {}
   key = {"codec": name, "settings": settings, "batch_size": cfg.batch_size, "devices": n_dev,
-         "repeats": cfg.timing.repeats, "seed": cfg.seed, "tiny": cfg.tiny}
+         "repeats": cfg.timing.repeats, "seed": cfg.seed, "tiny": cfg.tiny, "profile": 2}
   path = cache_dir / f"measure_{name}.json"
   if path.exists():
     cached = json.loads(path.read_text())
@@ -296,20 +319,57 @@ def measure_cached(cfg, name: str, data, n_dev: int, cache_dir: Path) -> dict:
   return m
 
 
-def predict(cfg, name: str, width: int, nbytes: float, compute_s: float, ratio: float,
-            enc: float, dec: float) -> dict:
-  """Timing-model iteration time vs synchronous uncompressed for ``nbytes`` of gradient."""
+def model_profile(cfg, cache_dir: Path) -> dict:
+  """Forward and backward FLOPs of :class:`AlexNet` at ``timing.model_batch_per_worker``
+  from XLA's cost analysis of the lowered functions (traced, not run; cached), and its
+  gradient bytes."""
+  batch = cfg.timing.model_batch_per_worker
+  path = cache_dir / f"profile_{cfg.timing.model_name}_b{batch}.json"
+  if path.exists():
+    return json.loads(path.read_text())
+  if cfg.timing.model_name != "alexnet":
+    raise ConfigError(f"config.timing.model_name = {cfg.timing.model_name!r}: only 'alexnet' "
+                      f"has a model to profile")
+  model = AlexNet()
+  params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3))))
+  x = jax.ShapeDtypeStruct((batch, 224, 224, 3), jnp.float32)
+  y = jax.ShapeDtypeStruct((batch,), jnp.int32)
+
+  def flops(f) -> float:
+    cost = jax.jit(f).lower(params, x, y).cost_analysis()
+    return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+  fwd = flops(lambda p, x, y: loss_fn(p, model, x, y))
+  both = flops(lambda p, x, y: jax.grad(loss_fn)(p, model, x, y))
+  out = {"forward_flops": fwd, "backward_flops": max(both - fwd, 0.0), "batch": batch,
+         "params": int(sum(math.prod(p.shape) for p in jax.tree.leaves(params)))}
+  write_json_atomic(str(path), out)
+  return out
+
+
+def predict(cfg, name: str, width: int, nbytes: float, forward_s: float, backward_s: float,
+            ratio: float, enc: float, dec: float) -> dict:
+  """Modelled iteration time for ``nbytes`` of gradient vs two uncompressed baselines: plain
+  synchronous (all-reduce after backward) and DDP-style (backward overlapped by bucketed
+  all-reduces, ``timing.bucket_bytes``)."""
   cl, method = cluster(cfg), cfg.timing.method
   mode = "pipelined" if width > 1 else "sync"
   linear = make_aggregator(cfg, name).linear
-  codec = None if name == "none" else timing.CodecCost(ratio, enc, dec, per_hop=not linear)
+  codec = None if name == "none" else timing.CodecCost(
+      ratio, enc, dec, per_hop=not linear, rounds=2 if name == "powersgd" else 1)
+  compute_s = forward_s + backward_s
   ours = timing.iteration_time(compute_s, nbytes, cl, method, codec, mode)
   base = timing.iteration_time(compute_s, nbytes, cl, method, None, "sync")
-  return {"iteration_time_s": ours.iteration_s, "comm_time_s": ours.comm_s,
+  ddp = timing.ddp_iteration_time(forward_s, backward_s, nbytes, cl, method, None,
+                                  cfg.timing.bucket_bytes)
+  return {"modelled": True, "iteration_time_s": ours.iteration_s, "comm_time_s": ours.comm_s,
           "speedup_vs_sync_uncompressed": timing.speedup(base, ours),
+          "speedup_vs_ddp_overlapped": timing.speedup(ddp, ours),
           "baseline_iteration_time_s": base.iteration_s, "baseline_comm_time_s": base.comm_s,
+          "ddp_iteration_time_s": ddp.iteration_s,
           "comm_time_reduction": 1.0 - ours.comm_s / base.comm_s if base.comm_s else 0.0,
-          "gradient_bytes": nbytes, "compute_s": compute_s, "mode": mode, "method": method}
+          "gradient_bytes": nbytes, "compute_s": compute_s, "forward_s": forward_s,
+          "backward_s": backward_s, "mode": mode, "method": method}
 
 
 # ---------------------------------------------------------------- baseline
@@ -333,8 +393,10 @@ def baseline(cfg, data, workdir: Path) -> dict:
 
 # ---------------------------------------------------------------- main
 def _relevant(cfg: dict) -> dict:
-  """The config without the settings of codecs this run does not use (for reuse checks)."""
+  """The config without what training does not read (other codecs' settings, the timing
+  model's) for reuse checks."""
   unused = {"inceptionn", "qsgd", "powersgd", "gradiveq"} - {cfg.get("codec")}
+  unused |= {"cluster", "timing"}   # they change only the predictions
   return {k: v for k, v in cfg.items() if k not in unused}
 
 
@@ -366,19 +428,26 @@ def run(cfg, workdir: Path) -> dict:
       base_acc = baseline(cfg, data, workdir)["final_accuracy"]
   cache = Path(cfg.baseline_dir) if cfg.baseline_dir else workdir / "baseline"
   m = measure_cached(cfg, cfg.codec, data, res["devices"], cache)
-  m["compute_s"] = measure_cached(cfg, "none", data, res["devices"], cache)["compute_s"]
+  plain = measure_cached(cfg, "none", data, res["devices"], cache)
+  for k in ("compute_s", "forward_s", "backward_s"):
+    m[k] = plain[k]
   ratio = res["wire_bytes_per_step"] / res["raw_bytes_per_step"]
   enc, dec = m["encode_bytes_per_s"], m["decode_bytes_per_s"]
-  ours = predict(cfg, cfg.codec, cfg.pipeline_width, res["params"] * 4.0, m["compute_s"], ratio,
-                 enc, dec)
-  big = cfg.timing.model_params * 4.0
+  ours = predict(cfg, cfg.codec, cfg.pipeline_width, res["params"] * 4.0, m["forward_s"],
+                 m["backward_s"], ratio, enc, dec)
+  prof = model_profile(cfg, cache)
+  rate = cfg.timing.device_flops_per_s
+  big, fwd_s, bwd_s = prof["params"] * 4.0, prof["forward_flops"] / rate, (
+      prof["backward_flops"] / rate)
   at_size = {
-      "model": cfg.timing.model_name, "note": "compute_s is an assumption from config.timing; "
-      "wire ratio and codec throughput are measured here",
-      "measured_codec": predict(cfg, cfg.codec, cfg.pipeline_width, big,
-                                cfg.timing.model_compute_s, ratio, enc, dec),
-      "line_rate_codec": predict(cfg, cfg.codec, cfg.pipeline_width, big,
-                                 cfg.timing.model_compute_s, ratio, math.inf, math.inf)}
+      "model": cfg.timing.model_name, "profile": prof,
+      "note": "modelled: compute = FLOPs from XLA's cost analysis of the lowered model / "
+      "config.timing.device_flops_per_s (a sourced peak rate); wire ratio and codec "
+      "throughput measured here",
+      "measured_codec": predict(cfg, cfg.codec, cfg.pipeline_width, big, fwd_s, bwd_s, ratio,
+                                enc, dec),
+      "line_rate_codec": predict(cfg, cfg.codec, cfg.pipeline_width, big, fwd_s, bwd_s, ratio,
+                                 math.inf, math.inf)}
   summary = {
       "codec": cfg.codec, "pipeline_width": cfg.pipeline_width,
       "wire_bytes_per_step": res["wire_bytes_per_step"],
