@@ -65,37 +65,50 @@ def test_bad_width():
 
 
 def test_overlapped_step_matches_stale_reference_and_its_collective_is_independent():
-  """Width 2 from step 0: each step all-reduces the previous step's local gradient while it
-  computes its own; the result equals stale-gradient SGD, and in the compiled HLO the
-  all-reduce reads only the pending gradient while the new gradient reads no collective."""
-  lr, steps = 0.05, 7
+  """Width 2 after 2 synchronous warm-up steps: each step all-reduces the previous step's
+  local gradient while it computes its own; the result equals the stale-gradient reference
+  above, and in the compiled HLO the all-reduce reads only the pending gradient while the new
+  gradient reads no collective."""
+  lr, steps, warmup = 0.05, 8, 2
   x = jnp.asarray(np.random.default_rng(0).uniform(0.5, 1.5, (8, 3)), jnp.float32)
   w0 = jnp.array([0.5, -0.3, 1.2], jnp.float32)
   tx = optax.sgd(lr)
   local = lambda w, xd: jnp.sum(xd * w ** 4) / 4 + jnp.sum(w)
+  mean = lambda g: wire.psum(g, "data", mean=True)[0]
   step = overlapped_step(lambda w, xd: (jax.grad(local)(w, xd[0]), None),
-                         lambda g, s: (wire.psum(g, "data", mean=True)[0], s, None), tx)
+                         lambda g, s: (mean(g), s, None), tx)
 
   def body(w, opt_state, pending, x, valid):
     w, opt_state, queue, _, _, _ = step(w, opt_state, (pending[0],), (), x, valid)
     return w, opt_state, queue[0][None]
 
-  f = jax.jit(jax.shard_map(body, mesh=make_mesh(), in_specs=(P(), P(), P("data"), P("data"),
-                                                              P()),
-                            out_specs=(P(), P(), P("data")), check_vma=False))
+  def sync(w, opt_state, x):
+    upd, opt_state = tx.update(mean(jax.grad(local)(w, x[0])), opt_state, w)
+    return optax.apply_updates(w, upd), opt_state
+
+  spec = dict(mesh=make_mesh(), check_vma=False)
+  f = jax.jit(jax.shard_map(body, in_specs=(P(), P(), P("data"), P("data"), P()),
+                            out_specs=(P(), P(), P("data")), **spec))
+  g = jax.jit(jax.shard_map(sync, in_specs=(P(), P(), P("data")), out_specs=(P(), P()), **spec))
   compiled = f.lower(w0, tx.init(w0), jnp.zeros((8, 3)), x, True).compile()
   rep = wire.overlap_report(compiled.as_text())
   assert rep["collective_inputs"] == ["pending"]        # not w, not x: not the backward
   assert rep["outputs_after_collectives"] == [0]        # new w reads it; the new gradient not
   w, opt, pending = w0, tx.init(w0), jnp.zeros((8, 3))
   for t in range(steps):
-    w, opt, pending = compiled(w, opt, pending, x, t >= 1)
+    if t < warmup:
+      w, opt = g(w, opt, x)
+    else:
+      w, opt, pending = compiled(w, opt, pending, x, t >= warmup + 1)
   ref = np.asarray(w0, np.float64)
   xs = np.asarray(x, np.float64)
-  prev = None
-  for _ in range(steps):
-    g = (xs * ref ** 3 + 1.0).mean(0)
-    if prev is not None:
-      ref = ref - lr * prev
-    prev = g
+  queue = []
+  for t in range(steps):
+    grad = (xs * ref ** 3 + 1.0).mean(0)
+    if t < warmup:
+      ref = ref - lr * grad
+      continue
+    queue.append(grad)
+    if len(queue) == 2:
+      ref = ref - lr * queue.pop(0)
   np.testing.assert_allclose(w, ref, rtol=1e-5)
