@@ -26,13 +26,12 @@ def test_error_feedback_across_ring_hops_telescopes():
   steps = 4
 
   def body(w, b, s):
-    s = jax.tree.map(lambda a: a[0], s)
-    means, wires = [], []
-    for _ in range(steps):
+    def call(s, _):   # one all-reduce of the same gradients (scan: the ring compiles once)
       mean, s, wire = agg.reduce({"w": w[0], "b": b[0]}, s, "data")
-      means.append(jnp.concatenate([mean["b"], mean["w"].reshape(-1)]))   # ravel order
-      wires.append(wire)
-    return jnp.stack(means)[None], s["residual"][None], jnp.stack(wires)[None]
+      return s, (jnp.concatenate([mean["b"], mean["w"].reshape(-1)]), wire)   # ravel order
+
+    s, (means, wires) = jax.lax.scan(call, jax.tree.map(lambda a: a[0], s), None, steps)
+    return means[None], s["residual"][None], wires[None]
 
   means, residual, wire = jax.jit(jax.shard_map(
       body, mesh=make_mesh(), in_specs=P("data"), out_specs=P("data")))(grads["w"], grads["b"],
