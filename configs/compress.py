@@ -57,9 +57,15 @@ def get_config(arg: str = "inceptionn") -> ml_collections.ConfigDict:
   c.timing = ml_collections.ConfigDict(dict(
       method="ring",              # ring | ps | switch
       repeats=20,                 # timed calls for compute time and codec throughput
-      model_name="alexnet",
-      model_params=61_000_000,    # gradient floats of the paper-sized model
-      model_compute_s=0.1))       # ASSUMED forward+backward seconds per iteration at that size
+      model_name="alexnet",       # torchvision-style AlexNet (61.1M parameters) built in flax;
+                                  # its forward and backward FLOPs are read from XLA's cost
+                                  # analysis of the compiled model here, at this batch:
+      model_batch_per_worker=128,   # Krizhevsky et al.'s AlexNet batch size (128)
+      # Compute time at that size = FLOPs / this rate: NVIDIA Tesla P100 (PCIe) peak FP32,
+      # 9.3 TFLOPS (NVIDIA P100 datasheet), a GPU of the papers' era. Peak, so the compute
+      # time is a lower bound and the network's share an upper bound.
+      device_flops_per_s=9.3e12,
+      bucket_bytes=25e6))         # DDP-style baseline: PyTorch DDP's default bucket_cap_mb=25
   if tiny:
     c.steps = 40
     c.eval_every = 20

@@ -9,9 +9,12 @@ alpha-beta timing model of the configured cluster (default 4 nodes, 10 GbE).
 
 Run:  python -m experiments.compress --config=configs/compress.py:<codec> --workdir=DIR
 (``--config.pipeline_width=2`` for Pipe-SGD). ``DIR/summary.json`` holds ``codec``,
-``pipeline_width``, ``wire_bytes_per_step``, ``raw_bytes_per_step``, ``compression_ratio``,
-``final_accuracy``, ``baseline_accuracy`` and ``predicted`` (our CNN's size) plus
-``predicted_at_model_size`` (the paper-sized model of ``config.timing``). The uncompressed
+``pipeline_width``, ``wire_bytes_per_step`` (bytes handed to the collectives, checked against
+the compiled HLO), ``raw_bytes_per_step``, ``measured_wire_ratio`` (raw / carried; also under
+its old name ``compression_ratio``), ``hlo_collective_operand_bytes``, ``final_accuracy``,
+``baseline_accuracy`` and ``predicted`` (our CNN's size) plus ``predicted_at_model_size`` (the
+paper-sized model of ``config.timing``), both modelled, with ``speedup_vs_sync_uncompressed``
+and ``speedup_vs_ddp_overlapped``. The uncompressed
 baseline (same seed) is trained once and cached in ``config.baseline_dir``, as are the timing
 measurements per codec; a rerun with an unchanged config reuses the training recorded in
 ``summary.json`` and ``metrics.jsonl`` and only redoes the predictions.

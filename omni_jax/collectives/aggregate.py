@@ -6,10 +6,11 @@ by name. An aggregator is called inside ``jax.shard_map`` over the data axis and
 
 * ``none``       -- ``pmean`` (uncompressed ring-equivalent bytes);
 * ``inceptionn`` / ``qsgd`` -- the ppermute ring with the hop codec on every leg (optional
-  error feedback on each worker's own contribution);
+  error feedback on every encoding of the ring, reduce-scatter and all-gather hops alike);
 * ``gradiveq``   -- PCA slices summed in the compressed domain (psum path);
 * ``powersgd``   -- rank-r factors summed with psum, error feedback built in.
 
+Wire bytes are those of the arrays handed to the collectives (:mod:`omni_jax.collectives.wire`).
 State is per device: :meth:`Aggregator.init` gives one device's state; the caller stacks it
 along the data axis (``jax.tree.map(lambda a: jnp.broadcast_to(a, (N,) + a.shape), ...)``) and
 passes it with ``PartitionSpec('data')``. ``roundtrip_fns`` returns single-device encode and
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from omni_jax.collectives import ring
-from omni_jax.collectives.codecs.base import HopCodec, Identity, with_error_feedback
+from omni_jax.collectives.codecs.base import HopCodec, Identity
 from omni_jax.collectives.codecs.gradiveq import GradiVeQ, filter_major
 from omni_jax.collectives.codecs.inceptionn import Inceptionn
 from omni_jax.collectives.codecs.powersgd import PowerSGD
@@ -44,12 +45,17 @@ class Aggregator:
   error_feedback: bool = False
   linear: bool = False   # compressed values sum (one encode/decode per step, not per hop)
 
-  def init(self, params, key: jax.Array) -> dict:
-    """One device's state (identical on every device at start)."""
+  def init(self, params, key: jax.Array, n_devices: int | None = None) -> dict:
+    """One device's state (identical on every device at start). Error feedback keeps one
+    residual per ring encoding, ``n_devices`` chunks of ``ceil(n / n_devices)`` values."""
     flat, _ = ravel_pytree(params)
     state = {}
     if self.error_feedback and isinstance(self.codec, HopCodec):
-      state["residual"] = jnp.zeros(flat.shape, jnp.float32)
+      if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1:
+        raise ValueError(f"{self.name} with error feedback needs n_devices (the size of the "
+                         f"data axis, an int >= 1) to size its ring residual, got {n_devices!r}")
+      chunk = -(-flat.shape[0] // n_devices)
+      state["residual"] = jnp.zeros((n_devices * chunk,), jnp.float32)
     if isinstance(self.codec, GradiVeQ):
       state["gradiveq"] = self.codec.init()
     if isinstance(self.codec, PowerSGD):
@@ -71,10 +77,9 @@ class Aggregator:
       mean, wire = ring.psum_all_reduce(flat, axis_name, mean=True)
       return unravel(mean), state, wire
     if self.error_feedback:
-      ef_key = None if key is None else jax.random.fold_in(key, 7919)
-      flat, residual = with_error_feedback(self.codec, flat.astype(jnp.float32),
-                                           state["residual"], ef_key)
-      state = dict(state, residual=residual)
+      mean, wire, residual = ring.ring_all_reduce(flat, axis_name, self.codec, key, mean=True,
+                                                  residual=state["residual"])
+      return unravel(mean), dict(state, residual=residual), wire
     mean, wire = ring.ring_all_reduce(flat, axis_name, self.codec, key, mean=True)
     return unravel(mean), state, wire
 

@@ -12,6 +12,14 @@ gradient of step ``t - (w - 1)``. The first ``w - 1`` pipelined steps have nothi
 (every warm-up gradient has been applied already), so they apply a zero update and leave the
 inner optimizer's state untouched: each gradient is applied exactly once. Width 1 is plain
 synchronous SGD (the inner transformation unchanged).
+
+:func:`pipelined` only reorders gradients *after* their all-reduce, so in a step that
+all-reduces its own gradient the collective still waits for backward. :func:`overlapped_step`
+is the data-parallel step that can overlap: it all-reduces the gradient of an earlier step
+(carried in as ``pending``) and computes this step's gradient, with no data dependence
+between the two, then applies the reduced one -- the same arithmetic as :func:`pipelined`
+after a synchronous all-reduce (tests/collectives/test_collectives_pipesgd.py checks both the
+numbers and, in the compiled HLO, the independence).
 """
 
 from __future__ import annotations
@@ -57,3 +65,28 @@ def pipelined(inner: optax.GradientTransformation, width: int = 2,
     return updates, PipeSGDState(t + 1, state.queue[1:] + (queued,), inner_state)
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def overlapped_step(grad_fn, reduce_fn, tx: optax.GradientTransformation):
+  """Body of one pipelined data-parallel step, to call inside ``jax.shard_map``.
+
+  ``grad_fn(params, batch) -> (grads, aux)`` is this device's backward; ``reduce_fn(grads,
+  reduce_state) -> (mean_grads, reduce_state, aux)`` the all-reduce (any aggregator).
+  Returns ``step(params, opt_state, pending, reduce_state, batch, valid) -> (params,
+  opt_state, queue, reduce_state, grad_aux, reduce_aux)``: ``pending`` is a tuple of the
+  ``width - 1`` local gradients in flight, oldest first; the oldest is all-reduced and
+  applied while this step's gradient is computed from the same ``params`` (neither reads the
+  other), and ``queue`` is ``pending[1:] + (grads,)``. ``valid`` False (the first ``width -
+  1`` steps after a synchronous warm-up, when ``pending`` holds no real gradient yet) leaves
+  params, optimizer state and reduce state unchanged.
+  """
+  def step(params, opt_state, pending, reduce_state, batch, valid):
+    mean, new_reduce, reduce_aux = reduce_fn(pending[0], reduce_state)   # gradient of t-w+1
+    grads, grad_aux = grad_fn(params, batch)                              # gradient of t
+    updates, new_opt = tx.update(mean, opt_state, params)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, old)
+    params = keep(optax.apply_updates(params, updates), params)
+    return (params, keep(new_opt, opt_state), tuple(pending[1:]) + (grads,),
+            keep(new_reduce, reduce_state), grad_aux, reduce_aux)
+
+  return step

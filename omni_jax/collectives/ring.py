@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from omni_jax.collectives import wire
 from omni_jax.collectives.codecs.base import HopCodec, Identity
 
 
@@ -44,13 +45,56 @@ def _hop_key(key, step: int, index):
   return None if key is None else jax.random.fold_in(jax.random.fold_in(key, step), index)
 
 
+def _send(codec: HopCodec, payload: dict, n: int, axis_name: str, perm, index=None):
+  """Hands ``codec.pack(payload)`` to ppermute at one static wire size; returns the received
+  payload and the bytes sent. Variable-length codecs first exchange the 4-byte length (the
+  largest over the ring picks the rung, so every device sends the same size); pass ``index``
+  (a rung already agreed on) to skip that exchange."""
+  sizes = codec.wire_sizes(n)
+  header = jnp.float32(0.0)
+  if len(sizes) > 1 and index is None:
+    need, header = wire.pmax_header(codec.wire_need(payload), axis_name)
+    index = wire.rung(need, sizes)
+
+  def branch(size):
+    def send(p):
+      received, nbytes = wire.ppermute(codec.pack(p, n, size), axis_name, perm)
+      return codec.unpack(received, n, size), nbytes
+    return send
+
+  if len(sizes) == 1:
+    received, nbytes = branch(sizes[0])(payload)
+  else:
+    received, nbytes = jax.lax.switch(index, [branch(z) for z in sizes], payload)
+  return received, nbytes + header
+
+
+def _encode(codec: HopCodec, x, key, residual, chunk_index):
+  """Payload of ``x`` (plus the residual kept for this chunk, with error feedback) and the
+  updated residual buffer."""
+  if residual is None:
+    return codec.encode(x, key), None
+  x = x + residual[chunk_index]
+  payload = codec.encode(x, key)
+  return payload, residual.at[chunk_index].set(x - codec.decode(payload, x.shape[0]))
+
+
 def ring_all_reduce(tree, axis_name: str, codec: HopCodec | None = None,
-                    key: jax.Array | None = None, mean: bool = False):
+                    key: jax.Array | None = None, mean: bool = False,
+                    residual: jax.Array | None = None):
   """Sum (or mean) of ``tree`` over ``axis_name`` by a ring with ``codec`` on every hop.
 
   Returns ``(reduced_tree, wire_bytes)`` where ``wire_bytes`` (float32 scalar) is what this
-  device sent: ``2(N-1)`` payloads of one ``1/N`` chunk each. ``key`` is required by
-  stochastic codecs (QSGD); each hop and device folds in its own sub-key.
+  device handed to the collectives: ``2(N-1)`` packed payloads of one ``1/N`` chunk each
+  (plus the 4-byte length exchanges of a variable-length codec). Every device sends the same
+  size at every hop, so this is also the maximum over devices that paces the ring. ``key`` is
+  required by stochastic codecs (QSGD); each hop and device folds in its own sub-key.
+
+  ``residual`` (error feedback across hops; shape ``(N * ceil(n / N),)``, zeros at start):
+  every encoding in the ring, reduce-scatter and all-gather, adds what this device lost on
+  the same chunk last time and keeps what it loses now; then ``(reduced, wire, residual)`` is
+  returned. Each device encodes every chunk exactly once per call, so over T calls the
+  outputs sum to T x the true sum minus the residuals left (the errors telescope).
   """
   codec = Identity() if codec is None else codec
   if not isinstance(codec, HopCodec):
@@ -61,52 +105,58 @@ def ring_all_reduce(tree, axis_name: str, codec: HopCodec | None = None,
   n_dev = axis_size(axis_name)
   flat, unravel = ravel_pytree(tree)
   out_dtype = flat.dtype
-  if n_dev == 1:
-    return tree, jnp.float32(0.0)
-  flat = flat.astype(jnp.float32)
   size = flat.shape[0]
   chunk = -(-size // n_dev)
+  if residual is not None and tuple(residual.shape) != (n_dev * chunk,):
+    raise ValueError(f"error-feedback residual has shape {tuple(residual.shape)}; the ring over "
+                     f"{n_dev} devices of {size} values needs ({n_dev * chunk},)")
+  if n_dev == 1:
+    return (tree, jnp.float32(0.0)) + (() if residual is None else (residual,))
+  flat = flat.astype(jnp.float32)
   chunks = jnp.pad(flat, (0, chunk * n_dev - size)).reshape(n_dev, chunk)
+  res = None if residual is None else residual.reshape(n_dev, chunk).astype(jnp.float32)
   me = jax.lax.axis_index(axis_name)
   perm = [(j, (j + 1) % n_dev) for j in range(n_dev)]
 
   # REDUCE-SCATTER: after N-1 hops this device holds the full sum of chunk (me + 1) mod N.
+  # At hop s it encodes its partial sum of chunk (me - s) mod N.
   def scatter_hop(s, carry):
-    acc, wire = carry
-    payload = codec.encode(acc, _hop_key(key, s, me))
-    wire = wire + codec.wire_bytes(payload).astype(jnp.float32)
-    received = jax.lax.ppermute(payload, axis_name, perm)
-    return codec.decode(received, chunk) + chunks[(me - s - 1) % n_dev], wire
+    acc, wire_b, res = carry
+    payload, res = _encode(codec, acc, _hop_key(key, s, me), res, (me - s) % n_dev)
+    received, nbytes = _send(codec, payload, chunk, axis_name, perm)
+    return (codec.decode(received, chunk) + chunks[(me - s - 1) % n_dev], wire_b + nbytes,
+            res)
 
   zero = (me * 0).astype(jnp.float32)   # a device-varying 0, as the loop carry must be
-  acc, wire = jax.lax.fori_loop(0, n_dev - 1, scatter_hop, (chunks[me], zero))
+  acc, wire_b, res = jax.lax.fori_loop(0, n_dev - 1, scatter_hop, (chunks[me], zero, res))
 
   # ALL-GATHER: encode the owned chunk once, forward the compressed bytes round the ring.
-  payload = codec.encode(acc, _hop_key(key, n_dev, me))
+  payload, res = _encode(codec, acc, _hop_key(key, n_dev, me), res, (me + 1) % n_dev)
   out = jnp.zeros((n_dev, chunk), jnp.float32).at[(me + 1) % n_dev].set(
       codec.decode(payload, chunk))
+  index = None
+  if len(codec.wire_sizes(chunk)) > 1:   # every hop forwards one of the owners' payloads
+    need, header = wire.pmax_header(codec.wire_need(payload), axis_name)
+    index, wire_b = wire.rung(need, codec.wire_sizes(chunk)), wire_b + header
 
   def gather_hop(s, carry):
-    payload, out, wire = carry
-    wire = wire + codec.wire_bytes(payload).astype(jnp.float32)
-    payload = jax.lax.ppermute(payload, axis_name, perm)
-    return payload, out.at[(me - s) % n_dev].set(codec.decode(payload, chunk)), wire
+    payload, out, wire_b = carry
+    payload, nbytes = _send(codec, payload, chunk, axis_name, perm, index)
+    return payload, out.at[(me - s) % n_dev].set(codec.decode(payload, chunk)), wire_b + nbytes
 
-  _, out, wire = jax.lax.fori_loop(0, n_dev - 1, gather_hop, (payload, out, wire))
+  _, out, wire_b = jax.lax.fori_loop(0, n_dev - 1, gather_hop, (payload, out, wire_b))
   out = out.reshape(-1)[:size]
   if mean:
     out = out / n_dev
-  return unravel(out.astype(out_dtype)), wire
+  result = (unravel(out.astype(out_dtype)), wire_b)
+  return result if residual is None else result + (res.reshape(-1),)
 
 
 def psum_all_reduce(tree, axis_name: str, mean: bool = False):
-  """``psum`` (or ``pmean``) of ``tree`` over ``axis_name`` with the uncompressed wire size
-  of a ring, ``2(N-1)/N`` of the raw bytes; for linear codecs' compressed values."""
-  n_dev = axis_size(axis_name)
-  flat, _ = ravel_pytree(tree)
-  reduce = jax.lax.pmean if mean else jax.lax.psum
-  wire = 2.0 * (n_dev - 1) * (-(-flat.shape[0] // n_dev)) * flat.dtype.itemsize
-  return reduce(tree, axis_name), jnp.float32(wire if n_dev > 1 else 0.0)
+  """``psum`` (or ``pmean``) of ``tree`` over ``axis_name`` with the wire size of a ring,
+  ``2(N-1) ceil(n/N)`` values per leaf; for linear codecs' compressed values."""
+  axis_size(axis_name)
+  return wire.psum(tree, axis_name, mean)
 
 
 def all_reduce(tree, mesh: jax.sharding.Mesh, axis_name: str, codec: HopCodec | None = None,

@@ -43,7 +43,20 @@ no codec), ``B`` the link bandwidth and ``a`` the hop latency:
   with ``P`` = ``packet_bytes`` and ``s`` = ``switch_latency_s``. (For a non-linear codec
   the switch is assumed to decode/encode at line rate.)
 
+A codec with ``rounds`` > 1 (PowerSGD: the all-reduce of P must finish before Q = M^T P can
+be computed and all-reduced) pays the per-message latency of every round; its wire bytes
+``w`` are split over the rounds, so the bandwidth term is unchanged.
+
 With one worker there is nothing to aggregate: every method costs 0.
+
+**DDP-style overlapped baseline** (:func:`ddp_iteration_time`): backward produces gradients
+from the last layer to the first; they are all-reduced in buckets (PyTorch DDP's default
+``bucket_cap_mb`` = 25) as soon as a bucket is full, one bucket at a time, while backward
+continues. With a measured forward time ``F`` and backward time ``K`` and gradient bytes
+becoming ready uniformly over backward (our profile has no per-layer split), bucket i of
+``s_i`` bytes is ready at ``r_i = F + K * (s_1 + ... + s_i) / n`` and done at
+``f_i = max(r_i, f_{i-1}) + T(s_i)``; the iteration takes ``f_k`` (+ update). Only the last
+bucket's communication is certainly exposed; one bucket (small models) is plain ``sync``.
 """
 
 from __future__ import annotations
@@ -112,10 +125,13 @@ class CodecCost:
   encode_bytes_per_s: float = math.inf
   decode_bytes_per_s: float = math.inf
   per_hop: bool = True
+  rounds: int = 1     # dependent all-reduce rounds per aggregation (PowerSGD: 2)
 
   def __post_init__(self):
     if not isinstance(self.per_hop, bool):
       raise TypeError(f"CodecCost.per_hop must be a bool, got {self.per_hop!r}")
+    if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+      raise ValueError(f"CodecCost.rounds must be an integer >= 1, got {self.rounds!r}")
     _check_number("CodecCost.ratio", self.ratio, positive=True)
     _check_number("CodecCost.encode_bytes_per_s", self.encode_bytes_per_s, positive=True,
                   allow_inf=True)
@@ -157,17 +173,20 @@ def aggregation_time(nbytes: float, cluster: Cluster, method: str,
   if N == 1 or n == 0:
     return 0.0
   w = codec.ratio * n
+  extra = codec.rounds - 1   # latency of each further dependent round
   if method == "ring":
+    more = extra * 2 * (N - 1) * 2 * a
     if not codec.per_hop:
-      return 2 * (N - 1) * (2 * a + w / (N * B)) + codec.encode_s(n) + codec.decode_s(n)
+      return (2 * (N - 1) * (2 * a + w / (N * B)) + codec.encode_s(n) + codec.decode_s(n)
+              + more)
     step = 2 * a + w / (N * B) + codec.encode_s(n / N) + codec.decode_s(n / N)
-    return 2 * (N - 1) * step
+    return 2 * (N - 1) * step + more
   if method == "ps":
-    network = 2 * (2 * a + N * w / B)
+    network = 2 * (2 * a + N * w / B) + extra * 2 * 2 * a
     return (network + codec.encode_s(n) + codec.decode_s(N * n) + codec.encode_s(n)
             + codec.decode_s(n))
   fill = min(w, cluster.packet_bytes) / B + cluster.switch_latency_s
-  return 2 * a + w / B + fill + codec.encode_s(n) + codec.decode_s(n)
+  return (2 * a + fill) * codec.rounds + w / B + codec.encode_s(n) + codec.decode_s(n)
 
 
 def hops_per_aggregation(cluster: Cluster, method: str) -> int:
@@ -231,3 +250,23 @@ def speedup(baseline: IterationTime, other: IterationTime) -> float:
   if other.iteration_s <= 0:
     raise ValueError(f"cannot compare against a zero-time iteration {other}")
   return baseline.iteration_s / other.iteration_s
+
+
+def ddp_iteration_time(forward_s: float, backward_s: float, nbytes: float, cluster: Cluster,
+                       method: str = "ring", codec: CodecCost | None = None,
+                       bucket_bytes: float = 25e6, update_s: float = 0.0) -> IterationTime:
+  """Synchronous iteration with backward overlapped by bucketed all-reduces (DDP-style); the
+  model is in the module docstring. ``comm_s`` is the summed bucket all-reduce time."""
+  f = _check_number("forward_s", forward_s, positive=False)
+  k = _check_number("backward_s", backward_s, positive=False)
+  n = _check_number("nbytes", nbytes, positive=False)
+  cap = _check_number("bucket_bytes", bucket_bytes, positive=True)
+  u = _check_number("update_s", update_s, positive=False)
+  buckets = [cap] * int(n // cap) + ([n - cap * int(n // cap)] if n % cap else [])
+  done, ready, comm = f + k if not buckets else 0.0, 0.0, 0.0
+  for size in buckets:
+    ready += size
+    t = aggregation_time(size, cluster, method, codec)
+    done = max(f + k * ready / n, done) + t
+    comm += t
+  return IterationTime(iteration_s=max(done, f + k) + u, compute_s=f + k, comm_s=comm)

@@ -22,6 +22,7 @@ _DTYPE_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "s64": 8, "s32": 4, "u3
 _OP = re.compile(r"=\s*(?P<shape>\([^=]*?\)|\w+\[[^\]]*\](?:\{[^}]*\})?)\s+"
                  r"(?P<op>" + "|".join(KINDS) + r")(?P<start>-start)?\(")
 _ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
 @dataclasses.dataclass
@@ -29,6 +30,7 @@ class Collective:
   kind: str
   result_bytes: int
   group: int
+  op_name: str = ""   # the op's metadata op_name (JAX's named scopes), "" when absent
 
   @property
   def wire_bytes(self) -> float:
@@ -71,7 +73,9 @@ def collectives(hlo_text: str) -> list[Collective]:
     sizes = _bytes(m.group("shape"))
     if m.group("start"):  # async start: (operands..., results...) -> the results
       sizes = sizes[len(sizes) // 2:]
-    out.append(Collective(m.group("op"), int(sum(sizes)), _group_size(line)))
+    name = _OP_NAME.search(line)
+    out.append(Collective(m.group("op"), int(sum(sizes)), _group_size(line),
+                          name.group(1) if name else ""))
   return out
 
 

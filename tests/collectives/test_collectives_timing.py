@@ -114,3 +114,32 @@ def test_bad_inputs():
     aggregation_time(1.0, "4 nodes", "ring")
   with pytest.raises(TypeError, match="compute_s"):
     iteration_time("1", 1.0, C)
+
+
+def test_dependent_rounds_pay_latency_again():
+  # PowerSGD: two all-reduce rounds -> a second 2(N-1) hop latencies; bytes unchanged
+  two = CodecCost(ratio=0.5, per_hop=False, rounds=2)
+  one = CodecCost(ratio=0.5, per_hop=False)
+  assert aggregation_time(N_BYTES, C, "ring", two) == pytest.approx(
+      aggregation_time(N_BYTES, C, "ring", one) + 6 * 20e-6, rel=1e-12)
+  assert aggregation_time(N_BYTES, C, "ps", two) == pytest.approx(
+      aggregation_time(N_BYTES, C, "ps", one) + 2 * 20e-6, rel=1e-12)
+  with pytest.raises(ValueError, match="rounds"):
+    CodecCost(rounds=0)
+
+
+def test_ddp_bucketed_overlap_closed_form():
+  # 8 MB in 5 MB + 3 MB buckets; forward 1 ms, backward 4 ms. Bucket 1 ready at
+  # 1 + 4 * 5/8 = 3.5 ms, takes 6 (20us + 1.25 ms) = 7.62 ms -> done 11.12 ms; bucket 2 ready
+  # at 5 ms, waits for the link, takes 6 (20us + 0.75 ms) = 4.62 ms -> 15.74 ms
+  ddp = timing.ddp_iteration_time(1e-3, 4e-3, N_BYTES, C, "ring", bucket_bytes=5e6)
+  assert ddp.iteration_s == pytest.approx(15.74e-3, rel=1e-9)
+  assert ddp.comm_s == pytest.approx(7.62e-3 + 4.62e-3, rel=1e-9)
+  sync = iteration_time(5e-3, N_BYTES, C, "ring")
+  assert sync.iteration_s == pytest.approx(5e-3 + 6 * 2.02e-3, rel=1e-9)
+  assert sync.iteration_s > ddp.iteration_s
+  # one bucket: nothing to overlap, DDP is the plain synchronous step
+  one = timing.ddp_iteration_time(1e-3, 4e-3, N_BYTES, C, "ring", bucket_bytes=25e6)
+  assert one.iteration_s == pytest.approx(sync.iteration_s, rel=1e-12)
+  with pytest.raises(ValueError, match="bucket_bytes"):
+    timing.ddp_iteration_time(1e-3, 4e-3, N_BYTES, C, bucket_bytes=0)

@@ -13,7 +13,8 @@ from omni_jax.collectives import study
 from omni_jax.config import ConfigError
 
 KEYS = {"codec", "pipeline_width", "wire_bytes_per_step", "raw_bytes_per_step",
-        "compression_ratio", "final_accuracy", "baseline_accuracy", "predicted"}
+        "compression_ratio", "measured_wire_ratio", "hlo_collective_operand_bytes",
+        "final_accuracy", "baseline_accuracy", "predicted"}
 
 
 def _tiny(codec: str):
@@ -31,12 +32,19 @@ def test_tiny_gradiveq_pipelined_run_writes_summary(tmp_path):
   on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
   assert KEYS <= set(on_disk) and on_disk["codec"] == "gradiveq"
   assert on_disk["pipeline_width"] == 2
+  # the compiled Pipe-SGD step: its collectives read the pending gradient, the aggregator's
+  # state (GradiVeQ uses no key), never the parameters or the batch its backward reads
+  assert on_disk["pipelined_step_collective_inputs"] == ["agg_state", "pending"]
   assert set(s["predicted"]) >= {"iteration_time_s", "comm_time_s",
                                  "speedup_vs_sync_uncompressed"}
   # raw bytes: a ring of 8 devices over 38,282 floats
   assert s["raw_bytes_per_step"] == 2 * 7 * 4786 * 4
-  assert s["compression_ratio"] == pytest.approx(s["raw_bytes_per_step"]
-                                                 / s["wire_bytes_per_step"])
+  assert s["measured_wire_ratio"] == pytest.approx(s["raw_bytes_per_step"]
+                                                   / s["wire_bytes_per_step"])
+  # the compiled step's only collectives: GradiVeQ's psum of the raw gradient and, in the
+  # switch, of the 1,197 slices of K = 32 at every ladder width
+  widths = study.make_aggregator(cfg).codec.wire_widths()
+  assert s["hlo_collective_operand_bytes"] == {"all-reduce": 4 * (38282 + 1197 * sum(widths))}
   assert 0 <= s["final_accuracy"] <= 1 and 0 <= s["baseline_accuracy"] <= 1
   assert (tmp_path / "run" / "baseline" / "baseline.json").exists()
   # a rerun reuses the recorded training and the cached measurements

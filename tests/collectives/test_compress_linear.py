@@ -68,7 +68,10 @@ def test_gradiveq_schedule_and_identical_basis_on_all_nodes():
   ds, wires = np.asarray(ds), np.asarray(wires)
   assert (ds == ds[0]).all() and ds[0, 3] == 2   # basis learned at step 3, same everywhere
   np.testing.assert_allclose(outs[0], np.asarray(grads).sum(1), rtol=1e-4, atol=1e-4)
-  assert wires[0, 3] == pytest.approx(wires[0, 0] / 2)
+  # uncompressed: 20 floats, ring chunks of 3; compressed: 5 slices x d = 2 columns (a rung
+  # of the width ladder 1, 2, 3, 4), chunks of 2
+  assert gv.wire_widths() == (1, 2, 3, 4)
+  assert wires[0, 0] == 2 * 7 * 3 * 4 and wires[0, 3] == 2 * 7 * 2 * 4
 
 
 def test_explained_dim_and_filter_major():

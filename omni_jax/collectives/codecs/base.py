@@ -4,12 +4,18 @@ Why: the ring all-reduce encodes on every send and decodes on every receive, wha
 codec. A hop codec maps a 1-D float chunk of static length ``n`` to a *payload* -- a pytree of
 fixed-shape arrays (so it can cross ``ppermute`` under ``jit``) -- and back. Variable-length
 codecs (INCEPTIONN) use fixed-capacity buffers plus a length; ``wire_bytes(payload)`` is the
-number of bytes a real NIC would send (a traced scalar), ``capacity_bytes(n)`` the buffer size.
+encoded size (a traced scalar), ``capacity_bytes(n)`` the buffer size.
+
+On the wire a payload is one 1-D array, :meth:`HopCodec.pack` of it at one of the static sizes
+``wire_sizes(n)`` (one size for fixed-width codecs; a ladder for variable-length ones, which
+send the smallest size that holds ``wire_need(payload)``); :meth:`HopCodec.unpack` restores the
+full-capacity buffers. The ring hands exactly the packed array to ``ppermute``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +67,42 @@ class HopCodec:
   def capacity_bytes(self, n: int, dtype=jnp.float32) -> int:
     """Bytes of the fixed-capacity buffers for a chunk of ``n`` values."""
     return n * jnp.dtype(dtype).itemsize
+
+  def buffers(self, n: int) -> dict:
+    """``{name: (shape, dtype)}`` of the payload buffers for a chunk of ``n`` values."""
+    return {"values": ((n,), jnp.float32)}
+
+  def wire_sizes(self, n: int) -> tuple[int, ...]:
+    """Static sizes (codec units) a packed payload may take; one for fixed-width codecs."""
+    return (0,)
+
+  def wire_need(self, payload: dict) -> jax.Array:
+    """The smallest wire size (codec units) that holds ``payload`` (traced int32)."""
+    return jnp.int32(0)
+
+  def pack(self, payload: dict, n: int, size: int) -> jax.Array:
+    """The one 1-D array that crosses the link: every buffer, in name order, as uint32
+    words (32-bit buffers are bit-cast; a lone buffer goes as it is)."""
+    names = sorted(self.buffers(n))
+    if len(names) == 1:
+      return payload[names[0]].reshape(-1)
+    return jnp.concatenate([jax.lax.bitcast_convert_type(payload[k], jnp.uint32).reshape(-1)
+                            for k in names])
+
+  def unpack(self, wire: jax.Array, n: int, size: int) -> dict:
+    """Inverse of :meth:`pack`."""
+    bufs = self.buffers(n)
+    names = sorted(bufs)
+    if len(names) == 1:
+      shape, dtype = bufs[names[0]]
+      return {names[0]: wire.reshape(shape).astype(dtype)}
+    out, start = {}, 0
+    for k in names:
+      shape, dtype = bufs[k]
+      count = math.prod(shape)
+      out[k] = jax.lax.bitcast_convert_type(wire[start:start + count], dtype).reshape(shape)
+      start += count
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,9 @@ in every uncompressed window; at the first step of a compressed window the basis
 recomputed by ``eigh`` and ``d`` = the smallest count whose explained variance is
 ``>= 1 - explained_loss`` (the paper's lambda). The statistics come from the all-reduced
 gradient, identical on every node, so every node computes the same basis with no broadcast.
-Emulation sends K values per slice (static shapes); ``wire_bytes`` counts only ``d``.
+On the wire go only the first columns of the projections: ``d`` rounded up to a static
+ladder of widths (``ceil(K / 2^(j/4))``; ``d`` is the same on every node, so all pick the same
+width with no exchange), chosen by ``lax.switch``; ``wire_bytes`` is the size of that array.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import math
 
 import jax
 import jax.numpy as jnp
+
+from omni_jax.collectives import wire
 
 
 def filter_major(tree):
@@ -122,13 +126,21 @@ class GradiVeQ:
     keep = jnp.arange(self.slice_size) < state["d"]
     return state["basis"] * keep[None, :]
 
-  def compress(self, flat: jax.Array, state: dict, n_dev: int) -> jax.Array:
-    """One node's compressed slices ``(x_n - mu/N) U_d`` (num_slices x K, zeros past d)."""
-    return (self._slices(flat) - state["mu"] / n_dev) @ self.basis_d(state)
+  def compress(self, flat: jax.Array, state: dict, n_dev: int, width: int | None = None
+               ) -> jax.Array:
+    """One node's compressed slices ``(x_n - mu/N) U_d`` (num_slices x ``width``, default K;
+    zeros in the columns past d)."""
+    basis = self.basis_d(state)[:, :width]
+    return (self._slices(flat) - state["mu"] / n_dev) @ basis
 
   def decompress(self, summed: jax.Array, state: dict, n_values: int) -> jax.Array:
-    """Sum of gradients from the sum of compressed slices: ``s U_d^T + mu``."""
-    return (summed @ self.basis_d(state).T + state["mu"]).reshape(-1)[:n_values]
+    """Sum of gradients from the sum of compressed slices (any width <= K): ``s U_d^T + mu``."""
+    basis = self.basis_d(state)[:, :summed.shape[-1]]
+    return (summed @ basis.T + state["mu"]).reshape(-1)[:n_values]
+
+  def wire_widths(self) -> tuple[int, ...]:
+    """Static widths the compressed slices are sent at (``d`` rounds up to one of them)."""
+    return wire.ladder(self.slice_size, 2 ** 0.25, 4 * max(1, self.slice_size).bit_length())
 
   def all_reduce(self, flat: jax.Array, state: dict, axis_name: str, reduce_fn=None):
     """Sum of ``flat`` (1-D gradient, filter-major) over ``axis_name``.
@@ -147,20 +159,28 @@ class GradiVeQ:
     first = compressed & ~self.compressed_at(step - 1)
     state = jax.lax.cond(first, self.refresh_basis, lambda s: s, state)
 
+    widths = self.wire_widths()
+
+    def at_width(width):
+      def send(x):
+        summed, nbytes = reduce_fn(self.compress(x, state, n_dev, width))
+        return self.decompress(summed, state, n), nbytes
+      return send
+
     def compressed_path(x):
-      summed, wire = reduce_fn(self.compress(x, state, n_dev))
-      return self.decompress(summed, state, n), wire * state["d"] / self.slice_size
+      index = wire.rung(state["d"], widths)
+      return jax.lax.switch(index, [at_width(w) for w in widths], x)
 
     def plain_path(x):
       summed, wire = reduce_fn(x.astype(jnp.float32))
       return summed, wire
 
-    summed, wire = jax.lax.cond(compressed, compressed_path, plain_path, flat)
+    summed, nbytes = jax.lax.cond(compressed, compressed_path, plain_path, flat)
     def collect(st):
       xs = self._slices(summed)
       return dict(st, sum=st["sum"] + xs.sum(0), outer=st["outer"] + xs.T @ xs,
                   count=st["count"] + xs.shape[0])
 
     state = jax.lax.cond(self._collects_at(step), collect, lambda st: st, state)
-    return summed.astype(flat.dtype), dict(state, step=step + 1), wire.astype(jnp.float32)
+    return summed.astype(flat.dtype), dict(state, step=step + 1), nbytes.astype(jnp.float32)
 

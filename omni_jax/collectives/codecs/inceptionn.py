@@ -11,12 +11,18 @@ byte or nothing. Classes for error bound ``e`` (default 2^-10, i.e. the paper's)
   decodes to ``(m + 1/2) 2^-15`` (error <= 2^-16 <= e/2);
 * tag 3, ``|g| >= 1`` or NaN/Inf: the raw 32 bits (exact).
 
-Wire format (jit-friendly, fixed capacity): ``tags`` = 16 tags per uint32 word; ``data`` = the
+Payload (jit-friendly, fixed capacity): ``tags`` = 16 tags per uint32 word; ``data`` = the
 payload bytes of all values in value order, byte-aligned and packed 4 per uint32 word into a
 buffer of capacity ``n`` words (the worst case, all raw); ``nbytes`` = bytes used. The
 receiver recovers every value's offset from the tags (a prefix sum), as a streaming NIC does.
-``wire_bytes`` = 4 (length) + tag words + used data words, in bytes. (The per-class widths
-follow a public reimplementation, as REFERENCES.md notes; every class stays inside the bound.)
+``wire_bytes`` (the encoded size) = 4 (length) + tag words + used data words, in bytes.
+
+On the wire (:meth:`Inceptionn.pack`) go the tag words and the first ``size`` data words,
+``size`` the smallest rung of a static ladder (``ceil(n / sqrt(2)^j)``, 17 rungs, the top one
+``n`` so nothing overflows) that holds the used words; the ring picks one rung per hop for
+all devices from the largest length (a 4-byte header exchange), so the carried bytes are at
+most sqrt(2) x the largest device's data words plus the tags. (The per-class widths follow a
+public reimplementation, as REFERENCES.md notes; every class stays inside the bound.)
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from omni_jax.collectives import wire
 from omni_jax.collectives.codecs.base import HopCodec, check_float_vector, check_payload_shapes
 
 MIN_BOUND = 2.0 ** -15
@@ -116,3 +123,26 @@ class Inceptionn(HopCodec):
 
   def capacity_bytes(self, n: int, dtype=jnp.float32) -> int:
     return 4 + 4 * _tag_words(n) + 4 * n
+
+  def buffers(self, n: int) -> dict:
+    return {"tags": ((_tag_words(n),), jnp.uint32), "data": ((n,), jnp.uint32),
+            "nbytes": ((), jnp.int32)}
+
+  def wire_sizes(self, n: int) -> tuple[int, ...]:
+    """Data words a packed payload may carry (the ladder; the last is ``n``)."""
+    return wire.ladder(n)
+
+  def wire_need(self, payload: dict) -> jax.Array:
+    return ((payload["nbytes"] + 3) // 4).astype(jnp.int32)
+
+  def pack(self, payload: dict, n: int, size: int) -> jax.Array:
+    """Tag words then the first ``size`` data words (one uint32 array)."""
+    return jnp.concatenate([payload["tags"], payload["data"][:size]])
+
+  def unpack(self, wire_words: jax.Array, n: int, size: int) -> dict:
+    tw = _tag_words(n)
+    tags = wire_words[:tw]
+    tag = ((tags[:, None] >> (2 * jnp.arange(16, dtype=jnp.uint32))[None, :]) & 3).reshape(-1)
+    nbytes = jnp.sum(jnp.asarray(_WIDTH)[tag[:n].astype(jnp.int32)])  # the length, from tags
+    return {"tags": tags, "data": jnp.pad(wire_words[tw:], (0, n - size)),
+            "nbytes": nbytes.astype(jnp.int32)}

@@ -17,10 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-
-def _ring_bytes(n_values: int, n_dev: int) -> float:
-  """Bytes one device sends to ring-all-reduce ``n_values`` float32 values."""
-  return 0.0 if n_dev == 1 else 2.0 * (n_dev - 1) * math.ceil(n_values / n_dev) * 4
+from omni_jax.collectives import wire as wire_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,27 +49,27 @@ class PowerSGD:
 
   def all_reduce(self, grads, state: dict, axis_name: str):
     """Mean gradient over ``axis_name``; returns ``(mean_grads, new_state, wire_bytes)``."""
-    n_dev = jax.lax.axis_size(axis_name)
     g_leaves, treedef = jax.tree.flatten(grads)
     q_leaves = treedef.flatten_up_to(state["q"])
     e_leaves = treedef.flatten_up_to(state["error"])
-    outs, new_q, new_e, wire = [], [], [], 0.0
+    outs, new_q, new_e, wire = [], [], [], jnp.float32(0.0)
     for g, q, e in zip(g_leaves, q_leaves, e_leaves, strict=True):
       if not self._compressible(g.shape):
-        outs.append(jax.lax.pmean(g, axis_name))
+        mean, nbytes = wire_lib.psum(g, axis_name, mean=True)
+        outs.append(mean)
         new_q.append(q)
         new_e.append(e)
-        wire += _ring_bytes(g.size, n_dev)
+        wire += nbytes
         continue
       m = (g.astype(jnp.float32) + e).reshape(-1, g.shape[-1])
-      p = jax.lax.pmean(m @ q, axis_name)
+      p, p_bytes = wire_lib.psum(m @ q, axis_name, mean=True)     # round 1
       p, _ = jnp.linalg.qr(p)
-      q_new = jax.lax.pmean(m.T @ p, axis_name)
+      q_new, q_bytes = wire_lib.psum(m.T @ p, axis_name, mean=True)  # round 2 needs round 1
       approx = p @ q_new.T
       outs.append(approx.reshape(g.shape).astype(g.dtype))
       new_q.append(q_new)
       new_e.append((m - approx).reshape(g.shape))
-      wire += _ring_bytes(p.size, n_dev) + _ring_bytes(q_new.size, n_dev)
+      wire += p_bytes + q_bytes
     new_state = {"q": jax.tree.unflatten(treedef, new_q),
                  "error": jax.tree.unflatten(treedef, new_e)}
-    return jax.tree.unflatten(treedef, outs), new_state, jnp.float32(wire)
+    return jax.tree.unflatten(treedef, outs), new_state, wire

@@ -86,6 +86,10 @@ class QSGD(HopCodec):
   def wire_bytes(self, payload: dict) -> jax.Array:
     return jnp.int32(4 * (payload["norms"].shape[0] + payload["codes"].shape[0]))
 
+  def buffers(self, n: int) -> dict:
+    s = self._shapes(n)
+    return {"norms": (s["norms"], jnp.float32), "codes": (s["codes"], jnp.uint32)}
+
   def capacity_bytes(self, n: int, dtype=jnp.float32) -> int:
     s = self._shapes(n)
     return 4 * (s["norms"][0] + s["codes"][0])
