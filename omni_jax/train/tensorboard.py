@@ -15,6 +15,7 @@ import atexit
 import glob
 import io
 import os
+import re
 import struct
 import sys
 from collections.abc import Iterator, Mapping
@@ -97,6 +98,9 @@ def writer_for(path: str | os.PathLike):
   return writer(max(owners, key=len) if owners else d)
 
 
+_ILLEGAL_TAG = re.compile(r"[^-/\w.]")
+
+
 def _numbers(record: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
   for k, v in record.items():
     name = f"{prefix}{k}"
@@ -106,6 +110,12 @@ def _numbers(record: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str,
       continue
     elif np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number):
       yield name, float(np.asarray(v))
+
+
+def tag_name(name: str) -> str:
+  """``name`` with the characters TensorBoard rejects in a tag replaced by ``_`` (as TensorBoard
+  would, minus its log line per tag): ``eval/image:generate/acc`` -> ``eval/image_generate/acc``."""
+  return _ILLEGAL_TAG.sub("_", name)
 
 
 def add_record(logdir: str | os.PathLike, record: Mapping[str, Any],
@@ -119,7 +129,7 @@ def add_record(logdir: str | os.PathLike, record: Mapping[str, Any],
   step = record.get("step", _STEPS[key])
   series = "/".join(str(v) for k, v in record.items() if isinstance(v, str))
   for name, value in _numbers({k: v for k, v in record.items() if k != "step"}):
-    w.add_scalar(f"{series}/{name}" if series else name, value, int(step))
+    w.add_scalar(tag_name(f"{series}/{name}" if series else name), value, int(step))
   w.flush()
 
 

@@ -31,7 +31,8 @@ def test_records_figures_and_config_are_read_back(tmp_path):
   cfg = ml_collections.ConfigDict({"model": {"width": 64}, "train": {"steps": 3, "lr": 0.5}})
   tensorboard.set_run_config(cfg)
   log = MetricsLog(str(tmp_path / "metrics.jsonl"))
-  log.write({"step": 1, "loss": np.float32(2.5), "eval": {"acc": 0.25}, "ok": True})
+  log.write({"step": 1, "loss": np.float32(2.5), "eval": {"acc": 0.25, "image:gen": {"acc": 0.5}},
+             "ok": True})
   log.write({"step": 2, "loss": 1.25, "note": "warm", "tokens": np.int64(3)})
   log.write({"step": 3, "loss": float("nan")})
   fig, ax = plt.subplots(figsize=(2, 1.5), dpi=50)
@@ -42,6 +43,7 @@ def test_records_figures_and_config_are_read_back(tmp_path):
   ev = tensorboard.read_events(tmp_path)
   assert ev["loss"][:1] == [(1, 2.5)] and np.isnan(ev["loss"][1][1]) and ev["loss"][1][0] == 3
   assert ev["eval/acc"] == [(1, 0.25)]                  # nested keys joined with "/"
+  assert ev["eval/image_gen/acc"] == [(1, 0.5)]         # a character tags may not hold: "_"
   assert ev["warm/loss"] == [(2, 1.25)] and ev["warm/tokens"] == [(2, 3.0)]   # string: series
   assert "ok" not in ev and "step" not in ev            # booleans and the step are no scalars
   (step, img), = ev["figures/loss"]
