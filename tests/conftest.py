@@ -1,6 +1,7 @@
 """Every test sees 8 emulated CPU devices; set before JAX starts."""
 
 import os
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
@@ -9,6 +10,16 @@ if "collective_call_terminate_timeout" not in os.environ["XLA_FLAGS"]:
   # 8 emulated devices on 2 busy cores can wait long for each other inside a collective.
   os.environ["XLA_FLAGS"] += " --xla_cpu_collective_call_terminate_timeout_seconds=600"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# A persistent compilation cache shared by the test processes (both xdist workers and the CLI
+# subprocesses the tests start, through the environment): the suite compiles the same train
+# steps many times (a resumed run, every layout's one-device reference, ...), and a hit loads
+# the executable instead of compiling it again. Keys are the HLO + options + jaxlib version,
+# so entries are never stale; the size cap turns on JAX's file lock (safe concurrent writes).
+# Override the place with JAX_COMPILATION_CACHE_DIR, or set it to '' to compile everything.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(), f"omni_jax-test-jax-cache-{os.getuid()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
 
 import jax  # noqa: E402
 
