@@ -60,7 +60,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.train = dict(steps=300, seed=0, log_every=25, eval_every=100, eval_batches=4,
                  checkpoint_every=100, keep_checkpoints=2, peak_flops=0.0,
                  profile_steps="",                     # "a:b": jax.profiler trace of steps a..b
-                 grad_accum=1)  # microbatches per optimizer step (lax.scan in the step)
+                 grad_accum=1,  # microbatches per optimizer step (lax.scan in the step)
+                 offload="none")  # or optimizer | activations | optimizer+activations (host)
 
   if arg == "tiny":
     pass

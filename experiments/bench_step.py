@@ -8,7 +8,11 @@ time goes: each backbone component (attention, MoE router/dispatch, expert matmu
 alone at the step's shapes, the rest being the remainder (embeddings, encoders, heads,
 loss, optimizer update). Every timing keeps the fastest of --steps repetitions, which is
 robust to other load on the machine. Writes summary.json (``step_flops_per_sec``,
-``peak_flops_per_sec``, ``mfu_vs_measured_peak``, ``breakdown``) and breakdown.png.
+``peak_flops_per_sec``, ``mfu_vs_measured_peak``, ``breakdown``, and ``device_bytes`` /
+``host_bytes``: the train state's and saved residuals' bytes by memory kind, read from the
+arrays' shardings; see omni_jax/train/offload.py) and breakdown.png. With
+``--config.train.offload=optimizer`` (or ``activations``) the benchmarked step keeps that
+part in pinned_host memory.
 
 Runs on one device by default (--cpu_devices=1): emulated CPU devices share the same
 cores, so the machine's peak is measured with all of them behind one device.
@@ -93,6 +97,7 @@ def main(argv):
   from omni_jax.models.flops import train_flops_per_step
   from omni_jax.models.omni import OmniModel
   from omni_jax.parallel import mesh as mesh_lib
+  from omni_jax.train import offload
   from omni_jax.train.loop import create_state, make_train_step
   from omni_jax.train.metrics import write_json_atomic
   from omni_jax.train.omni import make_loss_fn, parallel_op_names, state_sharding, validate
@@ -110,9 +115,15 @@ def main(argv):
   batch = mesh_lib.put_batch(mesh, host_batch)
   loss_fn = make_loss_fn(spec, model, mesh, parallel_op_names(config))
   state, shardings = create_state(lambda k: model.init(k, host_batch)["params"], tx, 0,
-                                  state_sharding(mesh))
+                                  offload.state_sharding(state_sharding(mesh), loop.offload))
   flops = train_flops_per_step(spec, state.params, stream.batch_size, stream.seq_len)
-  step = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0, out_shardings=(shardings, None))
+  step = jax.jit(make_train_step(loss_fn, tx, opt_transfer=offload.OptimizerTransfer.of(shardings)),
+                 donate_argnums=0, out_shardings=(shardings, None)).lower(state, batch).compile()
+  memory = offload.memory_report(state, offload.saved_residuals(loss_fn, state.params, batch),
+                                 step)
+  logging.info("offload %r: %.1f MB on the device, %.1f MB in host memory (train state + saved "
+               "residuals)", loop.offload, memory["device_bytes"] / 1e6,
+               memory["host_bytes"] / 1e6)
   holder = {"state": state}
 
   # --profile_steps (else config.train.profile_steps) counts the train step's calls here:
@@ -151,6 +162,8 @@ def main(argv):
       "tokens_per_sec": tokens / step_s,
       "model_flops_per_step": flops,
       "breakdown": {k: {"seconds": v, "fraction": v / step_s} for k, v in parts.items()},
+      "offload": loop.offload,
+      **memory,
       "devices": jax.device_count(),
       "backend": jax.default_backend(),
       "config": config.to_dict(),

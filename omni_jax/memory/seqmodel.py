@@ -11,8 +11,8 @@ A :class:`SeqModel` is ``layers[0] -> ... -> layers[L-1] -> loss``: every layer 
   (:class:`omni_jax.models.transformer.Block`, dense or MoE) as layers, regressing a target.
 
 :func:`full_batch_loss` is the plain reference every schedule is checked against, and
-:func:`adam_init` / :func:`adam_update` the optimizer (same formula as ``optax.adam``) that
-schedules apply per pack.
+:func:`adam_init` / :func:`adam_update` the optimizer (``optax.adam``, with the moments kept
+per layer and the step count per iteration) that schedules apply per pack.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,21 +93,28 @@ class AdamConfig:
 DEFAULT_ADAM = AdamConfig()
 
 
+def make_adam(cfg: AdamConfig) -> optax.GradientTransformation:
+  """The optax transform every schedule applies (device, host and reference alike)."""
+  return optax.adam(cfg.lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
+
+
 def adam_init(params):
-  """Adam moments (two per parameter: the optimizer state is 2x the parameters)."""
+  """Adam moments (two per parameter: the optimizer state is 2x the parameters). The step
+  count is kept by the caller (one per iteration, shared by every pack)."""
   zeros = jax.tree.map(jnp.zeros_like, params)
   return {"mu": zeros, "nu": jax.tree.map(jnp.zeros_like, params)}
 
 
 def adam_update(params, grads, opt, step: jax.Array, cfg: AdamConfig):
-  """One Adam step at 1-based ``step``; same arithmetic as ``optax.adam``."""
-  mu = jax.tree.map(lambda m, g: cfg.b1 * m + (1 - cfg.b1) * g, opt["mu"], grads)
-  nu = jax.tree.map(lambda v, g: cfg.b2 * v + (1 - cfg.b2) * g * g, opt["nu"], grads)
-  step = jnp.asarray(step, jnp.float32)
-  c1, c2 = 1 - cfg.b1 ** step, 1 - cfg.b2 ** step
-  new = jax.tree.map(lambda p, m, v: p - cfg.lr * (m / c1) / (jnp.sqrt(v / c2) + cfg.eps),
-                     params, mu, nu)
-  return new, {"mu": mu, "nu": nu}
+  """One :func:`make_adam` (``optax.adam``) step at 1-based ``step`` on the moments ``opt``;
+  returns (new params, new moments). Runs wherever it is traced: on the device, or on
+  ``pinned_host`` arrays under ``compute_on("device_host")`` for the host update."""
+  tx = make_adam(cfg)
+  adam_state, *rest = tx.init(params)   # zeros here are dead code: XLA drops them
+  count = jnp.asarray(step).astype(jnp.int32) - 1
+  state = (adam_state._replace(count=count, mu=opt["mu"], nu=opt["nu"]), *rest)
+  updates, (new_state, *_) = tx.update(grads, state, params)
+  return optax.apply_updates(params, updates), {"mu": new_state.mu, "nu": new_state.nu}
 
 
 # ----------------------------------------------------------------------------- GPT stack

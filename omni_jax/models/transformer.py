@@ -3,8 +3,9 @@
 Layers come in *units* of ``moe_every`` layers (the last one MoE, the others dense; one
 dense layer per unit when ``moe_every == 0``). Units are stacked with ``nn.scan``, so
 parameters carry a leading ``[num_units]`` axis and compile time does not grow with
-depth; ``remat`` wraps each unit in activation checkpointing. The units run through the
-``layer_stack`` named op (a ``lax.scan``), which a pipeline layout replaces.
+depth; ``remat`` wraps each unit in activation checkpointing (``offload_activations``: with a
+policy that keeps only each block's named residual-stream values, in host memory). The units
+run through the ``layer_stack`` named op (a ``lax.scan``), which a pipeline layout replaces.
 
 MoE auxiliary outputs (load-balancing loss, z-loss, per-expert load, dropped fraction)
 are averaged over the MoE layers and returned beside the hidden states.
@@ -19,6 +20,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from omni_jax.models.layers import Attention, RMSNorm, SwiGLU
 from omni_jax.models.moe import MoE
@@ -29,6 +31,17 @@ REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
+# Residual-stream values every Block names (checkpoint_name): its input and the sum after
+# attention. ``offload_activations`` keeps exactly these for the backward pass, in host memory.
+OFFLOADED_NAMES = ("block_input", "block_mid")
+
+
+def offload_policy():
+  """Remat policy of activation offload: the named block residuals are saved to
+  ``pinned_host`` memory, everything else in a unit is recomputed in the backward pass."""
+  return jax.checkpoint_policies.save_and_offload_only_these_names(
+      names_which_can_be_saved=(), names_which_can_be_offloaded=OFFLOADED_NAMES,
+      offload_src="device", offload_dst="pinned_host")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +72,7 @@ class BackboneSpec:
   shared_d_ff: int = 0        # shared-expert width; 0: shared_experts * moe_d_ff
   shared_gate: bool = False   # sigmoid(x w) gate on the shared experts' output (Qwen2-MoE)
   moe_balance: str = "aux_loss"  # 'aux_loss' | 'bias' | 'both' (omni_jax.models.moe.MoE)
+  offload_activations: bool = False  # units keep only the named residuals, on the host
 
   @property
   def unit_size(self) -> int:
@@ -89,11 +103,13 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x, positions, segment_ids=None):
     s = self.spec
+    x = checkpoint_name(x, OFFLOADED_NAMES[0])
     h = RMSNorm(s.norm_eps, dtype=s.dtype, name="ln_attn")(x)
     x = x + Attention(s.num_heads, s.num_kv_heads, s.head_dim, s.rope_theta, s.dtype,
                       s.attention_block, qk_norm=s.qk_norm, qkv_bias=s.qkv_bias,
                       rope_scaling=s.rope_scaling, norm_eps=s.norm_eps,
                       name="attn")(h, positions, segment_ids)
+    x = checkpoint_name(x, OFFLOADED_NAMES[1])
     h = RMSNorm(s.norm_eps, dtype=s.dtype, name="ln_mlp")(x)
     if self.use_moe:
       y, aux = MoE(d_model=s.d_model, d_ff=s.moe_d_ff, num_experts=s.num_experts, top_k=s.top_k,
@@ -145,7 +161,7 @@ class Backbone(nn.Module):
   @nn.compact
   def __call__(self, x, positions, segment_ids=None):
     s = self.spec
-    policy = REMAT_POLICIES[s.remat]
+    policy = offload_policy() if s.offload_activations else REMAT_POLICIES[s.remat]
     carry = (x, s.zero_aux())
     if self.is_initializing():
       scanned = nn.scan(Unit, variable_axes={"params": 0}, split_rngs={"params": True},

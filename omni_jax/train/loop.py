@@ -31,6 +31,7 @@ import optax
 from absl import logging
 
 from omni_jax.config import check_keys, positive_int, require
+from omni_jax.train import offload as offload_lib
 from omni_jax.train.checkpoint import Checkpointer, abstract_like
 from omni_jax.train.metrics import MetricsLog
 from omni_jax.train.perf import RateMeter
@@ -40,7 +41,8 @@ from omni_jax.train.progress import Progress
 TRAIN_KEYS = ("steps", "seed", "log_every", "eval_every", "eval_batches", "checkpoint_every",
               "keep_checkpoints", "peak_flops")
 OPTIONAL_TRAIN_KEYS = ("profile_steps",   # "a:b": jax.profiler trace of steps a..b
-                       "grad_accum")      # microbatches per optimizer step (default 1)
+                       "grad_accum",      # microbatches per optimizer step (default 1)
+                       "offload")         # 'none' | 'optimizer' | 'activations' (offload.py)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -66,6 +68,7 @@ class LoopConfig:
   peak_flops: float
   profile_steps: tuple[int, int] | None = None   # trace steps a..b (omni_jax.train.profiling)
   grad_accum: int = 1
+  offload: str = "none"   # what lives in host memory (omni_jax.train.offload)
 
   @classmethod
   def from_config(cls, train_cfg) -> LoopConfig:
@@ -83,7 +86,9 @@ class LoopConfig:
             "must be >= 0 (0 = measure this machine's matmul peak at start-up)")
     prof = parse_profile_steps(train_cfg.get("profile_steps"), train_cfg["steps"],
                                "config.train.profile_steps")
-    return cls(**{k: train_cfg[k] for k in TRAIN_KEYS}, profile_steps=prof, grad_accum=accum)
+    mode = offload_lib.check_mode(train_cfg.get("offload", "none"))
+    return cls(**{k: train_cfg[k] for k in TRAIN_KEYS}, profile_steps=prof, grad_accum=accum,
+               offload=mode)
 
 
 def split_microbatches(batch, k: int):
@@ -130,18 +135,24 @@ def accumulate_gradients(loss_fn: Callable, params, batch, k: int,
 
 
 def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, grad_accum: int = 1,
-                    loss_norm: Callable | None = None) -> Callable:
+                    loss_norm: Callable | None = None,
+                    opt_transfer: offload_lib.OptimizerTransfer | None = None) -> Callable:
   """``(state, batch) -> (state, metrics)``: one AdamW step on ``loss_fn``'s gradient.
 
   ``grad_accum > 1``: the gradient is accumulated over that many microbatches inside the
-  step (:func:`accumulate_gradients`); one optimizer update per step.
+  step (:func:`accumulate_gradients`); one optimizer update per step. ``opt_transfer``: the
+  optimizer state lives in host memory; it is fetched to the device for the update and the
+  new state stored back (``config.train.offload = 'optimizer'``).
   """
   def step(state: TrainState, batch):
     if grad_accum == 1:
       (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
     else:
       grads, metrics = accumulate_gradients(loss_fn, state.params, batch, grad_accum, loss_norm)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    opt_state = state.opt_state if opt_transfer is None else opt_transfer.fetch(state.opt_state)
+    updates, opt_state = tx.update(grads, opt_state, state.params)
+    if opt_transfer is not None:
+      opt_state = opt_transfer.store(opt_state)
     params = optax.apply_updates(state.params, updates)
     metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
     return TrainState(state.step + 1, params, opt_state), metrics
@@ -203,7 +214,8 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   behind ``get_batch`` when it has state (a Grain ``DatasetIterator``); it is checkpointed
   beside the train state and restored on resume."""
   ckpt = Checkpointer(workdir, loop.keep_checkpoints, with_data=data_iter is not None)
-  state, shardings = create_state(init_params, tx, loop.seed, param_sharding)
+  state, shardings = create_state(init_params, tx, loop.seed,
+                                  offload_lib.state_sharding(param_sharding, loop.offload))
   resumed = ckpt.latest_step()
   if resumed is not None:
     state = ckpt.restore(resumed, abstract_like(state), data=data_iter)
@@ -218,8 +230,9 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   named = [s for s in jax.tree.leaves(shardings) if isinstance(s, jax.sharding.NamedSharding)]
   replicated = jax.sharding.NamedSharding(named[0].mesh, jax.sharding.PartitionSpec()) \
       if named else None
-  step_fn = jax.jit(make_train_step(loss_fn, tx, loop.grad_accum, loss_norm), donate_argnums=0,
-                    out_shardings=(shardings, replicated))
+  step_fn = jax.jit(make_train_step(loss_fn, tx, loop.grad_accum, loss_norm,
+                                    offload_lib.OptimizerTransfer.of(shardings)),
+                    donate_argnums=0, out_shardings=(shardings, replicated))
   start = int(jax.device_get(state.step))
   if start >= loop.steps:
     logging.info("checkpoint is at step %d >= train.steps = %d: nothing to train", start,

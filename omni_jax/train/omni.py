@@ -26,6 +26,7 @@ from omni_jax.models.flops import train_flops_per_step
 from omni_jax.models.omni import OmniModel, OmniSpec, build_spec, count_params, loss_norm, omni_loss
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.train import offload
 from omni_jax.train.loop import FitResult, LoopConfig, fit
 from omni_jax.train.metrics import plot_curves, write_json_atomic
 from omni_jax.train.optim import make_optimizer
@@ -134,6 +135,7 @@ def validate(config) -> tuple[OmniSpec, OmniStream, LoopConfig]:
   check_keys(config, TOP_KEYS, "", required=REQUIRED_KEYS)
   spec = build_spec(config.model, tokenizer=config.data.get("tokenizer", "bytes"))
   loop = LoopConfig.from_config(config.train)
+  spec = offload.apply_to_spec(spec, loop.offload)
   make_optimizer(config.optim, loop.steps, spec.bias_rate)
   stream = make_stream(spec, config.data)
   parallel_op_names(config)

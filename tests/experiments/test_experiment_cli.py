@@ -75,7 +75,7 @@ def test_train_omni_cli_bad_override_is_one_clear_error(tmp_path):
 def test_bench_step_writes_its_keys(tmp_path, steps):
   r = _run("experiments.bench_step", "--config=configs/omni_moe.py:micro",
            f"--workdir={tmp_path}", f"--steps={steps}", "--profile_steps=2:3",
-           "--peak_sizes=256,512")
+           "--peak_sizes=256,512", "--config.train.offload=optimizer")
   assert r.returncode == 0, r.stderr[-3000:]
   traces = [f for _, _, fs in os.walk(tmp_path / "profile") for f in fs]
   assert any(f.endswith(".xplane.pb") for f in traces), traces    # timed calls 2..3 traced
@@ -85,6 +85,12 @@ def test_bench_step_writes_its_keys(tmp_path, steps):
   assert set(s["breakdown"]) == {"attention", "router_dispatch", "experts", "rest"}
   assert sum(v["seconds"] for v in s["breakdown"].values()) >= s["step_time_s"] * 0.999
   assert os.path.getsize(tmp_path / "breakdown.png") > 1000
+  # optimizer offload: AdamW's two moments and two int32 counts are in pinned_host memory,
+  # the parameters and the int32 step on the device: host = 2 x device for the state
+  state = s["bytes_by_part"]["state"]
+  assert state["pinned_host"] == 2 * state["device"] > 0
+  assert s["host_bytes"] == state["pinned_host"]
+  assert s["device_bytes"] == state["device"] + s["bytes_by_part"]["residuals"]["device"]
 
 
 @pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
