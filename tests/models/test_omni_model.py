@@ -65,14 +65,15 @@ def test_missing_modality_equals_masked_and_keeps_grads_defined(micro):
   masked = dict(batch, audio_mask=np.zeros_like(batch["audio_mask"]))
   rows = ~batch["audio_mask"]
   assert rows.any()
-  (la, _), (lb, _) = (model.apply({"params": params}, b) for b in (no_audio, masked))
+  apply = jax.jit(model.apply)  # jitted: op by op, the omni forward took minutes here
+  (la, _), (lb, _) = (apply({"params": params}, b) for b in (no_audio, masked))
   for h in la:
     np.testing.assert_allclose(la[h][rows], lb[h][rows], rtol=1e-5, atol=1e-5)
 
   def loss(p, b):
     logits, aux = model.apply({"params": p}, b)
     return omni_loss(spec, logits, aux, b)[0]
-  grads = jax.grad(loss)(params, no_audio)
+  grads = jax.jit(jax.grad(loss))(params, no_audio)
   enc = jax.tree.leaves(grads["enc_audio"])
   assert enc and all(bool(jnp.all(g == 0)) for g in enc)
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
@@ -81,9 +82,10 @@ def test_missing_modality_equals_masked_and_keeps_grads_defined(micro):
 
 def test_modality_features_change_only_their_rows(micro):
   _, _, _, model, params, batch = micro
-  logits, _ = model.apply({"params": params}, batch)
+  apply = jax.jit(model.apply)
+  logits, _ = apply({"params": params}, batch)
   bumped = dict(batch, image=batch["image"] + 0.5)
-  logits2, _ = model.apply({"params": params}, bumped)
+  logits2, _ = apply({"params": params}, bumped)
   rows = batch["image_mask"]
   diff = np.abs(np.asarray(logits["text"] - logits2["text"])).max(axis=(1, 2))
   # The MoE routes per token, so rows only interact through nothing: unmasked rows unchanged.
