@@ -121,9 +121,10 @@ def test_two_slots_per_row_pack_tighter_and_each_document_reads_as_alone(tmp_pat
   # Against each document alone in its own one-slot row: the same logits at its tokens.
   alone = packing.collate_packed(spec, [[d] for d in rows[0]], 48)
   model = OmniModel(spec)
-  params = model.init(jax.random.key(0), jax.tree.map(jnp.asarray, alone))
-  packed_logits = model.apply(params, jax.tree.map(jnp.asarray, b))[0]["text"]
-  alone_logits = model.apply(params, jax.tree.map(jnp.asarray, alone))[0]["text"]
+  params = jax.jit(model.init)(jax.random.key(0), jax.tree.map(jnp.asarray, alone))
+  apply = jax.jit(model.apply)
+  packed_logits = apply(params, jax.tree.map(jnp.asarray, b))[0]["text"]
+  alone_logits = apply(params, jax.tree.map(jnp.asarray, alone))[0]["text"]
   at = 0
   for i, d in enumerate(rows[0]):
     np.testing.assert_allclose(packed_logits[0, at:at + len(d)], alone_logits[i, :len(d)],

@@ -33,7 +33,7 @@ def test_bias_selects_but_gates_use_unbiased_probabilities():
 def _skewed(balance):
   x = jax.random.normal(jax.random.PRNGKey(0), (512, D)) + 1.0  # a shared component
   m = MoE(d_model=D, d_ff=F, num_experts=E, top_k=2, balance=balance)
-  params = m.init(jax.random.PRNGKey(1), x)["params"]
+  params = jax.jit(m.init)(jax.random.PRNGKey(1), x)["params"]
   params["router"] = params["router"] * 0.3 + jnp.array([0.3, 0.15, 0.0, 0.0])  # skew
   return m, x, params
 

@@ -114,7 +114,7 @@ def test_train_flops_match_traced_matmuls(moe_every, modalities):
   stream = OmniStream(spec, cfg.data)
   batch = stream.batch(0)
   b, t = batch["tokens"].shape
-  params = model.init(jax.random.PRNGKey(0), batch)["params"]
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), batch)["params"]
 
   def loss(p):
     logits, aux = model.apply({"params": p}, batch)

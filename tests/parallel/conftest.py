@@ -23,7 +23,7 @@ def build_micro(impl: str = "dropless", lb_coef: float | None = None,
   spec = build_spec(cfg.model)
   batch = OmniStream(spec, cfg.data).batch(0)
   model = OmniModel(spec)
-  params = model.init(jax.random.PRNGKey(0), batch)["params"]
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), batch)["params"]  # op by op: minutes
 
   def loss(p, b, ops):
     with named_ops.override(**ops):

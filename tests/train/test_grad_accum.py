@@ -24,7 +24,7 @@ def _setup(lb_coef=0.0, balance="aux_loss"):
   stream = OmniStream(spec, cfg.data)
   batch = jax.tree.map(jnp.asarray, stream.batch(0))
   model = OmniModel(spec)
-  params = model.init(jax.random.PRNGKey(0), batch)["params"]
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), batch)["params"]
 
   def loss_fn(p, b, norm=None):
     logits, aux = model.apply({"params": p}, b)
@@ -56,7 +56,7 @@ def test_accumulated_equals_big_batch(balance):
   # loss) differs from itself only by reduction order.
   floor = _leaf_rel_err(vg(params, jax.tree.map(lambda a: a[::-1], batch))[1], grads)
   counts = [float(metrics[f"count/{h.name}"]) for h in spec.heads]
-  for k in (2, 4):
+  for k in (4,):  # (k = 2 as well was one more compile of the accumulated step)
     mb = split_microbatches(jax.device_get(batch), k)
     per_mb = [float(np.sum(mb["target_head"][j] == 1)) for j in range(k)]
     assert len(set(per_mb)) > 1  # uneven text counts: mean of means would differ
