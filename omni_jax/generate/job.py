@@ -7,7 +7,9 @@ A prompts file is JSONL, one prompt per line::
 
 ``output`` is ``text`` or a generated modality whose codes decode to a file
 (:func:`allowed_outputs`); ``text`` (default "") is the prompt text; any modality's source
-key (``image``, ``audio``, ...; paths relative to the prompts file) adds that input. The
+key (``image``, ``audio``, ...; paths relative to the prompts file) adds that input;
+``expect`` (text outputs) is a reference scored in ``caption_accuracy`` (exact match, per
+input modality). :func:`write_demo_prompts` writes such a file for the synthetic task. The
 token layout follows training (:mod:`omni_jax.data.sequences`): inputs first
 (``<bos> <m> <m:slot>*N </m>``), then the text; a modality output is forced by constrained
 decoding to ``<m:gen>``, exactly the modality's number of codes from its head, ``<eos>``; a
@@ -43,8 +45,10 @@ from omni_jax.data.encode import write_wav
 from omni_jax.generate import decode as dec
 from omni_jax.generate import outputs as outs
 from omni_jax.modalities import MODALITY_KINDS
+from omni_jax.modalities.base import gen_codes
 from omni_jax.models import kv_cache, sampling
 from omni_jax.models.omni import OmniModel, OmniSpec
+from omni_jax.tokenizers import omni_codes
 from omni_jax.train.loop import LoopConfig, TrainState
 from omni_jax.train.metrics import write_json_atomic
 from omni_jax.train.optim import make_optimizer
@@ -64,6 +68,7 @@ class Prompt:
   inputs: dict[str, np.ndarray]   # modality -> model input
   slots: dict[str, np.ndarray]    # modality -> positions its features fill
   steps: int                      # tokens this prompt may generate
+  expect: str | None = None       # reference text (text outputs): scored by caption_accuracy
 
 
 def allowed_outputs(spec: OmniSpec) -> dict[str, str]:
@@ -82,7 +87,7 @@ def output_grammar(spec: OmniSpec, output: str, steps: int) -> sampling.Grammar:
   if output == TEXT:
     return sampling.Grammar.free(steps, spec.text_vocab)
   tok, ms = spec.tokenizer, spec.modality(output)
-  n = MODALITY_KINDS.get(ms["kind"]).num_tokens(ms)
+  n = gen_codes(ms)
   return sampling.Grammar.modality(tok.special(f"<{output}:gen>"), dict(spec.code_offsets)[output],
                                    n, ms["codebook_size"], tok.eos_id)
 
@@ -100,7 +105,7 @@ def parse_prompt(spec: OmniSpec, line_no: int, raw: str, base_dir: Path, context
     fail(f"not a JSON object ({e.msg} at column {e.colno})")
   if not isinstance(rec, dict):
     fail(f"must be a JSON object, got {type(rec).__name__}")
-  keys = ("output", *record_keys(spec))
+  keys = ("output", "expect", *record_keys(spec))
   unknown = sorted(set(rec) - set(keys))
   if unknown:
     fail(f"unknown key(s) {unknown}; allowed keys: {list(keys)}")
@@ -115,8 +120,13 @@ def parse_prompt(spec: OmniSpec, line_no: int, raw: str, base_dir: Path, context
   text = rec.get("text", "")
   if not isinstance(text, str):
     fail(f"'text' must be a string, got {type(text).__name__}")
+  expect = rec.get("expect")
+  if expect is not None and (output != TEXT or not isinstance(expect, str)):
+    fail("'expect' (the reference text, for caption_accuracy) must be a string and needs "
+         f"output 'text', got {expect!r} with output {output!r}")
   try:
-    inputs = decode_record({k: v for k, v in rec.items() if k != "output"}, spec, base_dir)
+    inputs = decode_record({k: v for k, v in rec.items() if k not in ("output", "expect")},
+                           spec, base_dir)
   except RecordError as e:
     fail(f"input does not decode: {e}")
   tok = spec.tokenizer
@@ -137,7 +147,7 @@ def parse_prompt(spec: OmniSpec, line_no: int, raw: str, base_dir: Path, context
          f"{len(ids) + need} > the context of {context} tokens (config.data.seq_len); "
          f"allowed: prompts of at most {context - need} tokens for this output")
   steps = min(max_new_tokens, context - len(ids)) if output == TEXT else need
-  return Prompt(line_no, output, ids, inputs, slots, steps)
+  return Prompt(line_no, output, ids, inputs, slots, steps, expect)
 
 
 def read_prompts(path: str, spec: OmniSpec, context: int, max_new_tokens: int
@@ -281,7 +291,7 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
                        top_p=top_p, seed=seed, batch_size=batch_size) if prompts else {}
   decode_s = time.perf_counter() - t1
   tok = spec.tokenizer
-  lines, sheet = [], []
+  lines, sheet, scored = [], [], {}
   for p in prompts:
     ids = new[p.line]
     rec: dict[str, Any] = {"line": p.line, "output": p.output, "prompt_tokens": len(p.ids)}
@@ -293,12 +303,24 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
       name = f"line{p.line}-text.txt"
       (out / name).write_text(text + "\n")
       rec.update(text=text, generated_tokens=int(len(body)), ended=bool(stop.size))
+      if p.expect is not None:
+        rec.update(expect=p.expect, correct=text.strip() == p.expect.strip())
+        scored.setdefault("+".join(sorted(p.inputs)) or TEXT, []).append(rec["correct"])
       sheet.append((TEXT, text or "(empty)", f"{p.line}: text"))
     else:
       ms = spec.modality(p.output)
       codes = ids[1:-1] - dict(spec.code_offsets)[p.output]
       rec.update(codes=codes.tolist(), generated_tokens=int(len(ids)))
-      if kind == "image":
+      if ms.get("tokenizer"):  # a trained FSQ codec decodes the ids
+        what, data, mel = omni_codes.decode(ms, codes, seed=seed)
+        name = f"line{p.line}-{p.output}.{'png' if what == 'image' else 'wav'}"
+        if what == "image":
+          Image.fromarray(np.round(data * 255).astype(np.uint8)).save(out / name)
+          sheet.append(("image", data, f"{p.line}: {p.output}"))
+        else:
+          write_wav(out / name, data, omni_codes.load(ms["tokenizer"])[1].sample_rate)
+          sheet.append(("audio", mel, f"{p.line}: {p.output}"))
+      elif kind == "image":
         img = outs.codes_to_image(ms, books[p.output], codes)
         name = f"line{p.line}-{p.output}.png"
         arr = np.round(img * 255).astype(np.uint8)
@@ -326,6 +348,40 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
                    "max_new_tokens": max_new_tokens, "batch_size": batch_size},
       "decode_seconds": decode_s, "seconds": time.perf_counter() - t0,
       "contact_sheet": "contact_sheet.png" if sheet else None,
+      # exact-match rate of text outputs against their 'expect', by input modality
+      "caption_accuracy": {k: float(np.mean(v)) for k, v in sorted(scored.items())},
   }
   write_json_atomic(out / "summary.json", summary)
   return summary
+
+
+def write_demo_prompts(spec: OmniSpec, path: str, seed: int = 0, captions: int = 2) -> int:
+  """Writes a prompts file of the built-in synthetic task beside renders of its inputs:
+  4 captions -> each generated modality, ``captions`` renders of every ``patch`` / ``frames``
+  modality -> text (with ``expect``: the render's caption), and one arithmetic text prompt.
+  Returns the number of lines."""
+  from omni_jax.data.encode import write_wav
+  p = Path(path)
+  p.parent.mkdir(parents=True, exist_ok=True)
+  rng = np.random.default_rng(seed)
+  lines = []
+  for name, ms in spec.modalities:
+    if name in allowed_outputs(spec):
+      labels = MODALITY_KINDS.get(ms["kind"]).labels(ms)
+      for i in rng.choice(len(labels), 4, replace=False):
+        lines.append({"text": labels[i], "output": name})
+  for name, ms in spec.modalities:
+    kind = MODALITY_KINDS.get(ms["kind"])
+    if ms["kind"] not in ("patch", "frames") or ms.get("channels", 1) not in (1, 3):
+      continue
+    for j, i in enumerate(rng.integers(0, len(kind.labels(ms)), captions)):
+      x = kind.synthesize(ms, rng, int(i))
+      file = f"{name}-input{j}.{'png' if ms['kind'] == 'patch' else 'wav'}"
+      if ms["kind"] == "patch":
+        Image.fromarray(np.round(np.clip(x, 0, 1) * 255).astype(np.uint8)).save(p.parent / file)
+      else:
+        write_wav(p.parent / file, x, ms["sample_rate"])
+      lines.append({ms["source_key"]: file, "output": TEXT, "expect": kind.labels(ms)[i]})
+  lines.append({"text": "17+25=", "output": TEXT})
+  p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+  return len(lines)

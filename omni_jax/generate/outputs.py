@@ -32,6 +32,8 @@ def decoder_kind(ms) -> str | None:
   """'image' or 'audio' when the modality's codes can be turned back into a file, else None."""
   if not ms.get("codebook_size"):
     return None
+  if ms.get("tokenizer"):  # a trained FSQ codec (omni_jax/tokenizers/omni_codes.py)
+    return "image" if ms["kind"] == "patch" else "audio"
   if ms["kind"] == "patch":
     return "image"
   if ms["kind"] == "frames" and ms.get("features") == "logmel":

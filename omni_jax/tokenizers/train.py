@@ -56,15 +56,16 @@ def load_codec(workdir: str):
   if kind == "image":
     codec = ImageCodec(levels=tuple(cfg["levels"]), width=cfg["width"])
     size = 8 * DOWNSAMPLE
-    template = codec.init(jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)))["params"]
+    template = jax.eval_shape(codec.init, jax.random.PRNGKey(0),
+                              jnp.zeros((1, size, size, 3)))["params"]
   elif kind == "audio":
     from omni_jax.tokenizers.audio_codec import AudioCodec  # noqa: PLC0415
     codec = AudioCodec(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()})
-    template = codec.init_params(jax.random.PRNGKey(0))
+    template = jax.eval_shape(codec.init_params, jax.random.PRNGKey(0))
   else:
     raise ValueError(f"{meta}: unknown tokenizer kind {kind!r}; known: image, audio")
-  params = flax.serialization.from_bytes(template, blob.read_bytes())
-  return kind, codec, params
+  params = flax.serialization.from_bytes(template, blob.read_bytes())  # shapes only: no init
+  return kind, codec, jax.tree.map(jnp.asarray, params)
 
 
 def _grid_png(rows: list[np.ndarray], path: Path) -> None:

@@ -63,21 +63,23 @@ def test_job_writes_every_output_and_reports_bad_lines(trained, tmp_path):
       {"text": "red circle top left", "output": "image"},          # 1
       {"text": "soft tone c4", "output": "audio"},                 # 2
       {"image": "in.png", "output": "text"},                       # 3 (input prefilled)
-      {"text": "12+30=", "output": "text"},                        # 4
+      {"text": "12+30=", "output": "text", "expect": "42"},        # 4 scored
       {"text": "x", "output": "video"},                            # 5 no generate head
       {"image": "broken.png", "output": "text"},                   # 6 does not decode
       {"text": "y" * 60, "output": "image"},                       # 7 longer than context
       "{not json",                                                 # 8
       {"text": "z", "output": "image", "colour": "red"},           # 9 unknown key
+      {"text": "z", "output": "image", "expect": "red"},           # 10 expect needs text
   ]
   path = tmp_path / "prompts.jsonl"
   path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
   out = tmp_path / "out"
   s = job.run_generate(cfg, str(workdir), str(path), str(out), temperature=1.0, top_k=4,
                        seed=1, max_new_tokens=6)
-  assert s["ok"] == 4 and s["failed"] == 5 and s["checkpoint_step"] == 1
+  assert s["ok"] == 4 and s["failed"] == 6 and s["checkpoint_step"] == 1
   errs = {e["line"]: e["error"] for e in s["errors"]}
-  assert set(errs) == {5, 6, 7, 8, 9}
+  assert set(errs) == {5, 6, 7, 8, 9, 10}
+  assert errs[10].startswith("line 10:") and "needs output 'text'" in errs[10]
   assert errs[5].startswith("line 5:") and "no generate head" in errs[5] \
       and "allowed outputs: ['text', 'audio', 'image']" in errs[5]
   assert errs[6].startswith("line 6:") and "broken.png" in errs[6]
@@ -105,11 +107,13 @@ def test_job_writes_every_output_and_reports_bad_lines(trained, tmp_path):
     assert w.getframerate() == ma["sample_rate"] and w.getnframes() == ma["num_samples"]
   assert len(rec[2]["codes"]) == 4
   # Text: at most max_new_tokens ids, the file holds the decoded text.
+  assert rec[4]["correct"] == (rec[4]["text"] == "42")
+  assert s["caption_accuracy"] == {"text": float(rec[4]["correct"])}  # only line 4 is scored
   for line in (3, 4):
     assert rec[line]["generated_tokens"] <= 6
     assert (out / rec[line]["file"]).read_text() == rec[line]["text"] + "\n"
   sheet = Image.open(out / "contact_sheet.png")
-  assert sheet.size[0] > 4 * 128 and sheet.size[1] > 2 * 128  # 9 cells, 4 per row
+  assert sheet.size[0] > 4 * 128 and sheet.size[1] > 2 * 128  # 10 cells, 4 per row
 
 
 def test_greedy_generation_is_constrained_argmax_of_the_full_forward(trained):
@@ -195,7 +199,8 @@ def test_cli_on_a_train_omni_workdir(tmp_path):
   wd, cfg = str(tmp_path / "train"), "--config=configs/omni_moe.py:micro"
 
   def run(*args):
-    r = subprocess.run([sys.executable, "-m", *args, cfg, f"--workdir={wd}", "--cpu_devices=2"],
+    r = subprocess.run([sys.executable, "-m", args[0], cfg, *args[1:], f"--workdir={wd}",
+                        "--cpu_devices=2"],
                        cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
   run("experiments.train_omni", "--config.train.steps=2", "--config.train.eval_every=0")
