@@ -20,10 +20,12 @@ def modalities(image_size=32, audio_samples=4096, video_size=16, codebook=32,
                enc_dim=64, enc_layers=1):
   enc = dict(encoder_dim=enc_dim, encoder_layers=enc_layers, encoder_heads=4)
   return dict(
+      # tokenizer: a train_tokenizer workdir whose FSQ ids the generate head predicts
+      # ('' = k-means codes of `codebook_size`; with a tokenizer set codebook_size to 0).
       image=dict(kind="patch", size=(image_size, image_size), channels=3, patch=8,
-                 codebook_size=codebook, **enc),
+                 codebook_size=codebook, tokenizer="", **enc),
       audio=dict(kind="frames", num_samples=audio_samples, sample_rate=8000, n_fft=256, hop=128,
-                 n_mels=32, features="logmel", codebook_size=codebook, **enc),
+                 n_mels=32, features="logmel", codebook_size=codebook, tokenizer="", **enc),
       video=dict(kind="video", frames=4, size=(video_size, video_size), channels=3, patch=8,
                  temporal_pool=2, **enc),
   )

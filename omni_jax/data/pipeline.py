@@ -310,6 +310,11 @@ class PipelineStream:
     self.manifest = str(path)
     self.spec = spec
     self.mods = dict(spec.modalities)
+    with_tok = [m for m, ms in self.mods.items() if ms.get("tokenizer")]
+    if with_tok:
+      raise ConfigError(f"config.model.modalities.{with_tok[0]}.tokenizer is set: trained "
+                        "tokenizer codes are wired into the synthetic stream only so far; "
+                        "with data.source = 'manifest' leave it '' (k-means codes)")
     self.tasks = [TASK_TEXT] + [understand_task(m) for m in self.mods] + [
         generate_task(m) for m, ms in self.mods.items() if ms["codebook_size"]]
     self.index = ManifestIndex(path, self.opts["eval_fraction"])

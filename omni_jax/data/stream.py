@@ -22,6 +22,7 @@ from omni_jax.data import vq
 from omni_jax.data.pipeline import PIPELINE_DEFAULTS, PipelineStream
 from omni_jax.data.sequences import TASK_TEXT, RowBuilder, collate, generate_task, understand_task
 from omni_jax.modalities import MODALITY_KINDS
+from omni_jax.modalities.base import gen_codes
 from omni_jax.models.omni import OmniSpec
 
 DATA_KEYS = ("source", "seq_len", "batch_size", "seed", "text_weight", "manifest", "on_error",
@@ -79,7 +80,7 @@ class OmniStream:
   def _fit_synthetic_codebooks(self, n: int) -> None:
     for m, ms in self.mods.items():
       kind = self.kinds[m]
-      if not ms["codebook_size"] or kind.code_vectors is None:
+      if not ms["codebook_size"] or kind.code_vectors is None or ms.get("tokenizer"):
         continue
       rng = _rng(self.seed, 1_000_003, len(m))
       labels = rng.integers(0, len(kind.labels(ms)), n)
@@ -91,6 +92,9 @@ class OmniStream:
   def codes(self, m: str, xs: np.ndarray) -> np.ndarray:
     """Discrete targets [B, N] of modality ``m`` for raw inputs ``xs`` [B, ...]."""
     kind = self.kinds[m]
+    if self.mods[m].get("tokenizer"):  # a trained FSQ codec's ids
+      from omni_jax.tokenizers import omni_codes
+      return omni_codes.encode(self.mods[m], xs)
     if kind.code_vectors is None:  # the input already is a sequence of ids
       return np.asarray(xs, np.int32)
     n = len(xs)  # pad to a multiple of the batch size: one compiled shape, not one per count
@@ -104,7 +108,7 @@ class OmniStream:
       longest = max(self.kinds[m].labels(ms), key=len)
       self.builder.understand([m], longest)
       if ms["codebook_size"]:
-        n = self.kinds[m].num_tokens(ms)
+        n = gen_codes(ms)
         self.builder.generate(m, longest, np.zeros(n, np.int32))
     self.builder.text("99+99=198")
 

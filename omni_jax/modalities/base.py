@@ -43,6 +43,7 @@ COMMON_DEFAULTS: dict[str, Any] = dict(
     encoder_heads=4,
     codebook_size=0,       # > 0: the model also generates this modality's VQ codes
     gen_loss_weight=1.0,   # weight of the code-generation loss
+    tokenizer="",          # a train_tokenizer workdir: generate its FSQ codes (not k-means)
     **SOURCE_DEFAULTS,     # manifest key, file decoder, video audio track (sources.py)
 )
 
@@ -93,7 +94,16 @@ def resolve_spec(name: str, raw: Mapping[str, Any]) -> dict[str, Any]:
   if kind.validate is not None:
     kind.validate(spec, prefix)
   resolve_source(spec, kind, prefix)
+  if spec["tokenizer"]:  # sets codebook_size and gen_codes from the trained codec
+    from omni_jax.tokenizers import omni_codes
+    omni_codes.resolve(spec, prefix)
   return spec
+
+
+def gen_codes(spec: Mapping[str, Any]) -> int:
+  """Code ids the model generates per sample of a modality: the tokenizer's count when
+  ``tokenizer`` is set, else one k-means code per encoder token."""
+  return spec.get("gen_codes") or MODALITY_KINDS.get(spec["kind"]).num_tokens(spec)
 
 
 class EncoderStack(nn.Module):

@@ -5,8 +5,10 @@ modules): embed -> units of pre-norm blocks (attention, dense or MoE feed-forwar
 norm -> heads. :func:`init_cache` makes an empty cache of ``max_len`` positions per layer;
 :func:`forward` runs ``tokens`` [B, T] at ``positions`` [B, T], writes their keys/values into
 the cache and attends over every cached position <= its own. A prompt is one call (prefill,
-T = prompt length); each decode step is one call with T = 1. Prompts carrying modality
-*inputs* (encoder features) are not handled here yet, nor the q/k-norm switch.
+T = prompt length); each decode step is one call with T = 1. A prefill may carry modality
+*inputs* (the model batch's ``<m>``, ``<m>_pos``, ``<m>_mask``): the modality's encoder runs on
+its own parameters and its features replace the slot tokens' embeddings, as in the model's
+forward. The q/k-norm switch and other pretrained-checkpoint switches are refused.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.models.layers import rope
 from omni_jax.models.moe import MoE
-from omni_jax.models.omni import OmniSpec
+from omni_jax.models.omni import OmniSpec, scatter_features
 
 
 def _rms(x, scale, eps=1e-6):
@@ -58,12 +61,34 @@ def _attend(q, k_all, v_all, positions, max_len):
   return out.reshape(b, t, h, dh).astype(q.dtype)
 
 
-def forward(spec: OmniSpec, params, cache: dict, tokens: jax.Array, positions: jax.Array):
-  """(logits per head {name: [B, T, size]}, updated cache) for ``tokens`` at ``positions``."""
+def embed_inputs(spec: OmniSpec, params, x: jax.Array, inputs: dict | None) -> jax.Array:
+  """Token embeddings ``x`` [B, T, D] with each modality of ``inputs`` encoded and scattered
+  at its ``<m>_pos`` (indices into this call's T tokens) in the rows of ``<m>_mask``."""
+  bb = spec.backbone
+  for name, ms in spec.modalities:
+    if not inputs or name not in inputs:
+      continue
+    kind = MODALITY_KINDS.get(ms["kind"])
+    enc = kind.encoder(spec=ms, d_model=bb.d_model, dtype=bb.dtype)
+    feats = enc.apply({"params": params[f"enc_{name}"]}, inputs[name])
+    x = scatter_features(x, feats, inputs[f"{name}_pos"], inputs[f"{name}_mask"])
+  unknown = set(inputs or {}) - {f"{n}{s}" for n, _ in spec.modalities
+                                 for s in ("", "_pos", "_mask")}
+  if unknown:
+    raise ValueError(f"inputs {sorted(unknown)} are no modality of the model; modalities: "
+                     f"{[n for n, _ in spec.modalities]}")
+  return x
+
+
+def forward(spec: OmniSpec, params, cache: dict, tokens: jax.Array, positions: jax.Array,
+            inputs: dict | None = None):
+  """(logits per head {name: [B, T, size]}, updated cache) for ``tokens`` at ``positions``;
+  ``inputs``: modality inputs of this call's tokens (see :func:`embed_inputs`)."""
   check_supported(spec)
   bb = spec.backbone
   max_len = cache["k"].shape[2]
   x = params["embed"]["embedding"].astype(bb.dtype)[tokens]
+  x = embed_inputs(spec, params, x, inputs)
   units = params["backbone"]["units"]
   rows = jnp.arange(tokens.shape[0])[:, None]
   ks, vs = [], []

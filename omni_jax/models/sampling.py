@@ -113,14 +113,23 @@ def decode(step_fn: Callable, state, first: jax.Array, start: jax.Array, key: ja
   """Generates ``len(grammar)`` ids per row. ``first`` [B] is the last prompt token and
   ``start`` [B] its position; ``step_fn(state, tokens [B], positions [B]) -> (logits [B, V],
   state)`` gives the next-token logits. Returns int32 [B, len(grammar)]."""
-  lo = jnp.asarray(grammar.lo, jnp.int32)
-  hi = jnp.asarray(grammar.hi, jnp.int32)
+  return decode_ranges(step_fn, state, first, start, key, jnp.asarray(grammar.lo, jnp.int32),
+                       jnp.asarray(grammar.hi, jnp.int32), max_id=max(grammar.hi) - 1,
+                       temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+def decode_ranges(step_fn: Callable, state, first: jax.Array, start: jax.Array, key: jax.Array,
+                  lo: jax.Array, hi: jax.Array, *, max_id: int | None = None,
+                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
+  """:func:`decode` with the grammar as int32 arrays ``lo``, ``hi`` [steps] (step i emits an
+  id in ``[lo[i], hi[i])``), which may be traced: one compiled decode then serves every
+  grammar of that many steps. ``max_id`` (when known) is checked against the logits."""
 
   def body(carry, i):
     state, tok, pos, key = carry
     logits, state = step_fn(state, tok, pos)
-    if logits.shape[-1] < int(max(grammar.hi)):
-      raise ValueError(f"grammar allows ids up to {max(grammar.hi) - 1}, but the model has "
+    if max_id is not None and logits.shape[-1] <= max_id:
+      raise ValueError(f"grammar allows ids up to {max_id}, but the model has "
                        f"{logits.shape[-1]} logits")
     key, sub = jax.random.split(key)
     nxt = sample(sub, constrain(logits.astype(jnp.float32), lo[i], hi[i]),
@@ -128,7 +137,7 @@ def decode(step_fn: Callable, state, first: jax.Array, start: jax.Array, key: ja
     return (state, nxt, pos + 1, key), nxt
 
   _, out = jax.lax.scan(body, (state, first.astype(jnp.int32), start.astype(jnp.int32), key),
-                        jnp.arange(len(grammar)))
+                        jnp.arange(lo.shape[0]))
   return out.T
 
 

@@ -64,8 +64,8 @@ def load_codec(workdir: str):
     template = jax.eval_shape(codec.init_params, jax.random.PRNGKey(0))
   else:
     raise ValueError(f"{meta}: unknown tokenizer kind {kind!r}; known: image, audio")
-  params = flax.serialization.from_bytes(template, blob.read_bytes())
-  return kind, codec, params
+  params = flax.serialization.from_bytes(template, blob.read_bytes())  # shapes only: no init
+  return kind, codec, jax.tree.map(jnp.asarray, params)
 
 
 def _grid_png(rows: list[np.ndarray], path: Path) -> None:

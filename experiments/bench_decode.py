@@ -1,0 +1,53 @@
+r"""Decode tokens/s with the KV cache against recomputing the full prefix every step.
+
+  python -m experiments.bench_decode --workdir=/tmp/bench_decode
+
+Measures, in one run, greedy decoding of ``--new_tokens`` (default 64 and 512) tokens for a
+batch of random prompts with both paths of omni_jax/generate/bench.py (same layers, same
+parameters), and writes summary.json: ``kv_speedup_512`` (and ``kv_speedup_64``), tokens/s
+of each path, ``outputs_match_<n>`` (fraction of greedy tokens the two paths agree on).
+The model is ``--config`` (default configs/omni_moe.py:tiny, untrained parameters: speed
+does not depend on the weights). Runs on one device (--cpu_devices=1).
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import app, flags, logging
+
+from experiments import common
+
+_CONFIG = common.define_config("configs/omni_moe.py:<variant> (the model timed)",
+                               lock_config=True)
+_WORKDIR = common.define_workdir("where summary.json goes")
+_NEW = flags.DEFINE_list("new_tokens", ["64", "512"], "generated tokens per measurement")
+_BATCH = flags.DEFINE_integer("batch", 4, "prompts decoded together")
+_PROMPT = flags.DEFINE_integer("prompt_len", 16, "prompt tokens")
+_BUCKET = flags.DEFINE_integer("bucket", 64, "recompute path: prefix padded to a multiple")
+_REPEATS = flags.DEFINE_integer("repeats", 2, "timed runs per measurement (fastest kept)")
+flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+  del argv
+  flags.FLAGS.cpu_devices = 1 if flags.FLAGS["cpu_devices"].using_default_value \
+      else flags.FLAGS.cpu_devices
+  common.setup_devices()
+  from configs.omni_moe import get_config
+  from omni_jax.generate.bench import bench_decode
+  from omni_jax.models.omni import build_spec
+  from omni_jax.train.metrics import write_json_atomic
+  cfg = _CONFIG.value if _CONFIG.value is not None else get_config("tiny")
+  spec = build_spec(cfg.model, tokenizer=cfg.data.get("tokenizer", "bytes"))
+  summary = bench_decode(spec, new_tokens=[int(n) for n in _NEW.value], batch=_BATCH.value,
+                         prompt_len=_PROMPT.value, bucket=_BUCKET.value,
+                         repeats=_REPEATS.value, log=logging.info)
+  os.makedirs(_WORKDIR.value, exist_ok=True)
+  write_json_atomic(os.path.join(_WORKDIR.value, "summary.json"), summary)
+  logging.info("kv speedup: %s", {k: round(v, 2) for k, v in summary.items()
+                                  if k.startswith("kv_speedup")})
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,387 @@
+"""The generate job: prompts in, a PNG / WAV / text per prompt out (``experiments.generate``).
+
+A prompts file is JSONL, one prompt per line::
+
+  {"text": "red circle top left", "output": "image"}
+  {"text": "", "image": "cat.png", "output": "text"}
+
+``output`` is ``text`` or a generated modality whose codes decode to a file
+(:func:`allowed_outputs`); ``text`` (default "") is the prompt text; any modality's source
+key (``image``, ``audio``, ...; paths relative to the prompts file) adds that input;
+``expect`` (text outputs) is a reference scored in ``caption_accuracy`` (exact match, per
+input modality). :func:`write_demo_prompts` writes such a file for the synthetic task. The
+token layout follows training (:mod:`omni_jax.data.sequences`): inputs first
+(``<bos> <m> <m:slot>*N </m>``), then the text; a modality output is forced by constrained
+decoding to ``<m:gen>``, exactly the modality's number of codes from its head, ``<eos>``; a
+text output is up to ``max_new_tokens`` text ids, cut at ``<eos>``. Prompts with inputs are
+prefilled through the KV-cached path too (the encoders run on their own parameters,
+:func:`omni_jax.models.kv_cache.embed_inputs`).
+
+A bad line (not JSON, unknown key, an output with no head or decoder, an input file that does
+not decode, a prompt longer than the context ``config.data.seq_len``) is one error naming the
+line and what is allowed; the other lines still produce their outputs, and ``summary.json``
+lists the errors per line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+from PIL import Image
+
+from omni_jax.config import ConfigError
+from omni_jax.data.decode import RecordError, decode_record, record_keys
+from omni_jax.data.encode import write_wav
+from omni_jax.generate import decode as dec
+from omni_jax.generate import outputs as outs
+from omni_jax.modalities import MODALITY_KINDS
+from omni_jax.modalities.base import gen_codes
+from omni_jax.models import kv_cache, sampling
+from omni_jax.models.omni import OmniModel, OmniSpec
+from omni_jax.tokenizers import omni_codes
+from omni_jax.train.loop import LoopConfig, TrainState
+from omni_jax.train.metrics import write_json_atomic
+from omni_jax.train.optim import make_optimizer
+
+TEXT = "text"
+
+
+class PromptError(ValueError):
+  """A prompt line is unusable; the message starts with ``line N:``."""
+
+
+@dataclasses.dataclass
+class Prompt:
+  line: int                       # 1-based line of the prompts file
+  output: str                     # "text" or a generated modality's name
+  ids: list[int]                  # prompt token ids
+  inputs: dict[str, np.ndarray]   # modality -> model input
+  slots: dict[str, np.ndarray]    # modality -> positions its features fill
+  steps: int                      # tokens this prompt may generate
+  expect: str | None = None       # reference text (text outputs): scored by caption_accuracy
+
+
+def allowed_outputs(spec: OmniSpec) -> dict[str, str]:
+  """``{output name: file kind}``: text, and each modality whose codes decode to a file."""
+  out = {TEXT: TEXT}
+  for name, ms in spec.modalities:
+    kind = outs.decoder_kind(ms)
+    if kind:
+      out[name] = kind
+  return out
+
+
+def output_grammar(spec: OmniSpec, output: str, steps: int) -> sampling.Grammar:
+  """The constrained-decoding grammar of ``output``: ``<m:gen>``, the exact number of the
+  modality's codes, ``<eos>``; text: ``steps`` free text ids."""
+  if output == TEXT:
+    return sampling.Grammar.free(steps, spec.text_vocab)
+  tok, ms = spec.tokenizer, spec.modality(output)
+  n = gen_codes(ms)
+  return sampling.Grammar.modality(tok.special(f"<{output}:gen>"), dict(spec.code_offsets)[output],
+                                   n, ms["codebook_size"], tok.eos_id)
+
+
+def parse_prompt(spec: OmniSpec, line_no: int, raw: str, base_dir: Path, context: int,
+                 max_new_tokens: int) -> Prompt:
+  """One prompts-file line -> :class:`Prompt`; raises :class:`PromptError` naming the line."""
+  def fail(msg: str):
+    raise PromptError(f"line {line_no}: {msg}")
+
+  allowed = allowed_outputs(spec)
+  try:
+    rec = json.loads(raw)
+  except json.JSONDecodeError as e:
+    fail(f"not a JSON object ({e.msg} at column {e.colno})")
+  if not isinstance(rec, dict):
+    fail(f"must be a JSON object, got {type(rec).__name__}")
+  keys = ("output", "expect", *record_keys(spec))
+  unknown = sorted(set(rec) - set(keys))
+  if unknown:
+    fail(f"unknown key(s) {unknown}; allowed keys: {list(keys)}")
+  output = rec.get("output")
+  if output not in allowed:
+    why = ""
+    if output in dict(spec.modalities):
+      why = (" (the model has no generate head for it: codebook_size = 0)"
+             if not spec.modality(output)["codebook_size"] else
+             " (its codes have no decoder to a file)")
+    fail(f"output {output!r} is not allowed{why}; allowed outputs: {list(allowed)}")
+  text = rec.get("text", "")
+  if not isinstance(text, str):
+    fail(f"'text' must be a string, got {type(text).__name__}")
+  expect = rec.get("expect")
+  if expect is not None and (output != TEXT or not isinstance(expect, str)):
+    fail("'expect' (the reference text, for caption_accuracy) must be a string and needs "
+         f"output 'text', got {expect!r} with output {output!r}")
+  try:
+    inputs = decode_record({k: v for k, v in rec.items() if k not in ("output", "expect")},
+                           spec, base_dir)
+  except RecordError as e:
+    fail(f"input does not decode: {e}")
+  tok = spec.tokenizer
+  ids, slots = [tok.bos_id], {}
+  for name, _ in spec.modalities:
+    if name in inputs:
+      n = MODALITY_KINDS.get(spec.modality(name)["kind"]).num_tokens(spec.modality(name))
+      ids.append(tok.special(f"<{name}>"))
+      slots[name] = np.arange(len(ids), len(ids) + n, dtype=np.int32)
+      ids += [tok.special(f"<{name}:slot>")] * n + [tok.special(f"</{name}>")]
+  try:
+    ids += tok.encode(text)
+  except ValueError as e:
+    fail(f"'text' does not encode: {e}")
+  need = 1 if output == TEXT else len(output_grammar(spec, output, 1))
+  if len(ids) + need > context:
+    fail(f"the prompt is {len(ids)} tokens and a {output} output needs {need} more: "
+         f"{len(ids) + need} > the context of {context} tokens (config.data.seq_len); "
+         f"allowed: prompts of at most {context - need} tokens for this output")
+  steps = min(max_new_tokens, context - len(ids)) if output == TEXT else need
+  return Prompt(line_no, output, ids, inputs, slots, steps, expect)
+
+
+def read_prompts(path: str, spec: OmniSpec, context: int, max_new_tokens: int
+                 ) -> tuple[list[Prompt], list[dict[str, Any]]]:
+  """Every non-blank line of ``path``: (usable prompts, [{line, error}] for the others)."""
+  p = Path(path)
+  if not p.is_file():
+    raise ConfigError(f"--prompts={path!r}: no such file (a JSONL file, one prompt per line)")
+  prompts, errors = [], []
+  for i, raw in enumerate(p.read_text().splitlines(), start=1):
+    if not raw.strip():
+      continue
+    try:
+      prompts.append(parse_prompt(spec, i, raw, p.parent, context, max_new_tokens))
+    except PromptError as e:
+      errors.append({"line": i, "error": str(e)})
+  return prompts, errors
+
+
+def abstract_train_state(config, spec: OmniSpec):
+  """ShapeDtypeStructs of the train job's :class:`TrainState` for ``config`` (no compute)."""
+  loop = LoopConfig.from_config(config.train)
+  tx = make_optimizer(config.optim, loop.steps, spec.bias_rate)
+
+  def init(key):
+    params = OmniModel(spec).init(key, {"tokens": jnp.zeros((1, 8), jnp.int32)})["params"]
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  return jax.eval_shape(init, jax.random.PRNGKey(0))
+
+
+def load_params(config, spec: OmniSpec, workdir: str, mesh=None):
+  """(params, step) of the latest checkpoint in ``<workdir>/checkpoints`` (a train_omni
+  workdir), laid out by the training recipe on ``mesh`` (None: one device)."""
+  ckpt_dir = Path(workdir).absolute() / "checkpoints"
+  steps = sorted(int(d.name) for d in ckpt_dir.glob("*") if d.name.isdigit()
+                 and (d / "default").is_dir()) if ckpt_dir.is_dir() else []
+  if not steps:
+    raise ConfigError(f"--workdir={workdir!r} holds no checkpoint ({ckpt_dir}/<step>/default); "
+                      "train first: python -m experiments.train_omni --config=<the same config> "
+                      f"--workdir={workdir}")
+  abstract = abstract_train_state(config, spec)
+  if mesh is not None:
+    from omni_jax.train.omni import state_sharding
+    shardings = state_sharding(mesh)(abstract)
+  else:
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shardings = jax.tree.map(lambda _: one, abstract)
+  target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, shardings)
+  try:
+    state = ocp.StandardCheckpointer().restore(ckpt_dir / str(steps[-1]) / "default", target)
+  except (ValueError, KeyError) as e:
+    raise ConfigError(f"the checkpoint {ckpt_dir / str(steps[-1])} does not match --config "
+                      f"(another model size or modality set?): {e}") from None
+  return state.params, steps[-1]
+
+
+def _inputs_batch(spec: OmniSpec, chunk: list[Prompt]) -> dict[str, np.ndarray] | None:
+  """Model input fields for the modalities some prompt of ``chunk`` carries."""
+  out = {}
+  for name, ms in spec.modalities:
+    rows = [p for p in chunk if name in p.inputs]
+    if not rows:
+      continue
+    kind = MODALITY_KINDS.get(ms["kind"])
+    n = kind.num_tokens(ms)
+    x = np.zeros((len(chunk), *kind.input_shape(ms)), kind.input_dtype)
+    pos = np.tile(np.arange(n, dtype=np.int32), (len(chunk), 1))
+    mask = np.zeros(len(chunk), bool)
+    for i, p in enumerate(chunk):
+      if name in p.inputs:
+        x[i], pos[i], mask[i] = p.inputs[name], p.slots[name], True
+    out[name], out[f"{name}_pos"], out[f"{name}_mask"] = x, pos, mask
+  return out or None
+
+
+PROMPT_WIDTH = 16  # prompts are padded to a multiple of this many ids (fewer compiles)
+
+
+def decode_prompts(spec: OmniSpec, params, prompts: list[Prompt], *, temperature: float,
+                   top_k: int, top_p: float, seed: int, batch_size: int
+                   ) -> dict[int, np.ndarray]:
+  """Generated ids per prompt line. Prompts are grouped by output and decoded ``batch_size``
+  at a time; every batch is padded to the same row count (repeating its first prompt, whose
+  copies are discarded) and prompt width (a multiple of :data:`PROMPT_WIDTH`), so grammars
+  of equal length share one compile."""
+  out: dict[int, np.ndarray] = {}
+  groups: dict[str, list[Prompt]] = {}
+  for p in prompts:
+    groups.setdefault(p.output, []).append(p)
+  rows = min(batch_size, max(len(g) for g in groups.values()))
+  key = jax.random.PRNGKey(seed)
+  for g, (output, group) in enumerate(sorted(groups.items())):
+    grammar = output_grammar(spec, output, max(p.steps for p in group))
+    fn = dec.jitted(spec, grammar, temperature=temperature, top_k=top_k, top_p=top_p)
+    for c in range(0, len(group), rows):
+      chunk = group[c:c + rows]
+      padded = chunk + [chunk[0]] * (rows - len(chunk))
+      ids, lengths = dec.pad_prompts([p.ids for p in padded], spec.tokenizer.pad_id)
+      width = -(-ids.shape[1] // PROMPT_WIDTH) * PROMPT_WIDTH
+      ids = np.pad(ids, ((0, 0), (0, width - ids.shape[1])),
+                   constant_values=spec.tokenizer.pad_id)
+      new = np.asarray(fn(params, ids, lengths, jax.random.fold_in(key, g * 100_003 + c),
+                          _inputs_batch(spec, padded)))[:len(chunk)]
+      ok = grammar.check(new)
+      for p, row, good in zip(chunk, new, ok, strict=True):
+        if not good:  # constrained decoding makes this impossible; never drop it silently
+          raise AssertionError(f"line {p.line}: decoded ids break the {output} grammar")
+        out[p.line] = row[:p.steps]
+  return out
+
+
+def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = None, *,
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                 max_new_tokens: int = 32, batch_size: int = 8, mesh=None) -> dict[str, Any]:
+  """Loads ``workdir``'s latest checkpoint, decodes every prompt of ``prompts_path`` and
+  writes ``line<N>-<output>.{png,wav,txt}``, ``contact_sheet.png`` and ``summary.json``
+  into ``outdir`` (default ``<workdir>/generate``); returns the summary."""
+  from omni_jax.data.stream import make_stream
+  from omni_jax.models.omni import build_spec
+  t0 = time.perf_counter()
+  spec = build_spec(config.model, tokenizer=config.data.get("tokenizer", "bytes"))
+  kv_cache.check_supported(spec)
+  sampling.sample(jax.random.PRNGKey(0), jnp.zeros((1, 2)), temperature=temperature,
+                  top_k=top_k, top_p=top_p)  # flag errors before any heavy work
+  if not (isinstance(batch_size, int) and batch_size >= 1):
+    raise ConfigError(f"--batch_size must be an integer >= 1, got {batch_size!r}")
+  if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
+    raise ConfigError(f"--max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+  context = int(config.data.seq_len)
+  prompts, errors = read_prompts(prompts_path, spec, context, max_new_tokens)
+  for e in errors:
+    logging.error("%s: %s", prompts_path, e["error"])
+  params, step = load_params(config, spec, workdir, mesh)
+  kinds = allowed_outputs(spec)
+  books = make_stream(spec, config.data).codebooks if len(kinds) > 1 else {}
+  out = Path(outdir or os.path.join(workdir, "generate"))
+  out.mkdir(parents=True, exist_ok=True)
+  t1 = time.perf_counter()
+  new = decode_prompts(spec, params, prompts, temperature=temperature, top_k=top_k,
+                       top_p=top_p, seed=seed, batch_size=batch_size) if prompts else {}
+  decode_s = time.perf_counter() - t1
+  tok = spec.tokenizer
+  lines, sheet, scored = [], [], {}
+  for p in prompts:
+    ids = new[p.line]
+    rec: dict[str, Any] = {"line": p.line, "output": p.output, "prompt_tokens": len(p.ids)}
+    kind = kinds[p.output]
+    if kind == TEXT:
+      stop = np.flatnonzero(ids == tok.eos_id)
+      body = ids[:stop[0]] if stop.size else ids
+      text = tok.decode(body.tolist())
+      name = f"line{p.line}-text.txt"
+      (out / name).write_text(text + "\n")
+      rec.update(text=text, generated_tokens=int(len(body)), ended=bool(stop.size))
+      if p.expect is not None:
+        rec.update(expect=p.expect, correct=text.strip() == p.expect.strip())
+        scored.setdefault("+".join(sorted(p.inputs)) or TEXT, []).append(rec["correct"])
+      sheet.append((TEXT, text or "(empty)", f"{p.line}: text"))
+    else:
+      ms = spec.modality(p.output)
+      codes = ids[1:-1] - dict(spec.code_offsets)[p.output]
+      rec.update(codes=codes.tolist(), generated_tokens=int(len(ids)))
+      if ms.get("tokenizer"):  # a trained FSQ codec decodes the ids
+        what, data, mel = omni_codes.decode(ms, codes, seed=seed)
+        name = f"line{p.line}-{p.output}.{'png' if what == 'image' else 'wav'}"
+        if what == "image":
+          Image.fromarray(np.round(data * 255).astype(np.uint8)).save(out / name)
+          sheet.append(("image", data, f"{p.line}: {p.output}"))
+        else:
+          write_wav(out / name, data, omni_codes.load(ms["tokenizer"])[1].sample_rate)
+          sheet.append(("audio", mel, f"{p.line}: {p.output}"))
+      elif kind == "image":
+        img = outs.codes_to_image(ms, books[p.output], codes)
+        name = f"line{p.line}-{p.output}.png"
+        arr = np.round(img * 255).astype(np.uint8)
+        Image.fromarray(arr[..., 0] if arr.shape[-1] == 1 else arr[..., :3]).save(out / name)
+        sheet.append(("image", img, f"{p.line}: {p.output}"))
+      else:
+        wave = outs.codes_to_wave(ms, books[p.output], codes, seed=seed)
+        name = f"line{p.line}-{p.output}.wav"
+        write_wav(out / name, wave, ms["sample_rate"])
+        sheet.append(("audio", outs.codes_to_log_mel(ms, books[p.output], codes),
+                      f"{p.line}: {p.output}"))
+    rec["file"] = name
+    lines.append(rec)
+  for e in errors:
+    sheet.append(("error", e["error"], f"{e['line']}: error"))
+  order = sorted(range(len(sheet)), key=lambda i: int(sheet[i][2].split(":")[0]))
+  if sheet:
+    outs.contact_sheet([sheet[i] for i in order], out / "contact_sheet.png")
+  summary = {
+      "checkpoint_step": step, "workdir": str(workdir), "prompts_file": str(prompts_path),
+      "prompts": len(prompts) + len(errors), "ok": len(prompts), "failed": len(errors),
+      "errors": errors, "outputs": sorted(lines, key=lambda r: r["line"]),
+      "allowed_outputs": list(kinds), "context": context,
+      "sampling": {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
+                   "max_new_tokens": max_new_tokens, "batch_size": batch_size},
+      "decode_seconds": decode_s, "seconds": time.perf_counter() - t0,
+      "contact_sheet": "contact_sheet.png" if sheet else None,
+      # exact-match rate of text outputs against their 'expect', by input modality
+      "caption_accuracy": {k: float(np.mean(v)) for k, v in sorted(scored.items())},
+  }
+  write_json_atomic(out / "summary.json", summary)
+  return summary
+
+
+def write_demo_prompts(spec: OmniSpec, path: str, seed: int = 0, captions: int = 2) -> int:
+  """Writes a prompts file of the built-in synthetic task beside renders of its inputs:
+  4 captions -> each generated modality, ``captions`` renders of every ``patch`` / ``frames``
+  modality -> text (with ``expect``: the render's caption), and one arithmetic text prompt.
+  Returns the number of lines."""
+  from omni_jax.data.encode import write_wav
+  p = Path(path)
+  p.parent.mkdir(parents=True, exist_ok=True)
+  rng = np.random.default_rng(seed)
+  lines = []
+  for name, ms in spec.modalities:
+    if name in allowed_outputs(spec):
+      labels = MODALITY_KINDS.get(ms["kind"]).labels(ms)
+      for i in rng.choice(len(labels), 4, replace=False):
+        lines.append({"text": labels[i], "output": name})
+  for name, ms in spec.modalities:
+    kind = MODALITY_KINDS.get(ms["kind"])
+    if ms["kind"] not in ("patch", "frames") or ms.get("channels", 1) not in (1, 3):
+      continue
+    for j, i in enumerate(rng.integers(0, len(kind.labels(ms)), captions)):
+      x = kind.synthesize(ms, rng, int(i))
+      file = f"{name}-input{j}.{'png' if ms['kind'] == 'patch' else 'wav'}"
+      if ms["kind"] == "patch":
+        Image.fromarray(np.round(np.clip(x, 0, 1) * 255).astype(np.uint8)).save(p.parent / file)
+      else:
+        write_wav(p.parent / file, x, ms["sample_rate"])
+      lines.append({ms["source_key"]: file, "output": TEXT, "expect": kind.labels(ms)[i]})
+  lines.append({"text": "17+25=", "output": TEXT})
+  p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+  return len(lines)
