@@ -20,13 +20,13 @@ def model(request):
   m = OmniModel(spec)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, spec.text_vocab, (2, 12)),
                        jnp.int32)
-  params = m.init(jax.random.PRNGKey(0), {"tokens": tokens})["params"]
+  params = jax.jit(m.init)(jax.random.PRNGKey(0), {"tokens": tokens})["params"]
   return spec, m, params, tokens
 
 
 def test_prefill_then_steps_match_full_forward(model):
   spec, m, params, tokens = model
-  full, _ = m.apply({"params": params}, {"tokens": tokens})
+  full, _ = jax.jit(m.apply)({"params": params}, {"tokens": tokens})
   b, t = tokens.shape
   prompt = 5
   cache = kv_cache.init_cache(spec, b, t)
@@ -48,7 +48,8 @@ def test_greedy_cached_decode_equals_recomputing_the_prefix(model):
   b, prompt, new = 2, 4, 5
   cache = kv_cache.init_cache(spec, b, prompt + new)
   pos = jnp.broadcast_to(jnp.arange(prompt - 1), (b, prompt - 1))
-  _, cache = kv_cache.forward(spec, params, cache, tokens[:, :prompt - 1], pos)
+  _, cache = jax.jit(lambda c, t, p: kv_cache.forward(spec, params, c, t, p))(
+      cache, tokens[:, :prompt - 1], pos)
 
   def step_fn(c, tok, p):
     logits, c = kv_cache.forward(spec, params, c, tok[:, None], p[:, None])
@@ -58,8 +59,9 @@ def test_greedy_cached_decode_equals_recomputing_the_prefix(model):
       step_fn, c, tokens[:, prompt - 1], jnp.full((b,), prompt - 1), jax.random.PRNGKey(0),
       sampling.Grammar.free(new, spec.text_vocab), temperature=0.0))(cache)
   seq = np.asarray(tokens[:, :prompt])
+  apply = jax.jit(m.apply)  # one compile per prefix length (op by op took minutes)
   for _ in range(new):
-    logits, _ = m.apply({"params": params}, {"tokens": jnp.asarray(seq)})
+    logits, _ = apply({"params": params}, {"tokens": jnp.asarray(seq)})
     seq = np.concatenate([seq, np.argmax(np.asarray(logits["text"][:, -1]), -1)[:, None]], 1)
   np.testing.assert_array_equal(np.asarray(out), seq[:, prompt:])
 
