@@ -59,6 +59,32 @@ def categorical_entropy(logits):
   return -jnp.sum(jnp.exp(logp) * logp, -1)
 
 
+def gae(rewards, values, final_values, terminated, done, last_value, gamma: float,
+        lam: float):
+  """Generalised advantage estimates and value targets of a ``[T, ...]`` rollout.
+
+  Step ``t`` bootstraps from the value of the next observation: ``values[t + 1]``
+  (``last_value`` after the last step) while the episode goes on, and ``final_values[t]``
+  (the value of the observation the episode ended on, before the auto-reset) where it ended.
+  A termination bootstraps nothing (``terminated``); a time-limit truncation (``done`` and not
+  ``terminated``) bootstraps from ``final_values``, since the state it cut off still had a
+  future. The advantage recursion stops at every episode end (``done``). Returns
+  ``(advantages, targets = advantages + values)``.
+  """
+  terminated = jnp.asarray(terminated, values.dtype)
+  done = jnp.asarray(done, values.dtype)
+  next_values = jnp.concatenate([values[1:], last_value[None]], 0)
+  next_values = jnp.where(done > 0, final_values, next_values)
+  delta = rewards + gamma * (1.0 - terminated) * next_values - values
+
+  def back(adv, x):
+    d, dn = x
+    adv = d + gamma * lam * (1.0 - dn) * adv
+    return adv, adv
+  _, advs = jax.lax.scan(back, jnp.zeros_like(last_value), (delta, done), reverse=True)
+  return advs, advs + values
+
+
 def episode_metrics(info) -> dict[str, jax.Array]:
   """Sum of returns and count of episodes that finished in ``info`` (any leading shape)."""
   done = info["episode_done"]
