@@ -67,6 +67,8 @@ def get_config(arg: str = "ppo_cartpole") -> ml_collections.ConfigDict:
   c.chunk_iterations = 0        # iterations per jitted chunk / checkpoint (0 = ~10 chunks)
   c.final_window = 0.1          # final_return: episodes ending in the last 10% of iterations
   c.timing_iterations = 0       # extra iterations timed without communication (0 = a chunk)
+  c.eval_episodes = 10          # greedy episodes per seed at the end of the run (eval_return)
+  c.eval_max_steps = 10_000     # step cap of those episodes (gymnax envs end before it)
   c.hp = hyperparameters(algo)
   # Cluster of the timing model (iSwitch's testbed: 10 GbE, per-hop latency).
   c.cluster = ml_collections.ConfigDict(dict(

@@ -89,4 +89,5 @@ def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
     return jax.lax.scan(iteration, state, None, n)
 
   params = jax.eval_shape(init, jax.random.PRNGKey(0)).params
-  return core.Algorithm("a2c", init, run, n_env * n_steps, 1, core.param_count(params))
+  return core.Algorithm("a2c", init, run, n_env * n_steps, 1, core.param_count(params),
+                        act=lambda p, obs: net.apply(p, obs)[0].argmax(-1))

@@ -6,7 +6,8 @@ An algorithm is built by ``make(env, cfg, aggregator, num_iterations) -> Algorit
 environments, replay buffer, RNG): parameters depend on ``key`` only (every worker starts
 from the same ones), environments and sampling on ``(key, worker)``,
 and ``run(state, n)`` advances it ``n`` iterations inside one ``lax.scan`` (pure, so it can be
-jitted, vmapped over seeds and mapped over a worker mesh axis).
+jitted, vmapped over seeds and mapped over a worker mesh axis); ``act(params, obs)`` is the
+greedy (deterministic) policy used by evaluation episodes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Algorithm(NamedTuple):
   env_steps_per_iteration: int     # per worker and seed
   updates_per_iteration: int       # aggregated gradient steps per iteration
   num_params: int                  # gradient size in floats
+  act: Callable[[Any, jax.Array], jax.Array] | None = None  # (params, obs batch) -> greedy
 
 
 def adam(lr: float | Callable, max_grad_norm: float | None = None,

@@ -138,4 +138,4 @@ def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
 
   params = jax.eval_shape(init, jax.random.PRNGKey(0)).params
   return core.Algorithm("dqn", init, run, n_env * cfg.train_interval, 1,
-                        core.param_count(params))
+                        core.param_count(params), act=lambda p, obs: net.apply(p, obs).argmax(-1))

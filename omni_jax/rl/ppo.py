@@ -138,4 +138,5 @@ def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
     return jax.lax.scan(iteration, state, None, n)
 
   params = jax.eval_shape(init, jax.random.PRNGKey(0)).params
-  return core.Algorithm("ppo", init, run, batch, cfg.epochs * n_mb, core.param_count(params))
+  return core.Algorithm("ppo", init, run, batch, cfg.epochs * n_mb, core.param_count(params),
+                        act=lambda p, obs: net.apply(p, obs)[0].argmax(-1))
