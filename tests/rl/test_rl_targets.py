@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from omni_jax.rl import core
+from omni_jax.rl import core, dqn
 from omni_jax.rl.ppo import ppo_loss
 
 GAMMA, LAM = 0.9, 0.8
@@ -119,3 +119,23 @@ def test_ppo_loss_matches_numpy():
   ratio = np.exp(np.asarray(core.categorical_log_prob(logits, action)) - old_logp)
   assert (ratio < 0.8).any() and (ratio > 1.2).any()   # clipping is exercised
   assert (np.abs(value - old_value) > 0.2).any()
+
+
+def test_double_dqn_target_takes_online_argmax_evaluated_by_target_net():
+  q_online = np.array([[1.0, 5.0, 2.0], [0.0, -1.0, 3.0]], np.float32)
+  q_target = np.array([[4.0, 0.5, 7.0], [2.0, 9.0, 1.0]], np.float32)
+  r, term = np.array([1.0, 2.0], np.float32), np.array([0.0, 1.0], np.float32)
+  # online argmax: actions 1 and 2; target values there: 0.5 and (terminated) nothing
+  y = dqn.td_target(q_online, q_target, r, term, 0.9, double=True)
+  np.testing.assert_allclose(y, [1.0 + 0.9 * 0.5, 2.0], rtol=1e-6)
+  y = dqn.td_target(None, q_target, r, term, 0.9, double=False)     # plain DQN: target max
+  np.testing.assert_allclose(y, [1.0 + 0.9 * 7.0, 2.0], rtol=1e-6)
+
+
+def test_dqn_bad_td_loss_is_refused():
+  from configs import rl as rl_configs
+  from omni_jax.rl import envs
+  hp = rl_configs.hyperparameters("dqn")
+  hp.td_loss = "l1"
+  with pytest.raises(ValueError, match=r"hp.td_loss = 'l1' is not allowed; allowed: \['huber'"):
+    dqn.make(envs.make_env("CartPole-v1"), hp, None, 1)
