@@ -34,7 +34,8 @@ def hyperparameters(algo: str) -> ml_collections.ConfigDict:
   elif algo == "dqn":
     hp = dict(num_envs=1, train_interval=2, buffer_size=10_000, batch_size=64, lr=5e-4,
               max_grad_norm=10.0, gamma=0.99, eps_start=1.0, eps_end=0.05,
-              eps_decay_steps=10_000, learning_starts=500, target_every=250, hidden=(120, 84))
+              eps_decay_steps=10_000, learning_starts=500, target_every=250, hidden=(120, 84),
+              double=False, td_loss="huber")
   elif algo == "ddpg":
     hp = dict(num_envs=1, train_interval=1, buffer_size=20_000, batch_size=64, actor_lr=1e-3,
               critic_lr=1e-3, max_grad_norm=0.0, gamma=0.99, tau=0.005, noise=0.1,
@@ -67,6 +68,8 @@ def get_config(arg: str = "ppo_cartpole") -> ml_collections.ConfigDict:
   c.chunk_iterations = 0        # iterations per jitted chunk / checkpoint (0 = ~10 chunks)
   c.final_window = 0.1          # final_return: episodes ending in the last 10% of iterations
   c.timing_iterations = 0       # extra iterations timed without communication (0 = a chunk)
+  c.eval_episodes = 10          # greedy episodes per seed at the end of the run (eval_return)
+  c.eval_max_steps = 10_000     # step cap of those episodes (gymnax envs end before it)
   c.hp = hyperparameters(algo)
   # Cluster of the timing model (iSwitch's testbed: 10 GbE, per-hop latency).
   c.cluster = ml_collections.ConfigDict(dict(
@@ -75,7 +78,18 @@ def get_config(arg: str = "ppo_cartpole") -> ml_collections.ConfigDict:
   if algo == "a2c":
     c.total_env_steps = 500_000
   elif algo == "dqn":
-    c.total_env_steps = 200_000
+    # CleanRL's JAX DQN on CartPole (500K steps, lr 2.5e-4, buffer 1e4, batch 128, MSE TD loss,
+    # no clipping, target every 500 env steps, train every 10, learning starts 10K, epsilon
+    # 1 -> 0.05 over half the run) spread over `workers` workers: per worker one env, an
+    # update every env step (8 workers: 8 env steps per update, CleanRL 10), batch, buffer,
+    # learning start and epsilon decay divided by the workers (they are per worker), so the
+    # aggregated update sees 128 samples from 1e4 transitions; plus Double DQN.
+    c.total_env_steps = 500_000
+    w = c.workers
+    c.hp.update(dict(train_interval=1, buffer_size=10_000 // w, batch_size=128 // w, lr=2.5e-4,
+                     max_grad_norm=0.0, eps_end=0.05, eps_decay_steps=250_000 // w,
+                     learning_starts=10_000 // w, target_every=500 // w, double=True,
+                     td_loss="mse"))
   elif algo == "ddpg":
     c.total_env_steps = 40_000
   if arg == "ppo_acrobot":

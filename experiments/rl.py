@@ -9,7 +9,8 @@ iterations and resumes when rerun. Then measures per-iteration compute (the algo
 worker without communication) and aggregation time (the aggregation alone on the worker mesh)
 separately, predicts
 iteration times on the configured cluster with the shared timing model, and writes
-``summary.json``, ``details.json``, ``metrics.jsonl`` (one record per iteration) and
+``summary.json`` (with ``eval_return``: mean return of ``eval_episodes`` greedy episodes
+per seed of the final policy), ``details.json``, ``metrics.jsonl`` (one record per iteration) and
 ``returns.png``.
 """
 
@@ -55,9 +56,9 @@ def check_workdir(cfg, workdir: str) -> None:
     write_json_atomic(path, want)
 
 
-def train(run: runner.Run, workdir: str) -> tuple[MetricsLog, bool]:
-  """Runs (or resumes) all chunks; one metrics record per iteration. Returns the log and
-  whether anything was trained."""
+def train(run: runner.Run, workdir: str):
+  """Runs (or resumes) all chunks; one metrics record per iteration. Returns the log, the
+  final state and whether anything was trained."""
   ckpt = Checkpointer(workdir)
   done = ckpt.latest_step() or 0
   if done:
@@ -68,7 +69,7 @@ def train(run: runner.Run, workdir: str) -> tuple[MetricsLog, bool]:
   log = MetricsLog(os.path.join(workdir, "metrics.jsonl"), resume_step=done)
   if done >= run.iterations:
     ckpt.close()
-    return log, False
+    return log, state, False
   t0 = time.perf_counter()
   step_fn = runner.chunk_fn(run).lower(state).compile()
   logging.info("compiled a chunk of %d iterations in %.1f s", run.chunk, time.perf_counter() - t0)
@@ -95,7 +96,7 @@ def train(run: runner.Run, workdir: str) -> tuple[MetricsLog, bool]:
     prog.update(done, f"iterations: return {ret:.1f}, {rate:.0f} env steps/s", force=True)
   prog.finish()
   ckpt.close()
-  return log, True
+  return log, state, True
 
 
 # ---------------------------------------------------------------- timing
@@ -150,8 +151,8 @@ def plot_returns(run: runner.Run, records: list[dict], path: str, title: str) ->
   save_figure(fig, path)
 
 
-def summarize(run: runner.Run, records: list[dict], timing: dict) -> dict:
-  """The summary.json keys of issue 5."""
+def summarize(run: runner.Run, records: list[dict], timing: dict, evaluation: dict) -> dict:
+  """The summary.json keys of issue 5, and ``eval_return`` (issue 21)."""
   cfg = run.cfg
   rs = np.array([r["return_sum"] for r in records])[None]
   ep = np.array([r["episodes"] for r in records])[None]
@@ -168,6 +169,7 @@ def summarize(run: runner.Run, records: list[dict], timing: dict) -> dict:
   return {"algo": cfg.algo, "env": cfg.env, "workers": cfg.workers,
           "aggregation": cfg.aggregation, "staleness": cfg.staleness, "env_steps": steps,
           "final_return": runner.summarize_returns(rs, ep, cfg.final_window),
+          "eval_return": evaluation["eval_return"],
           "env_steps_per_sec": steps / chunk_s if chunk_s else float("nan"),
           "comm_fraction_measured": agg / (compute + agg) if compute + agg else 0.0,
           "predicted": predicted}
@@ -185,19 +187,24 @@ def main(argv):
   logging.info("%s on %s: %d workers, aggregation %s, %d iterations x %d env steps, "
                "gradient %d floats", cfg.algo, cfg.env, cfg.workers, cfg.aggregation,
                run.iterations, run.env_steps_per_iteration, run.algo.num_params)
-  log, trained = train(run, workdir)
+  log, state, trained = train(run, workdir)
   records = log.read()
+  evaluation = runner.evaluate_greedy(run, state)
+  if evaluation["eval_unfinished"]:
+    logging.warning("%d greedy episodes did not end within eval_max_steps=%d (partial returns "
+                    "counted)", evaluation["eval_unfinished"], cfg.eval_max_steps)
   timing = measure_or_reuse(run, workdir, trained)
-  summary = summarize(run, records, timing)
+  summary = summarize(run, records, timing, evaluation)
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)
   write_json_atomic(os.path.join(workdir, "details.json"),
-                    {"measured": timing, "iterations": run.iterations, "chunk": run.chunk,
-                     "num_params": run.algo.num_params, "config": to_dict(cfg)})
+                    {"measured": timing, "evaluation": evaluation, "iterations": run.iterations,
+                     "chunk": run.chunk, "num_params": run.algo.num_params, "config": to_dict(cfg)})
   title = (f"{cfg.algo} {cfg.env}: {cfg.workers} workers, {cfg.aggregation}"
            + (f" S={cfg.staleness}" if cfg.aggregation == "async" else ""))
   plot_returns(run, records, os.path.join(workdir, "returns.png"), title)
-  logging.info("final return %.1f after %d env steps (%.0f env steps/s); comm fraction %.3f",
-               summary["final_return"], summary["env_steps"], summary["env_steps_per_sec"],
+  logging.info("final return %.1f (greedy eval %.1f) after %d env steps (%.0f env steps/s); "
+               "comm fraction %.3f", summary["final_return"], summary["eval_return"],
+               summary["env_steps"], summary["env_steps_per_sec"],
                summary["comm_fraction_measured"])
 
 

@@ -63,25 +63,19 @@ def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
       obs, env_state, reward, term, trunc, info = step(jax.random.split(k_env, n_env),
                                                        st.env_state, action)
       done = jnp.logical_or(term, trunc).astype(jnp.float32)
+      _, final_value = net.apply(st.params, info["final_observation"])
       acc = jax.tree.map(jnp.add, acc, core.episode_metrics(info))
       return (st._replace(env_state=env_state, obs=obs, key=key), acc), (
-          st.obs, action, reward, done, value)
+          st.obs, action, reward, done, term.astype(jnp.float32), value, final_value)
 
     zero = {"return_sum": jnp.zeros(()), "episodes": jnp.zeros((), jnp.int32)}
-    (state, metrics), (obs, actions, rewards, dones, values) = jax.lax.scan(
-        env_step, (state, zero), None, n_steps)
-    # RETURNS (GAE with lambda; lambda = 1 gives n-step returns)
+    (state, metrics), (obs, actions, rewards, dones, terms, values, final_values) = (
+        jax.lax.scan(env_step, (state, zero), None, n_steps))
+    # RETURNS (GAE with lambda; lambda = 1 gives n-step returns; truncated episodes bootstrap
+    # from their final observation, terminated ones from nothing)
     _, last_value = net.apply(state.params, state.obs)
-
-    def back(carry, x):
-      adv, next_value = carry
-      r, d, v = x
-      delta = r + cfg.gamma * next_value * (1 - d) - v
-      adv = delta + cfg.gamma * cfg.gae_lambda * (1 - d) * adv
-      return (adv, v), adv
-    _, advs = jax.lax.scan(back, (jnp.zeros_like(last_value), last_value),
-                           (rewards, dones, values), reverse=True)
-    returns = advs + values
+    _, returns = core.gae(rewards, values, final_values, terms, dones, last_value, cfg.gamma,
+                          cfg.gae_lambda)
     # ONE AGGREGATED GRADIENT STEP
     flat = lambda x: x.reshape(n_steps * n_env, *x.shape[2:])  # noqa: E731
     loss, grads = jax.value_and_grad(loss_fn)(state.params, flat(obs), flat(actions),
@@ -95,4 +89,5 @@ def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
     return jax.lax.scan(iteration, state, None, n)
 
   params = jax.eval_shape(init, jax.random.PRNGKey(0)).params
-  return core.Algorithm("a2c", init, run, n_env * n_steps, 1, core.param_count(params))
+  return core.Algorithm("a2c", init, run, n_env * n_steps, 1, core.param_count(params),
+                        act=lambda p, obs: net.apply(p, obs)[0].argmax(-1))

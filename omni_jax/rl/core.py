@@ -6,7 +6,8 @@ An algorithm is built by ``make(env, cfg, aggregator, num_iterations) -> Algorit
 environments, replay buffer, RNG): parameters depend on ``key`` only (every worker starts
 from the same ones), environments and sampling on ``(key, worker)``,
 and ``run(state, n)`` advances it ``n`` iterations inside one ``lax.scan`` (pure, so it can be
-jitted, vmapped over seeds and mapped over a worker mesh axis).
+jitted, vmapped over seeds and mapped over a worker mesh axis); ``act(params, obs)`` is the
+greedy (deterministic) policy used by evaluation episodes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Algorithm(NamedTuple):
   env_steps_per_iteration: int     # per worker and seed
   updates_per_iteration: int       # aggregated gradient steps per iteration
   num_params: int                  # gradient size in floats
+  act: Callable[[Any, jax.Array], jax.Array] | None = None  # (params, obs batch) -> greedy
 
 
 def adam(lr: float | Callable, max_grad_norm: float | None = None,
@@ -57,6 +59,32 @@ def categorical_log_prob(logits, actions):
 def categorical_entropy(logits):
   logp = jax.nn.log_softmax(logits)
   return -jnp.sum(jnp.exp(logp) * logp, -1)
+
+
+def gae(rewards, values, final_values, terminated, done, last_value, gamma: float,
+        lam: float):
+  """Generalised advantage estimates and value targets of a ``[T, ...]`` rollout.
+
+  Step ``t`` bootstraps from the value of the next observation: ``values[t + 1]``
+  (``last_value`` after the last step) while the episode goes on, and ``final_values[t]``
+  (the value of the observation the episode ended on, before the auto-reset) where it ended.
+  A termination bootstraps nothing (``terminated``); a time-limit truncation (``done`` and not
+  ``terminated``) bootstraps from ``final_values``, since the state it cut off still had a
+  future. The advantage recursion stops at every episode end (``done``). Returns
+  ``(advantages, targets = advantages + values)``.
+  """
+  terminated = jnp.asarray(terminated, values.dtype)
+  done = jnp.asarray(done, values.dtype)
+  next_values = jnp.concatenate([values[1:], last_value[None]], 0)
+  next_values = jnp.where(done > 0, final_values, next_values)
+  delta = rewards + gamma * (1.0 - terminated) * next_values - values
+
+  def back(adv, x):
+    d, dn = x
+    adv = d + gamma * lam * (1.0 - dn) * adv
+    return adv, adv
+  _, advs = jax.lax.scan(back, jnp.zeros_like(last_value), (delta, done), reverse=True)
+  return advs, advs + values
 
 
 def episode_metrics(info) -> dict[str, jax.Array]:

@@ -118,4 +118,5 @@ def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
 
   params = jax.eval_shape(init, jax.random.PRNGKey(0)).params
   return core.Algorithm("ddpg", init, run, n_env * cfg.train_interval, 1,
-                        core.param_count(params))
+                        core.param_count(params),
+                        act=lambda p, obs: actor.apply(p["actor"], obs))

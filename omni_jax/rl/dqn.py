@@ -2,9 +2,12 @@
 
 One iteration: ACT epsilon-greedily for ``train_interval`` steps of ``num_envs``
 environments, STORE the transitions in this worker's circular replay buffer, then ONE
-aggregated gradient step on a sampled batch (Huber TD error against the target network,
-bootstrapping only through true terminations) once the buffer holds ``learning_starts``
-transitions; the TARGET network copies the online one every ``target_every`` updates.
+aggregated gradient step on a sampled batch (Huber or squared TD error against the target
+network, bootstrapping only through true terminations) once the buffer holds
+``learning_starts`` transitions; the TARGET network copies the online one every
+``target_every`` updates. ``double=True`` is Double DQN (van Hasselt et al., 2016): the next
+action is the online network's argmax, its value the target network's (plain DQN takes the
+target network's max, which overestimates).
 Each worker keeps its own buffer (its own experience); only gradients are aggregated.
 
 Reference setting (``configs/rl.py:dqn_cartpole``); measured returns in docs/iswitch_rl.md.
@@ -69,9 +72,26 @@ def epsilon(cfg, env_steps):
   return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
 
 
+TD_LOSSES = {"huber": lambda q, y: optax.huber_loss(q, y), "mse": lambda q, y: (q - y) ** 2}
+
+
+def td_target(q_next_online, q_next_target, reward, terminated, gamma: float, double: bool):
+  """``r + gamma * (1 - terminated) * Q_target(s', a')``: ``a'`` = argmax of the target net
+  (DQN) or of the online net (Double DQN)."""
+  if double:
+    a = q_next_online.argmax(-1)
+    next_q = jnp.take_along_axis(q_next_target, a[:, None], -1)[:, 0]
+  else:
+    next_q = q_next_target.max(-1)
+  return reward + gamma * (1.0 - terminated) * next_q
+
+
 def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
   """DQN on ``env`` with hyperparameters ``cfg`` (see ``configs/rl.py``)."""
   del num_iterations
+  if cfg.td_loss not in TD_LOSSES:
+    raise ValueError(f"DQN hp.td_loss = {cfg.td_loss!r} is not allowed; allowed: "
+                     f"{sorted(TD_LOSSES)}")
   if not isinstance(env.action_space, Discrete):
     raise ValueError(f"DQN needs a Discrete action space, got {env.action_space}")
   n_env, n_act = cfg.num_envs, env.action_space.n
@@ -94,8 +114,10 @@ def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
   def loss_fn(params, target, batch):
     obs, action, reward, next_obs, term = batch
     q = jnp.take_along_axis(net.apply(params, obs), action[:, None], -1)[:, 0]
-    y = reward + cfg.gamma * (1.0 - term) * net.apply(target, next_obs).max(-1)
-    return optax.huber_loss(q, jax.lax.stop_gradient(y)).mean()
+    q_next_online = net.apply(params, next_obs) if cfg.double else None
+    y = td_target(q_next_online, net.apply(target, next_obs), reward, term, cfg.gamma,
+                  cfg.double)
+    return TD_LOSSES[cfg.td_loss](q, jax.lax.stop_gradient(y)).mean()
 
   def iteration(state: DQNState, _):
     # ACT AND STORE
@@ -138,4 +160,4 @@ def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
 
   params = jax.eval_shape(init, jax.random.PRNGKey(0)).params
   return core.Algorithm("dqn", init, run, n_env * cfg.train_interval, 1,
-                        core.param_count(params))
+                        core.param_count(params), act=lambda p, obs: net.apply(p, obs).argmax(-1))

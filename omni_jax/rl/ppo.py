@@ -34,9 +34,30 @@ class Transition(NamedTuple):
   obs: jax.Array
   action: jax.Array
   reward: jax.Array
-  done: jax.Array
+  done: jax.Array          # terminated or truncated
+  terminated: jax.Array
   log_prob: jax.Array
   value: jax.Array
+  final_value: jax.Array   # value of the observation an episode ended on (before reset)
+
+
+def ppo_loss(logits, value, action, old_log_prob, old_value, adv, targets, clip_eps: float,
+             vf_coef: float, ent_coef: float):
+  """PPO's minibatch loss ``pg + vf_coef * v_loss - ent_coef * entropy`` and its parts.
+
+  ``pg``: the clipped surrogate on advantages normalised over the minibatch; ``v_loss``: half
+  the squared error to ``targets``, the larger of unclipped and clipped (value kept within
+  ``clip_eps`` of the rollout's ``old_value``); ``entropy``: of the categorical policy.
+  """
+  log_prob = core.categorical_log_prob(logits, action)
+  v_clip = old_value + jnp.clip(value - old_value, -clip_eps, clip_eps)
+  v_loss = 0.5 * jnp.maximum((value - targets) ** 2, (v_clip - targets) ** 2).mean()
+  ratio = jnp.exp(log_prob - old_log_prob)
+  adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+  pg = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * adv).mean()
+  entropy = core.categorical_entropy(logits).mean()
+  total = pg + vf_coef * v_loss - ent_coef * entropy
+  return total, {"pg": pg, "v_loss": v_loss, "entropy": entropy}
 
 
 def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
@@ -63,26 +84,9 @@ def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
 
   def loss_fn(params, mb: Transition, adv, targets):
     logits, value = net.apply(params, mb.obs)
-    log_prob = core.categorical_log_prob(logits, mb.action)
-    # VALUE LOSS (clipped around the rollout values)
-    v_clip = mb.value + jnp.clip(value - mb.value, -cfg.clip_eps, cfg.clip_eps)
-    v_loss = 0.5 * jnp.maximum((value - targets) ** 2, (v_clip - targets) ** 2).mean()
-    # CLIPPED SURROGATE on normalised advantages
-    ratio = jnp.exp(log_prob - mb.log_prob)
-    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    pg = -jnp.minimum(ratio * adv,
-                      jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv).mean()
-    entropy = core.categorical_entropy(logits).mean()
-    return pg + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
-
-  def gae(traj: Transition, last_value):
-    def back(carry, t):
-      adv, next_value = carry
-      delta = t.reward + cfg.gamma * next_value * (1 - t.done) - t.value
-      adv = delta + cfg.gamma * cfg.gae_lambda * (1 - t.done) * adv
-      return (adv, t.value), adv
-    _, advs = jax.lax.scan(back, (jnp.zeros_like(last_value), last_value), traj, reverse=True)
-    return advs, advs + traj.value
+    total, _ = ppo_loss(logits, value, mb.action, mb.log_prob, mb.value, adv, targets,
+                        cfg.clip_eps, cfg.vf_coef, cfg.ent_coef)
+    return total
 
   def iteration(state: PPOState, _):
     # ROLLOUT
@@ -94,17 +98,19 @@ def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
       log_prob = core.categorical_log_prob(logits, action)
       obs, env_state, reward, term, trunc, info = step(jax.random.split(k_env, n_env),
                                                        st.env_state, action)
+      _, final_value = net.apply(st.params, info["final_observation"])
       t = Transition(st.obs, action, reward, jnp.logical_or(term, trunc).astype(jnp.float32),
-                     log_prob, value)
+                     term.astype(jnp.float32), log_prob, value, final_value)
       m = core.episode_metrics(info)
       info_acc = jax.tree.map(jnp.add, info_acc, m)
       return (st._replace(env_state=env_state, obs=obs, key=key), info_acc), t
 
     zero = {"return_sum": jnp.zeros(()), "episodes": jnp.zeros((), jnp.int32)}
     (state, metrics), traj = jax.lax.scan(env_step, (state, zero), None, n_steps)
-    # ADVANTAGES
+    # ADVANTAGES (truncated episodes bootstrap from their final observation)
     _, last_value = net.apply(state.params, state.obs)
-    advs, targets = gae(traj, last_value)
+    advs, targets = core.gae(traj.reward, traj.value, traj.final_value, traj.terminated,
+                             traj.done, last_value, cfg.gamma, cfg.gae_lambda)
 
     # MINIBATCH UPDATES
     def epoch(carry, _):
@@ -132,4 +138,5 @@ def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
     return jax.lax.scan(iteration, state, None, n)
 
   params = jax.eval_shape(init, jax.random.PRNGKey(0)).params
-  return core.Algorithm("ppo", init, run, batch, cfg.epochs * n_mb, core.param_count(params))
+  return core.Algorithm("ppo", init, run, batch, cfg.epochs * n_mb, core.param_count(params),
+                        act=lambda p, obs: net.apply(p, obs)[0].argmax(-1))

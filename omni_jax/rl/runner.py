@@ -23,13 +23,14 @@ from jax.sharding import PartitionSpec as P
 from omni_jax.config import ConfigError, check_keys, nonneg_float, one_of, positive_int, require
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.parallel.rl_aggregation import METHODS, Aggregator, run_on_workers
-from omni_jax.rl import a2c, core, ddpg, dqn, envs, ppo
+from omni_jax.rl import a2c, core, ddpg, dqn, envs, evaluate, ppo
 
 ALGORITHMS = {"ppo": ppo.make, "a2c": a2c.make, "dqn": dqn.make, "ddpg": ddpg.make}
 AXIS = mesh_lib.DATA_AXIS
 TOP_KEYS = ("variant", "algo", "env", "seed", "seeds", "workers", "aggregation", "threshold",
             "segment_size", "staleness", "codec", "total_env_steps", "chunk_iterations",
-            "final_window", "timing_iterations", "hp", "cluster")
+            "final_window", "timing_iterations", "eval_episodes", "eval_max_steps", "hp",
+            "cluster")
 # hop codecs of omni_jax.collectives.codecs usable by name (module, class)
 CODECS = {"identity": ("base", "Identity"), "inceptionn": ("inceptionn", "Inceptionn"),
           "qsgd": ("qsgd", "QSGD")}
@@ -41,7 +42,8 @@ def validate(cfg, num_devices: int | None = None) -> None:
   one_of(cfg, "algo", ALGORITHMS)
   one_of(cfg, "env", envs.ENVS.names())
   one_of(cfg, "aggregation", METHODS)
-  for k in ("seeds", "workers", "segment_size", "total_env_steps"):
+  for k in ("seeds", "workers", "segment_size", "total_env_steps", "eval_episodes",
+            "eval_max_steps"):
     positive_int(cfg, k)
   for k in ("staleness", "threshold", "chunk_iterations", "timing_iterations", "seed"):
     require(isinstance(cfg[k], int) and cfg[k] >= 0, k, cfg[k], "must be an integer >= 0")
@@ -188,6 +190,24 @@ def timed(fn, state, repeats: int = 1):
   for _ in range(repeats):
     out = jax.block_until_ready(fn(state))
   return out, (time.perf_counter() - t0) / repeats
+
+
+def evaluate_greedy(run: Run, state) -> dict:
+  """Greedy episodes (``cfg.eval_episodes`` per seed, at most ``cfg.eval_max_steps`` steps)
+  with the final parameters of worker 0 (every worker holds the same model in synchronous
+  modes). ``eval_return``: mean return over all seeds' episodes; per-seed returns, lengths and
+  the count of episodes unfinished within the step cap come with it."""
+  cfg = run.cfg
+  params = jax.tree.map(lambda x: np.asarray(x[0]), state.params)    # [seeds, ...]
+  keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 0xE7A1), cfg.seeds)
+  env = envs.make_env(cfg.env)
+  one = lambda p, k: evaluate.greedy_episodes(env, run.algo.act, p, k,  # noqa: E731
+                                              cfg.eval_episodes, cfg.eval_max_steps)
+  res = jax.device_get(jax.jit(jax.vmap(one))(params, keys))
+  return {"eval_return": float(np.mean(res.returns)),
+          "eval_returns": np.asarray(res.returns).tolist(),
+          "eval_lengths": np.asarray(res.lengths).tolist(),
+          "eval_unfinished": int((~np.asarray(res.finished)).sum())}
 
 
 def summarize_returns(return_sum: np.ndarray, episodes: np.ndarray, window: float) -> float:

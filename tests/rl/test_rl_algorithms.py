@@ -67,6 +67,13 @@ def test_async_s0_equals_sync_switch_bit_for_bit():
   assert w.shape[:2] == (3, 2)
   assert not np.array_equal(w[0, 0], w[0, 1])                # seeds are independent runs
   assert all(np.array_equal(w[0], w[i]) for i in range(3))   # workers hold one model
+  # greedy evaluation of the final parameters: eval_episodes per seed, CartPole's cap of 500
+  run = runner.build(_config("tiny", aggregation="switch", eval_episodes=3, **over))
+  ev = runner.evaluate_greedy(run, sync_state)
+  rets = np.array(ev["eval_returns"])
+  assert rets.shape == (2, 3) and ev["eval_unfinished"] == 0
+  np.testing.assert_array_equal(rets, np.array(ev["eval_lengths"]))   # CartPole: +1 per step
+  assert ev["eval_return"] == pytest.approx(rets.mean()) and 1 <= rets.min() <= rets.max() <= 500
 
 
 @pytest.mark.parametrize("over,msg", [
@@ -78,6 +85,7 @@ def test_async_s0_equals_sync_switch_bit_for_bit():
     (dict(env="Pong"), "config.env = 'Pong' is not allowed"),
     (dict(codec="zip"), "config.codec = 'zip'"),
     (dict(final_window=0.0), "config.final_window"),
+    (dict(eval_episodes=0), "config.eval_episodes"),
 ])
 def test_bad_config_is_one_clear_error(over, msg):
   with pytest.raises(ConfigError, match=msg):

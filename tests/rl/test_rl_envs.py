@@ -99,3 +99,25 @@ def test_cartpole_episode_return_equals_length():
   assert done.sum() >= 2
   np.testing.assert_array_equal(info["episode_return"][done], info["episode_length"][done])
   assert (info["episode_length"][done] > 0).all()
+
+
+def test_greedy_episodes_closed_form_on_corridor():
+  """Always right: every episode reaches the end in length-1-start steps; always left: every
+  episode is truncated at max_steps. Each env plays exactly one episode."""
+  from omni_jax.rl.evaluate import greedy_episodes
+  env = envs.make_env("Corridor", length=8, max_steps=12, step_cost=0.01)
+  right = lambda p, obs: jnp.ones(obs.shape[0], jnp.int32)   # noqa: E731
+  left = lambda p, obs: jnp.zeros(obs.shape[0], jnp.int32)   # noqa: E731
+  r = greedy_episodes(env, right, None, jax.random.PRNGKey(0), 3, 100)
+  steps = 8 - 1 - 8 // 2
+  np.testing.assert_allclose(r.returns, 1.0 - 0.01 * (steps - 1), rtol=1e-6)
+  np.testing.assert_array_equal(r.lengths, steps)
+  assert r.finished.all()
+  r = greedy_episodes(env, left, None, jax.random.PRNGKey(0), 2, 100)
+  np.testing.assert_allclose(r.returns, -0.01 * 12, rtol=1e-6)
+  np.testing.assert_array_equal(r.lengths, 12)
+  r = greedy_episodes(env, left, None, jax.random.PRNGKey(0), 2, 5)   # step cap before the end
+  assert not r.finished.any()
+  np.testing.assert_array_equal(r.lengths, 5)
+  with pytest.raises(ValueError, match="episodes >= 1"):
+    greedy_episodes(env, left, None, jax.random.PRNGKey(0), 0, 5)

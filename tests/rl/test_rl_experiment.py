@@ -9,7 +9,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SUMMARY_KEYS = {"algo", "env", "workers", "aggregation", "staleness", "env_steps",
-                "final_return", "env_steps_per_sec", "comm_fraction_measured", "predicted"}
+                "final_return", "eval_return", "env_steps_per_sec", "comm_fraction_measured",
+                "predicted"}
 
 
 def _run(*args, timeout=600):
@@ -32,6 +33,9 @@ def test_rl_tiny_writes_summary_and_resumes(tmp_path):
       "ppo", "CartPole-v1", 2, "async", 1)
   assert s["env_steps"] == 8192 and s["env_steps_per_sec"] > 0
   assert s["final_return"] > 30.0   # random play: 22
+  assert s["eval_return"] > 30.0    # 10 greedy episodes of the final policy
+  ev = json.load(open(os.path.join(wd, "details.json")))["evaluation"]
+  assert len(ev["eval_returns"][0]) == 10 and ev["eval_unfinished"] == 0
   assert 0.0 < s["comm_fraction_measured"] < 1.0
   for mode in ("sync", "async"):
     rows = s["predicted"][mode]
@@ -46,7 +50,8 @@ def test_rl_tiny_writes_summary_and_resumes(tmp_path):
   r = _run(*args)  # the same command again: resumes from the last checkpoint
   assert r.returncode == 0, r.stderr[-3000:]
   assert "resumed from checkpoint step 64" in r.stderr
-  assert json.load(open(os.path.join(wd, "summary.json")))["final_return"] == s["final_return"]
+  s2 = json.load(open(os.path.join(wd, "summary.json")))
+  assert (s2["final_return"], s2["eval_return"]) == (s["final_return"], s["eval_return"])
   from configs.rl import get_config
   from experiments.rl import check_workdir
   from omni_jax.config import ConfigError
