@@ -69,25 +69,44 @@ class Program:
 KINDS = ("in", "compute", "out", "host")   # the kinds of work the timeline tells apart
 
 
-def overlap_fraction(events, window=None) -> float:
-  """Time during which two or more kinds of work (``KINDS``: swap in, compute, swap out, host
-  update) are in flight, over the wall time of ``window`` = (t0, t1) (default: first start
-  to last end). ``events`` are (stream, label, start, end) tuples."""
+def _kind_sweep(events, window):
+  """(seconds, kinds in flight) per elementary interval of ``window`` = (t0, t1); default
+  window: first start to last end."""
   spans = [(s, e, k) for k, _, s, e in events if e > s]
   if window is None:
     if not spans:
-      return 0.0
+      return [], (0.0, 0.0)
     window = (min(s for s, _, _ in spans), max(e for _, e, _ in spans))
   t0, t1 = window
   if t1 <= t0:
     raise ValueError(f"overlap_fraction needs a window with t1 > t0, got {window}")
   edges = sorted({t0, t1, *(min(max(x, t0), t1) for s, e, _ in spans for x in (s, e))})
-  both = 0.0
+  out = []
   for a, b in zip(edges[:-1], edges[1:], strict=True):
     mid = 0.5 * (a + b)
-    if len({k for s, e, k in spans if s <= mid < e}) >= 2:
-      both += b - a
-  return both / (t1 - t0)
+    out.append((b - a, {k for s, e, k in spans if s <= mid < e}))
+  return out, window
+
+
+def overlap_fraction(events, window=None) -> float:
+  """Time during which two or more kinds of work (``KINDS``: swap in, compute, swap out, host
+  update) are in flight, over the wall time of ``window`` = (t0, t1) (default: first start
+  to last end). ``events`` are (stream, label, start, end) tuples."""
+  pieces, (t0, t1) = _kind_sweep(events, window)
+  if not pieces:
+    return 0.0
+  return sum(d for d, kinds in pieces if len(kinds) >= 2) / (t1 - t0)
+
+
+def hidden_fraction(events, window=None, under: str = "compute") -> float | None:
+  """Of the time some other kind of work than ``under`` is in flight, the share during
+  which ``under`` is in flight too (1 = every swap and update hidden under compute); None
+  when no other work ran."""
+  pieces, _ = _kind_sweep(events, window)
+  other = sum(d for d, kinds in pieces if kinds - {under})
+  if other == 0:
+    return None
+  return sum(d for d, kinds in pieces if kinds - {under} and under in kinds) / other
 
 
 class Timeline:
@@ -123,14 +142,17 @@ class Timeline:
     return sorted({self._producer[id(x)][1] for x in jax.tree.leaves(inputs)
                    if id(x) in self._producer})
 
-  def record(self, stream: str, label: str, inputs, outputs=None, watch=None) -> int:
-    """An event dispatched now that reads ``inputs`` and makes ``outputs`` (ended when
-    ``watch``, default all outputs, is ready); with ``outputs=None`` the caller times it
-    itself and calls :meth:`finish`."""
+  def record(self, stream: str, label: str, inputs, outputs=None, watch=None,
+             dispatch: float | None = None) -> int:
+    """An event dispatched at ``dispatch`` (``now()`` before the call that started it;
+    default now) that reads ``inputs`` and makes ``outputs`` (ended when ``watch``, default
+    all outputs, is ready); with ``outputs=None`` the caller times it itself and calls
+    :meth:`finish`."""
     deps = self._deps(inputs)
     with self._lock:
       idx = len(self._rec)
-      self._rec.append([stream, label, self.now(), deps, None])
+      self._rec.append([stream, label, self.now() if dispatch is None else dispatch, deps,
+                        None])
     if outputs is None:
       return idx
     for x in jax.tree.leaves(outputs):
@@ -239,15 +261,17 @@ class Mover:
     self._count(cat, n)
     self.live += n
     self._check(self.live, f"swap-in of {cat}")
+    t = self.timeline.now()
     out = jax.device_put(tree, self.dev)
-    self.timeline.record("in", cat, tree, out)
+    self.timeline.record("in", cat, tree, out, dispatch=t)
     return out
 
   def to_host(self, tree, cat: str, free: bool = True):
     """Copies a device pytree to pinned host memory (and frees the device copy)."""
     self._count(cat, tree_bytes(tree))
+    t = self.timeline.now()
     out = jax.device_put(tree, self.host)
-    self.timeline.record("out", cat, tree, out)
+    self.timeline.record("out", cat, tree, out, dispatch=t)
     if free:
       self.free(tree)
     return out
@@ -264,8 +288,10 @@ class Mover:
     ma = self._analysis(compiled)
     self._check(self.live + ma.output_size_in_bytes + ma.temp_size_in_bytes
                 - ma.alias_size_in_bytes, label)
+    t = self.timeline.now()
     out = compiled(*args)
-    self.timeline.record("compute", label, args, out, None if watch is None else watch(out))
+    self.timeline.record("compute", label, args, out, None if watch is None else watch(out),
+                         dispatch=t)
     self.live += tree_bytes(out) - (tree_bytes(donated) if donated is not None else 0)
     return out
 

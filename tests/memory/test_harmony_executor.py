@@ -109,6 +109,9 @@ def test_overlap_fraction_closed_form():
   assert ex.overlap_fraction(ev, (0.0, 20.0)) == pytest.approx(3.5 / 20.0)
   assert ex.overlap_fraction(ev, (3.0, 5.5)) == pytest.approx(1.5 / 2.5)   # clipped
   assert ex.overlap_fraction([]) == 0.0
+  # non-compute work in flight: [0, 4], [5, 7], [7.2, 7.9], [8.5, 10] = 8.2 s; with compute 3.5 s
+  assert ex.hidden_fraction(ev) == pytest.approx(3.5 / 8.2)
+  assert ex.hidden_fraction([("compute", "F", 0.0, 1.0)]) is None
   with pytest.raises(ValueError, match="t1 > t0"):
     ex.overlap_fraction(ev, (1.0, 1.0))
 
