@@ -12,6 +12,11 @@ host updates that pack at once (a jitted Adam under ``compute_on("device_host")`
 category and keeps a ledger of live device bytes; each program's compiled
 ``memory_analysis`` (outputs + temporaries) on top of the ledger gives the device peak,
 which is checked against the budget.
+
+Nothing waits for a transfer or a program to finish: JAX's asynchronous dispatch runs swaps
+in, programs and swaps out concurrently, ordered only by their data; host updates run on a
+worker thread. :class:`Timeline` records when each piece of work ran (see its docstring for
+what the timestamps mean) and :func:`overlap_fraction` summarises it.
 """
 
 from __future__ import annotations
