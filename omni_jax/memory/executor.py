@@ -12,11 +12,19 @@ host updates that pack at once (a jitted Adam under ``compute_on("device_host")`
 category and keeps a ledger of live device bytes; each program's compiled
 ``memory_analysis`` (outputs + temporaries) on top of the ledger gives the device peak,
 which is checked against the budget.
+
+Nothing waits for a transfer or a program to finish: JAX's asynchronous dispatch runs swaps
+in, programs and swaps out concurrently, ordered only by their data; host updates run on a
+worker thread. :class:`Timeline` records when each piece of work ran (see its docstring for
+what the timestamps mean) and :func:`overlap_fraction` summarises it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import queue
+import threading
 import time
 from typing import Any
 
@@ -63,18 +71,192 @@ class Program:
     return self.analysis
 
 
-class Mover:
-  """Moves pytrees between memory kinds; counts bytes per category, tracks device bytes."""
+KINDS = ("in", "compute", "out", "host")   # the kinds of work the timeline tells apart
 
-  def __init__(self, budget: int, device=None):
+
+def _kind_sweep(events, window):
+  """(seconds, kinds in flight) per elementary interval of ``window`` = (t0, t1); default
+  window: first start to last end."""
+  spans = [(s, e, k) for k, _, s, e in events if e > s]
+  if window is None:
+    if not spans:
+      return [], (0.0, 0.0)
+    window = (min(s for s, _, _ in spans), max(e for _, e, _ in spans))
+  t0, t1 = window
+  if t1 <= t0:
+    raise ValueError(f"overlap_fraction needs a window with t1 > t0, got {window}")
+  edges = sorted({t0, t1, *(min(max(x, t0), t1) for s, e, _ in spans for x in (s, e))})
+  out = []
+  for a, b in zip(edges[:-1], edges[1:], strict=True):
+    mid = 0.5 * (a + b)
+    out.append((b - a, {k for s, e, k in spans if s <= mid < e}))
+  return out, window
+
+
+def overlap_fraction(events, window=None) -> float:
+  """Time during which two or more kinds of work (``KINDS``: swap in, compute, swap out, host
+  update) are in flight, over the wall time of ``window`` = (t0, t1) (default: first start
+  to last end). ``events`` are (stream, label, start, end) tuples."""
+  pieces, (t0, t1) = _kind_sweep(events, window)
+  if not pieces:
+    return 0.0
+  return sum(d for d, kinds in pieces if len(kinds) >= 2) / (t1 - t0)
+
+
+def hidden_fraction(events, window=None, under: str = "compute") -> float | None:
+  """Of the time some other kind of work than ``under`` is in flight, the share during
+  which ``under`` is in flight too (1 = every swap and update hidden under compute); None
+  when no other work ran."""
+  pieces, _ = _kind_sweep(events, window)
+  other = sum(d for d, kinds in pieces if kinds - {under})
+  if other == 0:
+    return None
+  return sum(d for d, kinds in pieces if kinds - {under} and under in kinds) / other
+
+
+class Timeline:
+  """Start and end of every swap, compute and host update, as JAX runs them asynchronously.
+
+  What a timestamp means (measured from ``t0``, ``time.perf_counter``):
+
+  * *dispatch*: when Python handed the work to JAX (``device_put`` or a compiled call);
+    JAX returns at once and the work runs when its inputs are ready.
+  * *end*: when a watcher thread (one per stream, first in first out) saw the work's
+    outputs ready with ``block_until_ready``; an upper bound on the true end by the
+    thread's wake-up latency (and, where a stream finishes out of order, by the wait for
+    the items before it). Host updates are timed by the worker thread that runs them.
+  * *start*: not observable without a profiler; taken as the latest of the dispatch, the
+    ends of the events that produced the work's inputs, and the end of the previous event
+    on the same stream (each stream is assumed to run one piece of work at a time, in
+    order, as a GPU's copy engines and compute stream do). This excludes time spent queued
+    behind inputs, so work is counted "in flight" only while it could actually run.
+  """
+
+  def __init__(self, t0: float, blocking: bool = False):
+    self.t0, self.blocking = t0, blocking
+    self._rec: list[list] = []                 # [stream, label, dispatch, deps, end]
+    self._producer: dict[int, tuple[Any, int]] = {}   # id(leaf) -> (leaf, event index)
+    self._queues: dict[str, queue.Queue] = {}
+    self._pending_delete: dict[int, list] = {}   # event index -> leaves freed before its end
+    self._lock = threading.Lock()
+
+  def now(self) -> float:
+    return time.perf_counter() - self.t0
+
+  def _deps(self, inputs) -> list[int]:
+    return sorted({self._producer[id(x)][1] for x in jax.tree.leaves(inputs)
+                   if id(x) in self._producer})
+
+  def record(self, stream: str, label: str, inputs, outputs=None, watch=None,
+             dispatch: float | None = None) -> int:
+    """An event dispatched at ``dispatch`` (``now()`` before the call that started it;
+    default now) that reads ``inputs`` and makes ``outputs`` (ended when ``watch``, default
+    all outputs, is ready); with ``outputs=None`` the caller times it itself and calls
+    :meth:`finish`."""
+    deps = self._deps(inputs)
+    with self._lock:
+      idx = len(self._rec)
+      self._rec.append([stream, label, self.now() if dispatch is None else dispatch, deps,
+                        None])
+    if outputs is None:
+      return idx
+    for x in jax.tree.leaves(outputs):
+      self._producer[id(x)] = (x, idx)
+    leaves = jax.tree.leaves(outputs if watch is None else watch)
+    if self.blocking:
+      self._wait_leaves(leaves)
+      self._rec[idx][4] = self.now()
+    else:
+      if stream not in self._queues:
+        q: queue.Queue = queue.Queue()
+        threading.Thread(target=self._watch, args=(q,), daemon=True).start()
+        self._queues[stream] = q
+      self._queues[stream].put((idx, leaves))
+    return idx
+
+  def finish(self, idx: int, start: float, end: float) -> None:
+    """Start and end of an event timed by the thread that ran it (host updates)."""
+    with self._lock:
+      self._rec[idx][2] = max(self._rec[idx][2], start)
+      self._rec[idx][4] = end
+
+  @staticmethod
+  def _wait_leaves(leaves) -> None:
+    # All outputs of one program or copy become ready together; a leaf may meanwhile have
+    # been donated to a later program, so any surviving one will do.
+    for x in leaves:
+      try:
+        x.block_until_ready()
+        return
+      except jax.errors.JaxRuntimeError:
+        continue
+
+  def _watch(self, q: queue.Queue) -> None:
+    while True:
+      idx, leaves = q.get()
+      self._wait_leaves(leaves)
+      with self._lock:
+        self._rec[idx][4] = self.now()
+        dead = self._pending_delete.pop(idx, [])
+      for x in dead:
+        x.delete()
+      q.task_done()
+
+  def delete(self, x) -> None:
+    """Deletes a device buffer once the event that made it has been timed (a deleted array
+    cannot be waited on); JAX itself keeps it alive for work already queued on it."""
+    with self._lock:
+      prod = self._producer.get(id(x))
+      if prod is not None and self._rec[prod[1]][4] is None:
+        self._pending_delete.setdefault(prod[1], []).append(x)
+        return
+    x.delete()
+
+  def sync(self) -> None:
+    """Waits until every event has been timed."""
+    for q in self._queues.values():
+      q.join()
+    self._producer.clear()
+
+  def events(self) -> list[tuple[str, str, float, float]]:
+    """(stream, label, start, end) per event, start as the class docstring defines it."""
+    out: list[tuple[str, str, float, float]] = []
+    last: dict[str, float] = {}
+    for stream, label, dispatch, deps, end in self._rec:
+      if end is None:
+        raise RuntimeError(f"event {label!r} not timed yet: call sync() first")
+      start = max([dispatch, last.get(stream, -np.inf)] + [out[d][3] for d in deps])
+      start = min(start, end)
+      out.append((stream, label, start, end))
+      last[stream] = max(last.get(stream, -np.inf), end)
+    return out
+
+
+class Mover:
+  """Moves pytrees between memory kinds; counts bytes per category, tracks device bytes.
+
+  Nothing waits: ``device_put`` and compiled programs are dispatched asynchronously and JAX
+  orders them by their data dependencies. ``blocking=True`` waits for every transfer and
+  program before the next (the on-demand baseline). The ledger counts bytes in program
+  order (a buffer counts from its put until its free), which is what the device holds when
+  it runs the work in that order. ``timeline`` records every event (see :class:`Timeline`);
+  ``steps`` holds (start, end) of each iteration, set by the executors.
+  """
+
+  def __init__(self, budget: int, device=None, blocking: bool = False):
     self.dev, self.host = shardings(device)
     self.budget = budget
     self.bytes: dict[str, int] = {}
     self.live = 0
     self.peak = 0
-    self.events: list[tuple[str, str, float, float]] = []   # (stream, label, start, end)
     self._analyses: dict[int, Any] = {}
     self.t0 = time.perf_counter()
+    self.timeline = Timeline(self.t0, blocking)
+    self.steps: list[tuple[float, float]] = []
+
+  @property
+  def events(self) -> list[tuple[str, str, float, float]]:
+    return self.timeline.events()
 
   def _count(self, cat: str, n: int) -> None:
     self.bytes[cat] = self.bytes.get(cat, 0) + n
@@ -84,14 +266,17 @@ class Mover:
     self._count(cat, n)
     self.live += n
     self._check(self.live, f"swap-in of {cat}")
-    return jax.device_put(tree, self.dev)
+    t = self.timeline.now()
+    out = jax.device_put(tree, self.dev)
+    self.timeline.record("in", cat, tree, out, dispatch=t)
+    return out
 
   def to_host(self, tree, cat: str, free: bool = True):
     """Copies a device pytree to pinned host memory (and frees the device copy)."""
     self._count(cat, tree_bytes(tree))
-    t = time.perf_counter()
-    out = jax.block_until_ready(jax.device_put(tree, self.host))
-    self.events.append(("out", cat, t - self.t0, time.perf_counter() - self.t0))
+    t = self.timeline.now()
+    out = jax.device_put(tree, self.host)
+    self.timeline.record("out", cat, tree, out, dispatch=t)
     if free:
       self.free(tree)
     return out
@@ -99,17 +284,19 @@ class Mover:
   def free(self, tree) -> None:
     for x in jax.tree.leaves(tree):
       self.live -= x.nbytes
-      x.delete()
+      self.timeline.delete(x)
 
-  def run(self, compiled, label: str, *args, donated=None):
+  def run(self, compiled, label: str, *args, donated=None, watch=None):
     """Runs a compiled device program; its outputs + temporaries, less what it writes into
-    donated arguments, count on top of the ledger (its arguments are already in it)."""
+    donated arguments, count on top of the ledger (its arguments are already in it).
+    ``watch``: the outputs whose readiness ends the event (default all)."""
     ma = self._analysis(compiled)
     self._check(self.live + ma.output_size_in_bytes + ma.temp_size_in_bytes
                 - ma.alias_size_in_bytes, label)
-    t = time.perf_counter()
-    out = jax.block_until_ready(compiled(*args))
-    self.events.append(("compute", label, t - self.t0, time.perf_counter() - self.t0))
+    t = self.timeline.now()
+    out = compiled(*args)
+    self.timeline.record("compute", label, args, out, None if watch is None else watch(out),
+                         dispatch=t)
     self.live += tree_bytes(out) - (tree_bytes(donated) if donated is not None else 0)
     return out
 
@@ -257,49 +444,70 @@ class HarmonyExecutor:
   # ---------------------------------------------------------------- one iteration
   def step(self, state: HostState, inputs: list[Any], targets: list[Any],
            mover: Mover) -> tuple[HostState, list[Any], float]:
-    """One training iteration; returns (new state, host gradients per layer, loss)."""
+    """One training iteration; returns (new state, host gradients per layer, loss).
+
+    Everything is dispatched without waiting: the next microbatch's inputs and, once the
+    pack's first microbatch is queued, the next pack's weights are put while the current
+    program runs; outputs go back to the host as soon as they are made; each backward
+    pack's host update runs on a worker thread while the device goes on. The only waits
+    are the dependencies at the end of the iteration: the host updates (the next
+    iteration reads their parameters) and the loss."""
     plan, m = self.plan, self.plan.m
     if len(inputs) != m or len(targets) != m:
       raise ValueError(f"expected {m} microbatches of inputs and targets")
+    t_begin = mover.timeline.now()
     stash: dict[Any, Any] = {(0, j): x for j, x in enumerate(inputs)}
     grads: list[Any] = [None] * self.model.num_layers
-    loss_total = 0.0
+    losses: list[Any] = []
+    updates: list[tuple[int, int, concurrent.futures.Future]] = []
     state.step += 1
     w_next = mover.to_device(state.params[slice(*self.seq[0][1])], "weights_in")
-    for i, (kind, (a, b), is_loss) in enumerate(self.seq):
-      w = w_next
-      if i + 1 < len(self.seq):   # prefetch the next pack's weights (double buffer)
-        w_next = mover.to_device(state.params[slice(*self.seq[i + 1][1])], "weights_in")
-      gacc = None
-      x_next = self._fetch(kind, a, b, is_loss, 0, stash, targets, mover)
-      for j in range(m):
-        xs = x_next
-        if j + 1 < m:              # prefetch the next microbatch's inputs
-          x_next = self._fetch(kind, a, b, is_loss, j + 1, stash, targets, mover)
-        if kind == "F":
-          prog = self._compile(self._signature("F", a, b), self._fwd_fn((a, b)), w, *xs)
-          ys = mover.run(prog, f"F{a}-{b}:{j}", w, *xs)
-          for s, y in zip(sch.fwd_pack_outputs(plan, (a, b)), ys, strict=True):
-            stash[(s, j)] = mover.to_host(y, "acts_out")
-        else:
-          first = gacc is None
-          args = (w, *xs) if first else (w, *xs, gacc)
-          prog = self._compile(self._signature("B", a, b, is_loss, first),
-                               self._bwd_fn((a, b), is_loss, first), *args,
-                               donate=() if first else (3,))   # accumulate in place
-          dx, gacc, out = mover.run(prog, f"B{a}-{b}:{j}", *args, donated=None if first else gacc)
-          if is_loss:
-            loss_total += float(out)
-          mover.free(out)
-          if dx is not None:
-            stash[("d", a, j)] = mover.to_host(dx, "acts_out")
-        mover.free(list(xs))
-      mover.free(w)
-      if kind == "B":   # gradients out right after the pack's backward; host update now
-        g_host = mover.to_host(gacc, "grads_out")
-        for li, g in zip(range(a, b), g_host, strict=True):
-          grads[li] = g
-        self._host_update(state, a, b, g_host, mover)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as host_worker:
+      for i, (kind, (a, b), is_loss) in enumerate(self.seq):
+        w = w_next
+        gacc = None
+        x_next = self._fetch(kind, a, b, is_loss, 0, stash, targets, mover)
+        for j in range(m):
+          xs = x_next
+          if j + 1 < m:              # prefetch the next microbatch's inputs
+            x_next = self._fetch(kind, a, b, is_loss, j + 1, stash, targets, mover)
+          if kind == "F":
+            prog = self._compile(self._signature("F", a, b), self._fwd_fn((a, b)), w, *xs)
+            ys = mover.run(prog, f"F{a}-{b}:{j}", w, *xs)
+            for s, y in zip(sch.fwd_pack_outputs(plan, (a, b)), ys, strict=True):
+              stash[(s, j)] = mover.to_host(y, "acts_out")
+          else:
+            first = gacc is None
+            args = (w, *xs) if first else (w, *xs, gacc)
+            prog = self._compile(self._signature("B", a, b, is_loss, first),
+                                 self._bwd_fn((a, b), is_loss, first), *args,
+                                 donate=() if first else (3,))   # accumulate in place
+            # the accumulator is donated to the next microbatch: time the event by `out`
+            dx, gacc, out = mover.run(prog, f"B{a}-{b}:{j}", *args,
+                                      donated=None if first else gacc, watch=lambda o: o[2])
+            if is_loss:
+              losses.append(out)
+            else:
+              mover.free(out)
+            if dx is not None:
+              stash[("d", a, j)] = mover.to_host(dx, "acts_out")
+          mover.free(list(xs))
+          if j == 0 and i + 1 < len(self.seq):   # next pack's weights, while this one runs
+            w_next = mover.to_device(state.params[slice(*self.seq[i + 1][1])], "weights_in")
+        mover.free(w)
+        if kind == "B":   # gradients out right after the pack's backward; host update now
+          g_host = mover.to_host(gacc, "grads_out")
+          for li, g in zip(range(a, b), g_host, strict=True):
+            grads[li] = g
+          updates.append((a, b, self._host_update(host_worker, state, a, b, g_host, mover)))
+      for a, b, fut in updates:    # the next iteration reads these parameters
+        state.params[a:b], state.opt[a:b] = fut.result()
+    loss_total = 0.0
+    for out in losses:
+      loss_total += float(out)
+      mover.free(out)
+    mover.timeline.sync()
+    mover.steps.append((t_begin, mover.timeline.now()))
     return state, grads, loss_total
 
   def _fetch(self, kind, a, b, is_loss, j, stash, targets, mover):
@@ -310,14 +518,23 @@ class HarmonyExecutor:
     x = stash.pop((a, j)) if a > 0 else stash[(a, j)]
     return mover.to_device(x, "acts_in"), mover.to_device(dy, "acts_in")
 
-  def _host_update(self, state: HostState, a: int, b: int, g_host, mover: Mover) -> None:
+  def _host_update(self, worker, state: HostState, a: int, b: int, g_host,
+                   mover: Mover) -> concurrent.futures.Future:
+    """Submits the pack's host Adam to the worker thread, which runs it and times it."""
     prog = self._update_program(b - a)
-    t = time.perf_counter()
-    new_p, new_o = jax.block_until_ready(prog(state.params[a:b], g_host, state.opt[a:b],
-                                              np.float32(state.step)))
-    mover.events.append(("host", f"U{a}-{b}", t - mover.t0, time.perf_counter() - mover.t0))
-    state.params[a:b] = new_p
-    state.opt[a:b] = new_o
+    params, opt, step = state.params[a:b], state.opt[a:b], np.float32(state.step)
+    tl = mover.timeline
+    idx = tl.record("host", f"U{a}-{b}", g_host)
+
+    def run():
+      start = tl.now()
+      out = jax.block_until_ready(prog(params, g_host, opt, step))
+      tl.finish(idx, start, tl.now())
+      return out
+    fut = worker.submit(run)
+    if tl.blocking:   # the on-demand variant waits for the update too
+      fut.result()
+    return fut
 
 
 def reference_step(model: SeqModel, params: list[Any], inputs, targets, step: int = 1,

@@ -104,6 +104,7 @@ class LmsExecutor:
            mover: Mover) -> tuple[HostState, list[Any], float]:
     """One iteration; returns (new state, host gradients per layer, loss)."""
     nl, m = self.model.num_layers, self.plan.m
+    t_begin = mover.timeline.now()
     state.step += 1
     g_host: list[Any] = [None] * nl
     loss = 0.0
@@ -144,4 +145,7 @@ class LmsExecutor:
       mover.free([w, g, o])
       state.params[i] = mover.to_host(new_w, "state_out")
       state.opt[i] = mover.to_host(new_o, "state_out")
+    jax.block_until_ready((state.params, state.opt))
+    mover.timeline.sync()
+    mover.steps.append((t_begin, mover.timeline.now()))
     return state, g_host, loss

@@ -78,6 +78,18 @@ def plot_timelines(panels, path: str, gpu: int = 0, window=None, pixels: int = 9
   save_figure(fig, path)
 
 
+MEASURED_COLORS = {"weights_in": "W", "acts_in": "x", "acts_out": "y", "grads_out": "G",
+                   "grads_in": "G", "state_out": "W"}
+
+
+def plot_measured_timeline(events, path: str, title: str) -> None:
+  """Gantt chart of a real run's (stream, label, start, end) events (seconds from the
+  iteration's start), one row per stream, coloured as the predicted timelines."""
+  tasks = [Task(i, -1 if k == "host" else 0, k, MEASURED_COLORS.get(lab, lab[:1]) + lab,
+                start=a, end=b) for i, (k, lab, a, b) in enumerate(events)]
+  plot_timelines([(title, tasks)], path)
+
+
 def _params_label(billions: float) -> str:
   return f"{billions:.1f}B" if billions >= 1 else f"{billions * 1e3:.3g}M"
 

@@ -35,8 +35,8 @@ def _rel_global(a, b):
   return np.sqrt(num / sum(np.sum(np.asarray(v, np.float64) ** 2) for v in jax.tree.leaves(b)))
 
 
-def _run(executor, params, x, y, budget):
-  mover = ex.Mover(budget)
+def _run(executor, params, x, y, budget, blocking=False):
+  mover = ex.Mover(budget, blocking=blocking)
   state = ex.to_host_state(params, mover.host)
   xs, ys = ex.split_microbatches(x, U, mover.host), ex.split_microbatches(y, U, mover.host)
   state, grads, loss = executor.step(state, xs, ys, mover)
@@ -47,8 +47,8 @@ def test_harmony_executor_equals_plain_training_and_counts_closed_form_bytes(set
   model, params, x, y, (ref_p, _, ref_g, ref_loss), prof = setup
   plan = sch.Plan("harmony", U, B // U, ((0, 1), (1, 2)), ((0, 1), (1, 2), (2, 4)))
   budget = sch.harmony_peak(plan, prof)           # the planner's own accounting as budget
-  mover, state, grads, loss = _run(ex.HarmonyExecutor(model, plan, B, budget), params, x, y,
-                                   budget)
+  runner = ex.HarmonyExecutor(model, plan, B, budget)
+  mover, state, grads, loss = _run(runner, params, x, y, budget)
   assert loss == pytest.approx(ref_loss, rel=1e-6)
   assert _rel_max_leaf(grads, ref_g) < 1e-5
   assert _rel_global(state.params, ref_p) < 1e-5   # see the lms test for why as one vector
@@ -66,6 +66,54 @@ def test_harmony_executor_equals_plain_training_and_counts_closed_form_bytes(set
   assert 0 < mover.peak <= budget and mover.live == 0   # every device buffer was released
   assert all(p.sharding.memory_kind == "pinned_host" for p in jax.tree.leaves(state.params))
   assert all(o.sharding.memory_kind == "pinned_host" for o in jax.tree.leaves(state.opt))
+  # The timeline: one event per transfer, program and host update, inside the iteration.
+  (t0, t1), = mover.steps
+  ev = mover.events
+  kinds = [k for k, _, _, _ in ev]
+  # in: 5 pack weights + 2 fwd packs x 2 mb + 3 bwd packs x 2 mb x (x, dy); compute: 5 packs x
+  # 2 mb; out: 2 fwd outputs x 2 mb, 2 dx x 2 mb, 3 pack gradients; host: 3 pack updates.
+  assert {k: kinds.count(k) for k in ex.KINDS} == {"in": 21, "compute": 10, "out": 11,
+                                                   "host": 3}
+  assert all(t0 <= s <= e <= t1 for _, _, s, e in ev)
+  # The same plan with every transfer, program and update waited for: same numbers, and
+  # by construction no two events overlap (overlap_fraction exactly 0).
+  mover_b, state_b, _, loss_b = _run(runner, params, x, y, budget, blocking=True)
+  assert loss_b == pytest.approx(ref_loss, rel=1e-6)
+  assert _rel_global(state_b.params, ref_p) < 1e-5
+  assert ex.overlap_fraction(mover_b.events, mover_b.steps[0]) == 0.0
+
+
+def test_timeline_records_concurrent_work():
+  """A long program and an independent swap-in dispatched behind it run at once; the
+  timeline shows the two intervals overlapping (the swap is not queued behind the compute)."""
+  mover = ex.Mover(10**9)
+  a = jax.device_put(np.ones((768, 768), np.float32), mover.dev)
+  mover.live += a.nbytes
+  prog = ex.Program(jax.jit(lambda a: jax.lax.fori_loop(0, 30, lambda i, b: b @ a / 768, a)),
+                    a)
+  y = mover.run(prog, "F", a)
+  h = mover.to_device(jax.device_put(np.ones((256, 256), np.float32), mover.host), "acts_in")
+  jax.block_until_ready((y, h))
+  mover.timeline.sync()
+  (_, _, cs, ce), (_, _, s_in, e_in) = mover.events
+  assert cs <= s_in < e_in < ce          # the swap-in ran while the program computed
+  assert ex.overlap_fraction(mover.events) == pytest.approx((e_in - s_in) / (ce - cs))
+
+
+def test_overlap_fraction_closed_form():
+  ev = [("in", "W", 0.0, 4.0), ("compute", "F", 2.0, 6.0), ("out", "y", 5.0, 7.0),
+        ("out", "y", 7.2, 7.8), ("out", "G", 7.5, 7.9),      # one kind only: not counted
+        ("compute", "B", 8.0, 9.0), ("host", "U", 8.5, 10.0)]
+  # >= 2 kinds: [2, 4] in+compute, [5, 6] compute+out, [8.5, 9] compute+host = 3.5 s
+  assert ex.overlap_fraction(ev) == pytest.approx(3.5 / 10.0)
+  assert ex.overlap_fraction(ev, (0.0, 20.0)) == pytest.approx(3.5 / 20.0)
+  assert ex.overlap_fraction(ev, (3.0, 5.5)) == pytest.approx(1.5 / 2.5)   # clipped
+  assert ex.overlap_fraction([]) == 0.0
+  # non-compute work in flight: [0, 4], [5, 7], [7.2, 7.9], [8.5, 10] = 8.2 s; with compute 3.5 s
+  assert ex.hidden_fraction(ev) == pytest.approx(3.5 / 8.2)
+  assert ex.hidden_fraction([("compute", "F", 0.0, 1.0)]) is None
+  with pytest.raises(ValueError, match="t1 > t0"):
+    ex.overlap_fraction(ev, (1.0, 1.0))
 
 
 def test_budget_is_enforced(setup):

@@ -14,7 +14,7 @@ from omni_jax.memory import study
 from omni_jax.memory.planner import NothingFitsError
 
 KEYS = {"device_budget_bytes", "model_bytes", "schedules", "swap_reduction_vs_baseline",
-        "predicted_speedup_vs_baseline"}
+        "predicted_speedup_vs_baseline", "overlap_fraction"}
 ITEM_KEYS = {"name", "swap_bytes_per_iter", "predicted_iter_time_s", "measured_iter_time_s",
              "peak_device_bytes"}
 
@@ -44,6 +44,12 @@ def test_tiny_experiment_trains_for_real(tmp_path):
   assert v["grad_rel_err_max_leaf"] < 1e-5 and v["param_rel_err_global"] < 1e-5
   assert plan["real"]["harmony"]["bytes_per_iter"] == plan["plans"]["harmony"]["traffic"]
   assert os.path.getsize(tmp_path / "timeline.png") > 5000
+  real = plan["real"]["harmony"]   # measured timeline of the last iteration
+  assert s["overlap_fraction"] == real["overlap_fraction"] == real["overlap_fraction_per_step"][-1]
+  assert 0.0 <= s["overlap_fraction"] <= 1.0
+  tl = json.load(open(tmp_path / "measured_timeline_harmony.json"))
+  assert len(tl["steps"]) == cfg.steps and tl["events"]
+  assert os.path.getsize(tmp_path / "measured_timeline_harmony.png") > 5000
 
 
 def test_planner_only_variant_and_clear_errors(tmp_path):
@@ -54,6 +60,7 @@ def test_planner_only_variant_and_clear_errors(tmp_path):
                       swap_bw_gpu=1e7)
   s = study.run(cfg, str(tmp_path))
   assert all(it["measured_iter_time_s"] is None for it in s["schedules"])
+  assert s["overlap_fraction"] is None   # nothing executed
   assert s["predicted_speedup_vs_baseline"] > 1 and s["swap_reduction_vs_baseline"] > 1
   plan = json.load(open(tmp_path / "plan.json"))   # 2 GPUs: both Harmony modes searched
   modes = plan["harmony_modes"]
