@@ -16,163 +16,24 @@ per seed of the final policy), ``details.json``, ``metrics.jsonl`` (one record p
 
 from __future__ import annotations
 
-import json
 import os
-import time
 
-import jax
-import numpy as np
 from absl import app, logging
 
 from experiments import common
-from omni_jax.config import ConfigError, to_dict
-from omni_jax.parallel.rl_aggregation import time_aggregation
-from omni_jax.rl import envs, predict, runner
-from omni_jax.train.checkpoint import Checkpointer
-from omni_jax.train.metrics import MetricsLog, save_figure, write_json_atomic
-from omni_jax.train.progress import Progress
+from omni_jax.config import to_dict
+from omni_jax.rl import runner
+from omni_jax.rl.job import (
+    check_workdir,
+    measure_or_reuse,
+    plot_returns,
+    summarize,
+    train,
+)
+from omni_jax.train.metrics import write_json_atomic
 
 _CONFIG = common.define_config("configs/rl.py:<variant>")
 _WORKDIR = common.define_workdir("output folder (rerun resumes)")
-
-# config keys that must match a checkpoint to resume from it
-RESUME_KEYS = ("algo", "env", "seed", "seeds", "workers", "aggregation", "threshold",
-               "segment_size", "staleness", "codec", "total_env_steps", "chunk_iterations", "hp")
-
-
-# ---------------------------------------------------------------- training
-def check_workdir(cfg, workdir: str) -> None:
-  """Refuses to resume a checkpoint written by a different run config."""
-  path = os.path.join(workdir, "run_config.json")
-  want = {k: to_dict(cfg[k]) for k in RESUME_KEYS}
-  want = json.loads(json.dumps(want))
-  if os.path.exists(path):
-    with open(path) as f:
-      have = json.load(f)
-    diff = sorted(k for k in RESUME_KEYS if have.get(k) != want[k])
-    if diff:
-      raise ConfigError(f"{workdir} holds a run with different {diff}; use another --workdir")
-  else:
-    write_json_atomic(path, want)
-
-
-def train(run: runner.Run, workdir: str):
-  """Runs (or resumes) all chunks; one metrics record per iteration. Returns the log, the
-  final state and whether anything was trained."""
-  ckpt = Checkpointer(workdir)
-  done = ckpt.latest_step() or 0
-  if done:
-    state = ckpt.restore(done, runner.abstract_state(run))
-    logging.info("resumed from checkpoint step %d (of %d iterations)", done, run.iterations)
-  else:
-    state = runner.init_state(run)
-  log = MetricsLog(os.path.join(workdir, "metrics.jsonl"), resume_step=done)
-  if done >= run.iterations:
-    ckpt.close()
-    return log, state, False
-  t0 = time.perf_counter()
-  step_fn = runner.chunk_fn(run).lower(state).compile()
-  logging.info("compiled a chunk of %d iterations in %.1f s", run.chunk, time.perf_counter() - t0)
-  start, t_train = done, 0.0
-  prog = Progress("rl", run.iterations, unit="iterations", start=done)
-  while done < run.iterations:
-    t0 = time.perf_counter()
-    state, m = step_fn(state)
-    m = jax.device_get(m)
-    dt = time.perf_counter() - t0
-    t_train += dt
-    for i in range(run.chunk):
-      rec = {"step": done + i + 1, "env_steps": (done + i + 1) * run.env_steps_per_iteration,
-             "return_sum": float(m["return_sum"][..., i].sum()),
-             "episodes": int(m["episodes"][..., i].sum()),
-             "loss": float(np.mean(m["loss"][..., i]))}
-      if i == run.chunk - 1:
-        rec["chunk_s"] = dt
-      log.write(rec)
-    done += run.chunk
-    ckpt.save(done, state)
-    rate = (done - start) * run.env_steps_per_iteration / t_train
-    ret = m["return_sum"].sum() / max(m["episodes"].sum(), 1)
-    prog.update(done, f"iterations: return {ret:.1f}, {rate:.0f} env steps/s", force=True)
-  prog.finish()
-  ckpt.close()
-  return log, state, True
-
-
-# ---------------------------------------------------------------- timing
-def measure(run: runner.Run) -> dict:
-  """Per-iteration compute and aggregation seconds, measured apart.
-
-  Compute: the same algorithm on ONE worker without communication (what a worker with its
-  own device computes per iteration). Aggregation: the configured aggregation alone on the
-  worker mesh, times the aggregations per iteration.
-  """
-  cfg = run.cfg.copy_and_resolve_references()
-  cfg.workers = 1
-  one = runner.build(cfg, aggregation="none")
-  n = min(one.chunk, run.cfg.timing_iterations or one.chunk)
-  _, compute_s = runner.timed(runner.chunk_fn(one, n), runner.init_state(one))
-  compute_s /= n
-  agg_s = 0.0
-  if run.aggregator.method != "none":
-    agg_s = time_aggregation(run.aggregator, run.mesh, run.algo.num_params * run.cfg.seeds)
-    agg_s *= run.algo.updates_per_iteration
-  return {"compute_s_per_iteration": compute_s, "aggregation_s_per_iteration": agg_s,
-          "updates_per_iteration": run.algo.updates_per_iteration,
-          "gradient_bytes": run.algo.num_params * 4 * run.cfg.seeds}
-
-
-def measure_or_reuse(run: runner.Run, workdir: str, trained: bool) -> dict:
-  """Measured timing; a rerun with nothing left to train reuses details.json's."""
-  path = os.path.join(workdir, "details.json")
-  if not trained and os.path.exists(path):
-    with open(path) as f:
-      logging.info("reusing the timing measured by the first run (%s)", path)
-      return json.load(f)["measured"]
-  return measure(run)
-
-
-# ---------------------------------------------------------------- outputs
-def plot_returns(run: runner.Run, records: list[dict], path: str, title: str) -> None:
-  """Mean episode return against env steps."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  rs = np.array([r["return_sum"] for r in records])[None]
-  ep = np.array([r["episodes"] for r in records])[None]
-  xs, ys = runner.return_curve(rs, ep)
-  fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=110)
-  ax.plot(xs * run.env_steps_per_iteration, ys, lw=1.5)
-  ax.axhline(envs.RANDOM_RETURN.get(run.cfg.env, np.nan), ls=":", color="gray", lw=1)
-  ax.set_xlabel("env steps (all workers)")
-  ax.set_ylabel("mean episode return")
-  ax.set_title(title, fontsize=9)
-  ax.grid(alpha=0.3)
-  save_figure(fig, path)
-
-
-def summarize(run: runner.Run, records: list[dict], timing: dict, evaluation: dict) -> dict:
-  """The summary.json keys of issue 5, and ``eval_return`` (issue 21)."""
-  cfg = run.cfg
-  rs = np.array([r["return_sum"] for r in records])[None]
-  ep = np.array([r["episodes"] for r in records])[None]
-  chunk_s = sum(r.get("chunk_s", 0.0) for r in records)
-  steps = len(records) * run.env_steps_per_iteration
-  compute, agg = timing["compute_s_per_iteration"], timing["aggregation_s_per_iteration"]
-  upd = timing["updates_per_iteration"]
-  cluster = predict.cluster_from(cfg.cluster, cfg.workers)
-  predicted = predict.predict(compute / upd, timing["gradient_bytes"], cluster, upd)
-  predicted["inputs"] = {"compute_s_per_update": compute / upd,
-                         "gradient_bytes": timing["gradient_bytes"],
-                         "updates_per_iteration": upd, "cluster": to_dict(cfg.cluster) |
-                         {"workers": cluster.workers}}
-  return {"algo": cfg.algo, "env": cfg.env, "workers": cfg.workers,
-          "aggregation": cfg.aggregation, "staleness": cfg.staleness, "env_steps": steps,
-          "final_return": runner.summarize_returns(rs, ep, cfg.final_window),
-          "eval_return": evaluation["eval_return"],
-          "env_steps_per_sec": steps / chunk_s if chunk_s else float("nan"),
-          "comm_fraction_measured": agg / (compute + agg) if compute + agg else 0.0,
-          "predicted": predicted}
 
 
 def main(argv):
