@@ -16,6 +16,7 @@ from omni_jax.data.decode import (
   decode_image,
   decode_video,
   decode_wav,
+  fit_audio,
   sample_indices,
 )
 from omni_jax.data.encode import write_audio, write_video, write_wav
@@ -257,3 +258,13 @@ def test_bad_compressed_audio_raises(bad):
   write_video(bad / "silent.mp4", gray_clip(4), fps=10)
   with pytest.raises(DecodeError, match="no audio stream"):
     decode_audio(bad / "silent.mp4", sample_rate=8000, num_samples=100)
+
+
+@pytest.mark.parametrize("rate", [44_100, 22_050, 6_000])
+def test_cached_resampling_filter_equals_scipys_default(rate):
+  import scipy.signal
+  x = np.random.default_rng(rate).normal(size=(rate // 4, 1))
+  got = fit_audio(x, rate, sample_rate=8_000, num_samples=2_000, channels=1)
+  g = np.gcd(rate, 8_000)
+  want = scipy.signal.resample_poly(x[:, 0], 8_000 // g, rate // g)[:2_000]
+  np.testing.assert_allclose(got, want.astype(np.float32), rtol=0, atol=1e-6)
