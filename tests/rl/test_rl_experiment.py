@@ -41,7 +41,11 @@ def test_rl_tiny_writes_summary_and_resumes(tmp_path):
     rows = s["predicted"][mode]
     assert set(rows) == {"ps", "allreduce", "switch"}
     assert rows["ps"]["speedup_vs_ps"] == 1.0
-    assert rows["switch"]["speedup_vs_ps"] > 1.0   # 2 hops beat the server's 4 (and incast)
+    assert rows["switch"]["comm_s"] < rows["ps"]["comm_s"]  # 2 hops beat the server's 4
+  # sync adds comm to the measured compute: the switch is faster. Async takes max(compute,
+  # comm): equal to the server whenever the measured compute hides both (a loaded machine).
+  assert s["predicted"]["sync"]["switch"]["speedup_vs_ps"] > 1.0
+  assert s["predicted"]["async"]["switch"]["speedup_vs_ps"] >= 1.0
   sync = s["predicted"]["sync"]["switch"]
   assert sync["iteration_s"] == pytest.approx(sync["compute_s"] + sync["comm_s"])
   records = [json.loads(line) for line in open(os.path.join(wd, "metrics.jsonl"))]
