@@ -22,6 +22,13 @@ The packer is best-fit decreasing over a window of documents: longest first, eac
 open row with the least room left that fits it and has a free slot for its modalities. Rows are
 filled to the token budget ``seq_len`` (the VeOmni-style dynamic batcher: the number of samples
 per batch varies, the tokens per batch do not).
+
+A window's last rows are part-filled: nothing is left to fill them. :func:`hold_open` keeps
+rows below ``HOLD_BELOW`` of ``seq_len`` open, and the reader packs their documents again with
+the next window; a document is held at most ``MAX_HOLDS`` times (a row holding a document held
+that often is always emitted), so a document waits at most that many windows. On the
+real-files manifest (``:files``, 128-token rows, 2 slots, 512-record windows) 60 batches filled
+94.6 % of their tokens without holding, 95.0 % with 2 holds and 95.7 % with 4.
 """
 
 from __future__ import annotations
@@ -82,6 +89,25 @@ def pack(docs: list[Doc], seq_len: int, slots: int = 1) -> list[list[Doc]]:
     for m in d.slots:
       used[best][m] = used[best].get(m, 0) + 1
   return rows
+
+
+HOLD_BELOW = 0.95
+MAX_HOLDS = 4
+
+
+def hold_open(rows: list[list[Doc]], seq_len: int, holds: dict[int, int],
+              below: float = HOLD_BELOW, max_holds: int = MAX_HOLDS
+              ) -> tuple[list[list[Doc]], list[list[Doc]]]:
+  """Packed rows -> (rows to emit, rows to keep open for the next window). A row is kept open
+  when it fills less than ``below`` of ``seq_len`` and none of its documents was held
+  ``max_holds`` times already (``holds``: ``id()`` of a document -> times held; absent = 0).
+  Order within each part is kept."""
+  emit, hold = [], []
+  for row in rows:
+    full = sum(len(d) for d in row) >= below * seq_len
+    spent = any(holds.get(id(d), 0) >= max_holds for d in row)
+    (emit if full or spent else hold).append(row)
+  return emit, hold
 
 
 def collate_packed(spec: OmniSpec, rows: list[list[Doc]], seq_len: int,

@@ -8,8 +8,9 @@ Per shard of the training records (``data.shards``; default one per process)::
     .map(DocMaker)                       # JSON -> decode files -> tokens -> understand /
                                          #   generate / text documents (bad record: reported)
     .batch(pack_window, batch_fn=list)   # windows of records ...
-    .map(WindowPacker)                   # ... packed best-fit into rows (packing.py)
     .to_iter_dataset(prefetch) [.mp_prefetch(workers)]
+  -> WindowPacker (reading process)      # ... packed best-fit into rows (packing.py); the
+                                         #   window's part-filled rows stay open for the next
 
 Each window's rows are cut into batches; a batch's rows come from ``shards`` blocks of
 ``batch_size / shards`` rows, block ``s`` from shard ``s``. The global batch is therefore a
@@ -19,9 +20,10 @@ each reading only its own half of the records (``jax.make_array_from_process_loc
 assembles the global array, see :func:`omni_jax.parallel.mesh.put_local_batch`).
 
 The :class:`InputIterator` (a Grain ``DatasetIterator``) holds, per shard, the Grain state
-from just before the current window, the rows of that window already used, and the
-read/skipped counts; restoring re-reads that one window and skips the used rows, so a resumed
-run sees exactly the batches of a straight run. The trainer saves it in the orbax checkpoint
+from just before the current window, the documents the window before it left open, the rows
+of that window already used, and the read/skipped counts; restoring decodes the open documents
+again, re-reads that one window and skips the used rows, so a resumed run sees exactly the
+batches of a straight run. The trainer saves it in the orbax checkpoint
 beside the train state (Grain's checkpoint handler: one JSON file per process).
 
 Bad records (unparsable JSON, unknown key, wrong type, missing or undecodable file, a document
@@ -43,7 +45,7 @@ from absl import logging
 from omni_jax.config import ConfigError, check_keys, one_of, positive_int, require
 from omni_jax.data import vq
 from omni_jax.data.decode import decode_record
-from omni_jax.data.packing import Doc, collate_packed, doc_from_row, efficiency, pack
+from omni_jax.data.packing import Doc, collate_packed, doc_from_row, efficiency, hold_open, pack
 from omni_jax.data.records import ManifestIndex, RecordSource
 from omni_jax.data.sequences import TASK_TEXT, RowBuilder, generate_task, understand_task
 from omni_jax.modalities import MODALITY_KINDS
@@ -139,34 +141,48 @@ class DocMaker:
     except ValueError as e:
       return {"docs": [], "bad": f"{self.manifest}:{lineno}: {e}"}
 
+  def indexed(self, index: int, item: tuple[int, bytes]) -> dict[str, Any]:
+    """:meth:`__call__` plus the element's index in its stream (names carried documents)."""
+    return {**self(item), "index": index}
+
 
 class WindowPacker:
-  """A window of :class:`DocMaker` outputs -> its packed rows and record counts."""
+  """A window's documents, with those the previous window left open, -> rows to emit and rows
+  to keep open (:func:`~omni_jax.data.packing.hold_open`). Runs in the reading process: what
+  it keeps open is reader state."""
 
   def __init__(self, spec: OmniSpec, seq_len: int, slots: int = 1):
     self.spec, self.seq_len, self.slots = spec, seq_len, slots
 
-  def __call__(self, items: list[dict]) -> dict[str, Any]:
-    docs = [d for it in items for d in it["docs"]]
+  def __call__(self, docs: list[Doc], holds: dict[int, int], flush: bool
+               ) -> tuple[dict[str, np.ndarray] | None, int, list[list[Doc]]]:
+    """(batch of the emitted rows or None, their number, rows kept open); ``holds``: ``id()``
+    of a carried document -> times held. ``flush`` emits every row (the records ran out)."""
     rows = pack(docs, self.seq_len, self.slots)
-    return {"batch": collate_packed(self.spec, rows, self.seq_len, self.slots) if rows else None,
-            "rows": len(rows), "records": len(items),
-            "bad": [it["bad"] for it in items if it["bad"]]}
+    emit, hold = (rows, []) if flush else hold_open(rows, self.seq_len, holds)
+    batch = collate_packed(self.spec, emit, self.seq_len, self.slots) if emit else None
+    return batch, len(emit), hold
 
 
 class ShardReader:
-  """The packed-row stream of one shard of the training records, with resumable state."""
+  """The packed-row stream of one shard of the training records, with resumable state.
+
+  Decoding runs in the Grain pipeline (worker processes with ``data.workers``); packing runs
+  here, because rows a window leaves part-filled stay open for the next window. The state
+  names their documents by (element index of the shard's record stream, document index), and
+  a restore decodes those records again. ``carry`` entries are ``(doc, (index, j, times held))``."""
 
   def __init__(self, source: RecordSource, maker: DocMaker, packer: WindowPacker, *, seed: int,
                shard: int, shards: int, opts: dict[str, Any]):
-    ds = grain.MapDataset.source(source).shuffle(seed=seed)[shard::shards]
-    self.num_records = len(ds)
+    records = grain.MapDataset.source(source).shuffle(seed=seed)[shard::shards]
+    self.num_records = len(records)
     if not self.num_records:
       raise DataError(f"shard {shard} of {shards} has no training records ({len(source)} in "
                       f"the train split); lower data.shards or add records")
     self.epochs = opts["epochs"]
-    ds = ds.repeat(self.epochs or None).map(maker)
-    ds = ds.batch(opts["pack_window"], batch_fn=list).map(packer)
+    self.records = records.repeat(self.epochs or None)  # random access: carried documents
+    self.maker, self.packer = maker, packer
+    ds = self.records.map_with_index(maker.indexed).batch(opts["pack_window"], batch_fn=list)
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=1 if opts["prefetch"] else 0,
                                               prefetch_buffer_size=opts["prefetch"]))
     if opts["workers"]:
@@ -174,25 +190,36 @@ class ShardReader:
     self.shard, self.it = shard, iter(it)
     self.window: dict | None = None
     self.offset = 0
-    self.before = {"parent": self.it.get_state(), "read": 0, "skipped": 0, "bad": []}
+    self.carry: list[tuple[Doc, tuple[int, int, int]]] = []  # documents of rows kept open
+    self.before = {"parent": self.it.get_state(), "read": 0, "skipped": 0, "bad": [],
+                   "carry": []}
     self.read, self.skipped, self.bad = 0, 0, []
 
   def _advance(self) -> None:
     self.before = {"parent": self.it.get_state(), "read": self.read, "skipped": self.skipped,
-                   "bad": list(self.bad)}
+                   "bad": list(self.bad), "carry": [list(k) for _, k in self.carry]}
     try:
-      w = next(self.it)
+      items = next(self.it)
     except StopIteration:
-      raise DataError(f"shard {self.shard}'s {self.num_records} training records ran out after "
-                      f"data.epochs = {self.epochs}; raise it (0 = endless)") from None
-    for k, msg in enumerate(w["bad"], start=self.skipped + 1):
+      if not self.carry:
+        raise DataError(f"shard {self.shard}'s {self.num_records} training records ran out "
+                        f"after data.epochs = {self.epochs}; raise it (0 = endless)") from None
+      items = []  # the last rows kept open are emitted, not dropped
+    bad = [it["bad"] for it in items if it["bad"]]
+    for k, msg in enumerate(bad, start=self.skipped + 1):
       if k <= MAX_LOGGED:
         logging.warning("skipping bad record: %s%s", msg, " (further bad records are counted, "
                         "not logged)" if k == MAX_LOGGED else "")
-    self.read += w["records"]
-    self.skipped += len(w["bad"])
-    self.bad += w["bad"][:MAX_LISTED - len(self.bad)]
-    self.window, self.offset = w, 0
+    self.read += len(items)
+    self.skipped += len(bad)
+    self.bad += bad[:MAX_LISTED - len(self.bad)]
+    docs = self.carry + [(d, (it["index"], j, 0)) for it in items
+                         for j, d in enumerate(it["docs"])]
+    batch, rows, hold = self.packer([d for d, _ in docs], {id(d): k[2] for d, k in docs},
+                                    flush=not items)
+    key = {id(d): k for d, k in docs}
+    self.carry = [(d, (*key[id(d)][:2], key[id(d)][2] + 1)) for row in hold for d in row]
+    self.window, self.offset = {"batch": batch, "rows": rows}, 0
 
   def take(self, n: int) -> dict[str, np.ndarray]:
     """The next ``n`` packed rows."""
@@ -214,7 +241,9 @@ class ShardReader:
     self.it.set_state(state["parent"])
     self.read, self.skipped, self.bad = state["read"], state["skipped"], list(state["bad"])
     self.window, self.offset = None, 0
-    self.before = {k: state[k] for k in ("parent", "read", "skipped", "bad")}
+    self.carry = [(self.maker(self.records[i])["docs"][j], (i, j, n))
+                  for i, j, n in state.get("carry", [])]
+    self.before = {"carry": [], **{k: state[k] for k in state if k not in ("window", "offset")}}
     if state["window"]:
       self._advance()
       self.offset = state["offset"]
