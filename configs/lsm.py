@@ -64,8 +64,12 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
   c.bits = (16, 12, "12/8/8", 8)
   c.reference_bits = 16            # the full-precision design energy is measured against
   c.max_accuracy_loss = 0.01       # precision scaling may cost at most this much accuracy
-  c.brian2_python = "/tmp/brian2env/bin/python"
-  c.brian2_utterances = 3
+  # Brian2 speed peer (omni_jax/lsm/brian2_env.py): Brian2 needs numpy < 2.3, so unless it
+  # imports here the experiment creates a venv at ``venv`` (empty = ~/.cache/omni_jax/
+  # brian2-venv) on first use with pip install brian2 'numpy<2.3' cython. Each target is timed;
+  # brian2_steps_per_sec is the fastest. () = not measured.
+  c.brian2 = ml_collections.ConfigDict(dict(
+      venv="", utterances=3, targets=("numpy", "cython", "cpp_standalone"), timeout_s=900))
   c.speed_repeats = 3
   if arg == "studio":
     # espeak-ng pitch 40 / 50 / 60 -> F0 81 / 90 / 101 Hz (en-us), speed 145 / 160 / 175 wpm
@@ -81,6 +85,6 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
     c.readout.epochs = 1
     c.readout.group = 2
     c.bits = (16, "12/8/8")
-    c.brian2_utterances = 1
+    c.brian2.targets = ()           # the smoke run does not create the Brian2 venv
     c.speed_repeats = 1
   return c
