@@ -35,6 +35,8 @@ With 2 ungated readout neurons (the study's readout_counts): + 2 x 4 membrane up
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -50,6 +52,7 @@ NET = reservoir.Network(
 X = jnp.array([[1.0], [0.0], [0.0], [0.0]])
 
 
+@functools.cache                        # each simulation once for both tests
 def _totals(gate: bool, bits: int = 16):
   fmt = fxp.make_format(bits, ranges={"membrane": 256.0})
   spikes, st = reservoir.simulate(NET, fmt, X, LIF, gate=gate)
