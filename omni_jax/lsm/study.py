@@ -104,6 +104,26 @@ def fmt_for(cfg, spec):
                                           "calcium": cfg.readout.calcium_range})
 
 
+def draw_streams(cfg, m: int) -> list[np.random.Generator]:
+  """Sample-order streams of ``m`` models: rows 0..k-1 (the folds) share the stream the
+  k-fold-only study used; extra rows get their own, so adding a model leaves the folds'
+  training unchanged."""
+  fold_rng = np.random.default_rng(cfg.seed + 1)
+  return [fold_rng if j < cfg.folds else np.random.default_rng([cfg.seed + 1, j])
+          for j in range(m)]
+
+
+def epoch_draws(cfg, train_sets, n_train: int, rngs, epoch: int):
+  """One epoch's sample order (M, n_train), each row drawn without replacement from its
+  ``train_sets`` row, and the models' rule keys (M,)."""
+  order = np.stack([rngs[j].permutation(np.flatnonzero(train_sets[j]))[:n_train]
+                    for j in range(len(rngs))])
+  key = jax.random.key(cfg.seed * 1000 + epoch)
+  keys = jnp.concatenate([jax.random.split(key, cfg.folds)]
+                         + [jax.random.fold_in(key, j)[None] for j in range(cfg.folds, len(rngs))])
+  return order, keys
+
+
 def train_readouts(cfg, spikes, labels, train_sets, fmt, out_lif, rule, bits, evaluate,
                    metrics):
   """Calcium-rule readouts, one per row of ``train_sets`` (bool (M, S) over the samples of
@@ -116,10 +136,7 @@ def train_readouts(cfg, spikes, labels, train_sets, fmt, out_lif, rule, bits, ev
   """
   m = train_sets.shape[0]
   n_train = int(train_sets.sum(1).min())
-  # Rows 0..k-1 (the folds) draw from the stream the k-fold-only study used; extra rows from
-  # their own streams, so adding a model leaves the folds' training unchanged.
-  rng = np.random.default_rng(cfg.seed + 1)
-  extra_rng = [np.random.default_rng([cfg.seed + 1, j]) for j in range(m)]
+  rngs = draw_streams(cfg, m)
   s = jnp.asarray(spikes)
   y = jnp.asarray(labels)
   g = cfg.readout.group
@@ -130,11 +147,7 @@ def train_readouts(cfg, spikes, labels, train_sets, fmt, out_lif, rule, bits, ev
   prog = Progress(f"bits {bits}", epochs, unit="epochs")
   for epoch in range(epochs):
     t0 = time.time()
-    order = np.stack([(rng if j < cfg.folds else extra_rng[j]).permutation(
-        np.flatnonzero(train_sets[j]))[:n_train] for j in range(m)])
-    key = jax.random.key(cfg.seed * 1000 + epoch)
-    keys = jnp.concatenate([jax.random.split(key, cfg.folds)]
-                           + [jax.random.fold_in(key, j)[None] for j in range(cfg.folds, m)])
+    order, keys = epoch_draws(cfg, train_sets, n_train, rngs, epoch)
     # Annealed step: dw * dw_decay**epoch (the rule itself is unchanged).
     rule_e = rule._replace(dw=rule.dw * cfg.readout.dw_decay ** epoch)
     w = jax.block_until_ready(train_v(keys, w, s, y, jnp.asarray(order), out_lif, rule_e, fmt))
@@ -229,6 +242,10 @@ def run(cfg, workdir: str | Path) -> dict:
   t_start = time.time()
   ds = corpus.load_data(cfg, workdir)
   is_test_ds = corpus.split_voices(cfg, ds)
+  if not is_test_ds.any():
+    logging.warning("no held-out test voices (config.data.test_voices / test_speakers empty): "
+                    "accuracy_test_voices will be null; only the k-fold CV on voices that may "
+                    "have been tuned on is reported")
   # Tuning voices first (their encoding, feature scale included, is the one tuned on), then
   # the test voices encoded with the tuning voices' scale.
   sp_tune, len_tune, y_tune, scale = corpus.encode(cfg, corpus.subset(ds, ~is_test_ds), workdir)

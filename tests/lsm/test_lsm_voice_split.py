@@ -116,3 +116,50 @@ def test_speech_folder_made_before_engines_were_named_is_reused(tmp_path):
   with pytest.raises(ValueError, match=r"differs in \['engine'\]"):
     speech._check_spec(tmp_path, speech.SpeechSpec(voices=("en-us",), utterances=1,
                                                    engine="flite"))
+
+
+def test_extra_model_leaves_the_folds_draws_unchanged():
+  import jax
+  cfg = lsm_cfg.get_config("tiny")                          # 3 folds
+  labels = np.tile(np.arange(3), 6)
+  fold = corpus.make_folds(labels, 3, 0)
+  folds = [fold != f for f in range(3)]
+  full = np.ones(labels.size, bool)
+  full[[0, 5]] = False                                      # the extra row excludes two samples
+  streams_a = lsm_study.draw_streams(cfg, 3)
+  streams_b = lsm_study.draw_streams(cfg, 4)
+  for epoch in range(3):
+    o3, k3 = lsm_study.epoch_draws(cfg, np.stack(folds), 12, streams_a, epoch)
+    o4, k4 = lsm_study.epoch_draws(cfg, np.stack(folds + [full]), 12, streams_b, epoch)
+    np.testing.assert_array_equal(o4[:3], o3)
+    np.testing.assert_array_equal(jax.random.key_data(k4[:3]), jax.random.key_data(k3))
+    for j, row in enumerate(folds + [full]):                # drawn from its own row, no repeats
+      assert row[o4[j]].all() and len(set(o4[j].tolist())) == 12
+    assert not np.array_equal(jax.random.key_data(k4[3]), jax.random.key_data(k4[0]))
+
+
+@pytest.mark.slow
+def test_adding_the_all_tuning_voices_model_leaves_the_folds_unchanged(tmp_path):
+  from omni_jax.train.metrics import MetricsLog
+  cfg = lsm_cfg.get_config("tiny")
+  cfg.folds, cfg.readout.epochs, cfg.readout.eval_every, cfg.readout.group = 2, 2, 2, 1
+  rng = np.random.default_rng(0)
+  labels = np.tile([0, 1], 4)
+  spikes = (rng.random((8, 30, 6)) < 0.3).astype(np.uint8)
+  fold = corpus.make_folds(labels, 2, 0)
+  _, out_lif, rule = lsm_study.lif_params(cfg)
+  fmt = lsm_study.fmt_for(cfg, 16)
+  seen = []
+  log = MetricsLog(str(tmp_path / "m.jsonl"))
+
+  def train(rows):
+    return np.asarray(lsm_study.train_readouts(cfg, spikes, labels, np.stack(rows), fmt, out_lif,
+                                               rule, 16, lambda w: seen.append(w.shape) or {},
+                                               log))
+
+  folds = [fold != 0, fold != 1]
+  w_folds = train(folds)
+  w_all = train(folds + [np.ones(8, bool)])
+  assert seen == [(2, 6, 2), (3, 6, 2)]                   # evaluated once, at the last epoch
+  np.testing.assert_array_equal(w_all[:2], w_folds)
+  assert np.abs(w_folds).sum() > 0 and not np.array_equal(w_all[2], w_all[0])
