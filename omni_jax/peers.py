@@ -1,8 +1,8 @@
 """Optional peers: other projects' implementations some runs compare against (faiss for
 experiments.query, pycolmap for experiments.visage). They are one extra away:
 ``pip install -e '.[peers]'`` (Brian2, for experiments.lsm, needs numpy < 2.3 and so its own
-interpreter: config.brian2_python). A run without one says so in its log and
-summary (which peer, and that command) instead of recording a bare null.
+interpreter: a venv experiments.lsm creates, omni_jax/lsm/brian2_env.py). A run without one
+says so in its log and summary (which peer, and that command) instead of recording a bare null.
 """
 
 from __future__ import annotations

@@ -1,8 +1,12 @@
-"""Spoken-digit data generated with espeak-ng (TI46 is not downloadable here).
+"""Spoken-digit data generated with a speech engine (TI46 is not downloadable here).
 
-Each utterance is one espeak-ng rendering of "zero".."nine" in a given voice with its own
-speed and pitch, convolved with a synthetic room impulse response (exponentially decaying
-noise with a chosen RT60) and mixed with white noise at a chosen SNR, then written as a
+Engines: espeak-ng (formant synthesis; the training corpus) and flite (CMU Flite, diphone /
+cluster-unit voices ``kal``, ``awb``, ``rms``, ``slt``: a second engine to test on). Each
+utterance is one rendering of "zero".."nine" in a given voice with its own speed (espeak-ng
+``-s`` words per minute; flite ``duration_stretch`` = 175 / wpm, 175 being espeak-ng's default
+rate) and, for espeak-ng only, pitch (``-p``; flite voices keep their own pitch), convolved
+with a synthetic room impulse response (exponentially decaying noise with a chosen RT60) and
+mixed with white noise at a chosen SNR, then written as a
 16-bit WAV named ``<digit>_<voice>_<index>.wav`` (readable by ``wav_folder.load_folder``).
 Generation is deterministic in the seed and skips files that already exist, so reruns reuse
 the data; the folder keeps the spec it was made with (``speech_spec.json``) and a rerun with
@@ -29,6 +33,8 @@ from omni_jax.train.progress import Progress
 
 SPEC_FILE = "speech_spec.json"
 DEFAULT_VOICES = ("en-us", "en-gb+f3", "en-gb-scotland+m3", "en-029+f2", "en-us-nyc+m7")
+ENGINES = ("espeak-ng", "flite")
+FLITE_VOICES = ("kal", "awb", "rms", "slt")
 
 
 @dataclass
@@ -42,6 +48,7 @@ class SpeechSpec:
   rt60_s: tuple = (0.05, 0.3)
   sample_rate: int = 16000
   seed: int = 0
+  engine: str = "espeak-ng"
 
 
 def espeak_binary() -> str | None:
@@ -49,17 +56,29 @@ def espeak_binary() -> str | None:
   return shutil.which("espeak-ng") or shutil.which("espeak")
 
 
-def synthesize(text: str, voice: str, speed: int, pitch: int, sample_rate: int) -> np.ndarray:
-  """One espeak-ng rendering of ``text``, resampled to ``sample_rate``."""
-  exe = espeak_binary()
+def synthesize(text: str, voice: str, speed: int, pitch: int, sample_rate: int,
+               engine: str = "espeak-ng") -> np.ndarray:
+  """One rendering of ``text`` by ``engine``, resampled to ``sample_rate``."""
+  if engine == "espeak-ng":
+    exe = espeak_binary()
+    install = "apt-get install -y espeak-ng"
+  elif engine == "flite":
+    exe = shutil.which("flite")
+    install = "apt-get install -y flite"
+  else:
+    raise ValueError(f"speech engine {engine!r} is not allowed: one of {ENGINES}")
   if exe is None:
-    raise RuntimeError("espeak-ng is not installed: apt-get install -y espeak-ng")
+    raise RuntimeError(f"{engine} is not installed: {install}")
   with tempfile.TemporaryDirectory() as d:
     out = Path(d) / "u.wav"
-    cmd = [exe, "-v", voice, "-s", str(speed), "-p", str(pitch), "-w", str(out), text]
+    if engine == "espeak-ng":
+      cmd = [exe, "-v", voice, "-s", str(speed), "-p", str(pitch), "-w", str(out), text]
+    else:
+      cmd = [exe, "-voice", voice, "--setf", f"duration_stretch={175 / speed:.4f}", "-t", text,
+             "-o", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     if res.returncode != 0 or not out.exists():
-      raise RuntimeError(f"espeak-ng failed for voice {voice!r}: {res.stderr.strip()}")
+      raise RuntimeError(f"{engine} failed for voice {voice!r}: {res.stderr.strip()}")
     x, sr = read_wav(out)
   return resample(x, sr, sample_rate)
 
@@ -107,8 +126,8 @@ def render(spec: SpeechSpec, digit: int, voice_i: int, index: int) -> np.ndarray
   rng = np.random.default_rng([spec.seed, digit, voice_i, index])
   speed = int(rng.integers(spec.speed_wpm[0], spec.speed_wpm[1] + 1))
   pitch = int(rng.integers(spec.pitch[0], spec.pitch[1] + 1))
-  x = trim(synthesize(DIGITS[digit], spec.voices[voice_i], speed, pitch, spec.sample_rate),
-           spec.sample_rate)
+  x = trim(synthesize(DIGITS[digit], spec.voices[voice_i], speed, pitch, spec.sample_rate,
+                      spec.engine), spec.sample_rate)
   x = room(x, spec.sample_rate, float(rng.uniform(*spec.rt60_s)), rng)
   x = add_noise(x, float(rng.uniform(*spec.snr_db)), rng)
   return x / max(float(np.abs(x).max()), 1e-9) * 0.5
@@ -120,6 +139,7 @@ def _check_spec(out_dir: Path, spec: SpeechSpec) -> None:
   path = out_dir / SPEC_FILE
   if path.exists():
     old = json.loads(path.read_text())
+    old.setdefault("engine", "espeak-ng")        # folders made before engines were named
     diff = sorted(k for k in set(old) | set(record) if old.get(k) != record.get(k))
     if diff:
       raise ValueError(f"{out_dir} holds WAVs generated with another speech spec (differs in "

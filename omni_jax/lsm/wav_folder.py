@@ -20,6 +20,10 @@ from omni_jax.train.metrics import atomic_path
 
 DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 MIN_SAMPLE_RATE = 8000
+LABEL_RULE = ("a file is labelled by the first token of its name (split at any character other "
+              "than a letter or digit): the digit word or its index ('seven_kal_00.wav', "
+              "'7-take2.wav', TI46-style '07f1set0.wav'), else by the nearest folder named so "
+              "('seven/take1.wav', '7/a.wav'); the speaker is the name's second token")
 
 
 @dataclass
@@ -147,8 +151,10 @@ def load_file(path: Path, checks: WavChecks) -> tuple[np.ndarray | None, str | N
 
 
 def load_folder(root: str | Path, labels: tuple = DIGITS, checks: WavChecks | None = None,
-                speaker_of=None) -> Dataset:
-  """Load every ``*.wav`` under ``root`` (sorted); bad and unlabelled files are recorded.
+                speaker_of=None, strict: bool = False) -> Dataset:
+  """Load every ``*.wav`` under ``root`` (sorted); bad and unlabelled files are recorded, or
+  with ``strict`` raise one ValueError naming each of them (a test set where every file
+  must count).
 
   ``speaker_of(path) -> str`` names the speaker (default: the file name's second token).
   """
@@ -177,6 +183,12 @@ def load_folder(root: str | Path, labels: tuple = DIGITS, checks: WavChecks | No
     ds.labels.append(label)
     ds.speakers.append(speaker_of(p) if speaker_of else (toks[1] if len(toks) > 1 else ""))
     ds.paths.append(str(p))
+  if strict and ds.rejected:
+    listed = "; ".join(f"{p}: {r}" for p, r in ds.rejected)
+    raise ValueError(f"{root}: {len(ds.rejected)} of {len(files)} WAV files not usable ({listed})."
+                     f" Every file must be a readable PCM WAV ({checks.min_seconds}-"
+                     f"{checks.max_seconds} s, >= {MIN_SAMPLE_RATE} Hz, not silent or clipped) "
+                     f"and labelled: {LABEL_RULE}")
   return ds
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from omni_jax.lsm import fixed_point as fxp
-from omni_jax.lsm import power, readout, reservoir
+from omni_jax.lsm import readout, reservoir
 
 LIF = reservoir.LIFParams(threshold=20.0, tau_shift=5, refractory=2)
 
@@ -175,23 +175,6 @@ def test_least_squares_readout_and_count_features():
   np.testing.assert_array_equal(f, [[4, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 5]])
   w = readout.least_squares_fit(f, np.array([0, 1]), 2, ridge=1e-6)
   np.testing.assert_array_equal(readout.least_squares_predict(w, f), [0, 1])
-
-
-def test_energy_model_linear_in_bits_and_savings():
-  c = power.Counts(updates=100.0, syn_events=50.0)
-  e16 = power.energy_pj(c, 16, 16)
-  assert power.energy_pj(c, 8, 8) == pytest.approx(e16 / 2)
-  per_update = 16 * (3 * power.ADD_PJ_PER_BIT + 2 * power.SRAM_PJ_PER_BIT)
-  per_event = 16 * (power.SRAM_PJ_PER_BIT + power.ADD_PJ_PER_BIT)
-  assert e16 == pytest.approx(100 * per_update + 50 * per_event)
-  per_syn = 16 * 2 * (power.ADD_PJ_PER_BIT + power.SRAM_PJ_PER_BIT)
-  c3 = power.Counts(updates=100.0, syn_events=50.0, syn_updates=30.0)
-  assert power.energy_pj(c3, 16, 16, power.model_for(True)) == pytest.approx(
-      e16 + 30 * per_syn)
-  assert power.energy_pj(c3, 16, 16, power.model_for(False)) == pytest.approx(e16)
-  assert power.saving(70.0, 100.0) == pytest.approx(0.3)
-  with pytest.raises(ValueError):
-    power.energy_pj(c, 0, 8)
 
 
 def test_build_network_shape_and_statistics():
