@@ -8,18 +8,16 @@ buzzy (odd harmonics), with random onset, loudness and noise; the caption names 
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from omni_jax.config import one_of, positive_int, require
 from omni_jax.modalities.base import ModalityKind, register_kind, stack_for
-from omni_jax.modalities.logmel import log_mel_spectrogram
+from omni_jax.modalities.logmel import log_mel_spectrogram, log_mel_spectrogram_np
 
 NOTES = {"c4": 261.63, "f4": 349.23, "a#4": 466.16, "d#5": 622.25, "g#5": 830.61,
          "c#6": 1108.73, "f#6": 1479.98, "b6": 1975.53}
@@ -88,16 +86,24 @@ def frame_features(spec, x):
   return jnp.moveaxis(f, 1, 2).reshape(b, nf, c * m)
 
 
-@functools.lru_cache(maxsize=16)
-def _jitted_features(frozen: tuple):
-  spec = dict(frozen)
-  return jax.jit(lambda v: frame_features(spec, v))
+def frame_features_np(spec, x: np.ndarray) -> np.ndarray:
+  """:func:`frame_features` in numpy (input workers: no JAX dispatch or compile there)."""
+  x = np.asarray(x, np.float32)
+  x = x if x.ndim == 3 else x[..., None]
+  x = np.moveaxis(x, -1, 1)  # [B, C, S]
+  if spec["features"] == "logmel":
+    f = log_mel_spectrogram_np(x, sample_rate=spec["sample_rate"], n_fft=spec["n_fft"],
+                               hop=spec["hop"], n_mels=spec["n_mels"])  # [B, C, F, M]
+  else:
+    idx = np.arange(num_frames(spec))[:, None] * spec["hop"] + np.arange(spec["n_fft"])
+    f = x[..., idx]  # [B, C, F, n_fft]
+  b, c, nf, m = f.shape
+  return np.moveaxis(f, 1, 2).reshape(b, nf, c * m)
 
 
 def code_vectors(spec, x: np.ndarray) -> np.ndarray:
   """Per-token features for VQ: frame features averaged over each group of 4 frames."""
-  frozen = tuple(sorted((k, spec[k]) for k in DEFAULTS))
-  f = np.asarray(_jitted_features(frozen)(jnp.asarray(x, jnp.float32)))
+  f = frame_features_np(spec, x)
   n = num_tokens(spec)
   pad = n * 4 - f.shape[1]
   f = np.pad(f, ((0, 0), (0, pad), (0, 0)), mode="edge")

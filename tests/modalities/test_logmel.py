@@ -13,6 +13,7 @@ import pytest
 from omni_jax.modalities.logmel import (
     hz_to_mel,
     log_mel_spectrogram,
+    log_mel_spectrogram_np,
     mel_center_frequencies,
     mel_filterbank,
     mel_to_hz,
@@ -66,6 +67,25 @@ def test_matches_numpy_reference():
     want = reference_log_mel(wave[b].astype(np.float32).astype(np.float64), SR, N_FFT, HOP,
                              N_MELS)
     np.testing.assert_allclose(got[b], want, atol=1e-4, rtol=0)
+
+
+def test_numpy_twin_matches_reference_and_frame_features():
+  rng = np.random.default_rng(1)
+  wave = rng.uniform(-1, 1, size=(2, 1000)).astype(np.float32)
+  got = log_mel_spectrogram_np(wave, sample_rate=SR, n_fft=N_FFT, hop=HOP, n_mels=N_MELS,
+                               fmin=100.0, fmax=7000.0, eps=1e-3)
+  for b in range(2):
+    want = reference_log_mel(wave[b].astype(np.float64), SR, N_FFT, HOP, N_MELS, 100.0, 7000.0,
+                             1e-3)
+    np.testing.assert_allclose(got[b], want, atol=1e-5, rtol=0)
+  # The audio modality's numpy features (input workers' code vectors) equal its jnp ones.
+  from omni_jax.modalities import frames
+  for features in ("logmel", "raw"):
+    spec = {**frames.DEFAULTS, "features": features, "channels": 2}
+    x = rng.uniform(-1, 1, size=(2, spec["num_samples"], 2)).astype(np.float32)
+    np.testing.assert_allclose(frames.frame_features_np(spec, x),
+                               jax.jit(lambda v, s=spec: frames.frame_features(s, v))(x),
+                               atol=2e-4, rtol=0, err_msg=features)
 
 
 def test_matches_reference_with_fmin_fmax_and_eps():
