@@ -18,6 +18,7 @@ from omni_jax.parallel import mesh as mesh_lib
 LAYOUTS = {  # name -> (mesh, MoE impl, op overrides)
     "data": (dict(data=8), "dropless", {}),
     "data_capacity_path": (dict(data=8), "capacity", {}),
+    "data_fsdp_capacity_path": (dict(data=2, fsdp=4), "capacity", {}),
     "fsdp": (dict(fsdp=8), "dropless", {}),
     "expert": (dict(expert=4, fsdp=2), "dropless", {}),
     "expert_capacity_path": (dict(expert=2, fsdp=4), "capacity", {}),
@@ -46,7 +47,8 @@ def max_rel_err(a, b) -> float:
 
 # Every mesh axis is in a default-suite layout (in combination); the single-axis layouts that
 # those combinations cover run under `pytest -m slow` (each is a compile of the 8-device step).
-COVERED_BY_COMBINATIONS = {"data", "expert", "tensor", "sequence", "sequence_ring"}
+COVERED_BY_COMBINATIONS = {"data", "data_capacity_path", "fsdp", "expert", "tensor", "sequence",
+                           "sequence_ring"}
 
 
 @pytest.mark.parametrize("name", [
