@@ -18,7 +18,7 @@ from absl import logging
 
 from omni_jax import peers
 from omni_jax.config import to_dict
-from omni_jax.query import cache, engines, featurize, model, plots, store
+from omni_jax.query import cache, engines, featurize, model, ondisk_peers, plots, store
 from omni_jax.query.datasets import centers, clustered, image_crops
 from omni_jax.train.metrics import write_json_atomic
 from omni_jax.train.progress import Progress, time_calls, timed
@@ -37,6 +37,12 @@ def validate(cfg) -> None:
   for key in ("num_items", "dim", "centers", "rows_per_shard"):
     if int(cfg.store[key]) < 1:
       raise ValueError(f"config.store.{key} = {cfg.store[key]} must be >= 1")
+  for name in cfg.peers.names:
+    if name not in ondisk_peers.PEERS:
+      raise ValueError(f"config.peers.names contains {name!r}; allowed: "
+                       f"{list(ondisk_peers.PEERS)}")
+  if not 0 < cfg.peers.target_recall <= 1:
+    raise ValueError(f"config.peers.target_recall = {cfg.peers.target_recall} must be in (0, 1]")
   for key in ("channels", "block_rows", "shortlist", "k", "queries", "memory_queries"):
     if int(cfg[key]) < 1:
       raise ValueError(f"config.{key} = {cfg[key]} must be >= 1")
@@ -142,9 +148,21 @@ def time_engines(cfg, reader, qs, truth) -> tuple[list[dict], list[float]]:
       if n == "host":
         io_share.append(res.io_seconds / res.seconds)
     prog.update(qi + 1)
+  warm = {}
+  if cfg.warm:                                           # the same queries, page cache kept
+    for n, e in built.items():
+      for q in qs[:cfg.warmup]:
+        e.search(q, cfg.k)
+      warm[n] = ondisk_peers.time_queries(lambda q, e=e: e.search(q[0], cfg.k).ids[None], qs,
+                                          truth)
   for e in built.values():
     e.close()
-  return [summarize(n, v) for n, v in rec.items()], io_share
+  out = [summarize(n, v) for n, v in rec.items()]
+  for e in out:
+    e["cold"] = {"recall_at_10": e["recall_at_10"], "p50_ms": e["latency_ms_p50"],
+                 "p99_ms": e["latency_ms_p99"], "qps": e["qps"], "queries": e["queries"]}
+    e["warm"] = warm.get(e["name"])
+  return out, io_share
 
 
 def summarize(name: str, v: dict) -> dict:
@@ -195,6 +213,46 @@ def time_faiss(cfg, x: np.ndarray, qs, truth) -> tuple[float | None, str, float 
       lat.append((time.perf_counter() - t0) * 1e3)
       rec.append(recall(ids[0], truth[qi]))
   return float(np.median(lat)), f"faiss {faiss.__version__} IndexFlatIP", float(np.mean(rec))
+
+
+def time_disk_peers(cfg, workdir: Path, mem: engines.MemoryEngine, qs, truth) -> tuple[dict,
+                                                                                         dict]:
+  """faiss IVF with on-disk lists and usearch viewed from disk on the same vectors: tuned on
+  a separate query set to the smallest parameter reaching the target recall@10, then timed
+  cold and warm on the reported queries. Returns (peers, notes); a peer whose package is not
+  installed is None in ``peers`` and its note says why."""
+  pc = cfg.peers
+  out, notes = {}, {}
+  if not pc.names:
+    return out, notes
+  tune_qs = clustered(cfg, centers(cfg), pc.tune_queries, np.random.default_rng([cfg.seed, 6]))
+  tune_truth = exact_answers(mem, tune_qs, cfg.k)
+  x = np.asarray(mem.x)
+  folder = Path(pc.dir) if pc.dir else workdir / "peers"
+  options = {"faiss_ivf_ondisk": {"nlist": pc.faiss_nlist, "train": pc.faiss_train,
+                                  "seed": cfg.seed},
+             "usearch_view": {"connectivity": pc.usearch_connectivity,
+                              "expansion_add": pc.usearch_expansion_add,
+                              "threads": pc.build_threads}}
+  grids = {"faiss_ivf_ondisk": pc.faiss_grid, "usearch_view": pc.usearch_grid}
+  for name in pc.names:
+    ok, note = ondisk_peers.available(name)
+    if not ok:
+      out[name] = None
+      notes[name] = peers.missing(ondisk_peers.PACKAGES[name][1], note,
+                                  f"no {name} figures")["reason"]
+      continue
+    notes[name] = note
+    peer = ondisk_peers.make_peer(name, folder / name, options[name])
+    t0 = time.perf_counter()
+    out[name] = ondisk_peers.run_peer(peer, mem.ids, x, tune_qs, tune_truth, qs, truth,
+                                      grids[name], pc.target_recall, cfg.k)
+    out[name]["version"] = note
+    logging.info("%s (%s=%s, %.0f s with build): cold p50 %.2f ms, warm p50 %.3f ms, "
+                 "recall@10 %.3f", name, peer.param, peer.value, time.perf_counter() - t0,
+                 out[name]["cold"]["p50_ms"], out[name]["warm"]["p50_ms"],
+                 out[name]["warm"]["recall_at_10"])
+  return out, notes
 
 
 def cold_read_check(reader) -> dict:
@@ -304,6 +362,7 @@ def run(cfg, workdir: str | Path) -> dict:
   host_np = np.asarray(mem.x)
   faiss_ms, faiss_note, faiss_recall = time_faiss(cfg, host_np, qs, truth)
   del host_np
+  disk_peers, peer_notes = time_disk_peers(cfg, workdir, mem, qs, truth)
   curve, chosen = run_cache(cfg, reader, mem)
   by = {e["name"]: e for e in results}
   blk = block_seconds(cfg, reader)
@@ -331,7 +390,13 @@ def run(cfg, workdir: str | Path) -> dict:
                             "cost; not measured"},
       "faiss_latency_ms": faiss_ms,
       "faiss_note": faiss_note,
-      "missing_peers": [] if faiss_ms is not None else ["faiss-cpu"],   # see faiss_note
+      "missing_peers": ([] if faiss_ms is not None else ["faiss-cpu"]) + [
+          n for n, v in disk_peers.items() if v is None],          # see faiss_note, peer_notes
+      "peers": disk_peers,
+      "peer_notes": peer_notes,
+      "peers_cold_means": "before every timed query: index closed, posix_fadvise(DONTNEED) on "
+                          "its files, reopened untimed (header and centroids in RAM)",
+      "tuning_queries": int(cfg.peers.tune_queries),
       "faiss_recall_at_10": faiss_recall,
       "memory_vs_faiss": memory["latency_ms_p50"] / faiss_ms if faiss_ms else None,
       "speedup_p50_vs_host": {e["name"]: host["latency_ms_p50"] / e["latency_ms_p50"]
