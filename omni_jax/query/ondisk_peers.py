@@ -262,21 +262,40 @@ def tune(peer: _Peer, qs: np.ndarray, truth: np.ndarray, grid: Sequence[int],
           "tried": {str(v): r for v, r in sorted(tried.items())}}
 
 
+def disk_read_bytes() -> int | None:
+  """Bytes this process has caused to be fetched from storage (``read_bytes`` of
+  /proc/self/io: page-cache misses, read-ahead included), or None where not available."""
+  try:
+    with open("/proc/self/io") as f:
+      for line in f:
+        if line.startswith("read_bytes:"):
+          return int(line.split()[1])
+  except OSError:
+    return None
+  return None
+
+
 def time_queries(search: Callable[[np.ndarray], np.ndarray], qs: np.ndarray, truth: np.ndarray,
                  before: Callable[[], None] | None = None) -> dict:
-  """One query at a time: recall@10, p50/p99 latency (ms) and queries/s (1 / mean latency).
-  ``before`` runs untimed before each query (the cold-cache reset)."""
-  lat, got = [], []
+  """One query at a time: recall@10, p50/p99 latency (ms), queries/s (1 / mean latency) and
+  the MB fetched from storage per query (``disk_mb_per_query``, from /proc/self/io; None
+  where unavailable). ``before`` runs untimed before each query (the cold-cache reset)."""
+  lat, got, disk = [], [], []
   for q in qs:
     if before is not None:
       before()
+    d0 = disk_read_bytes()
     t0 = time.perf_counter()
     got.append(np.asarray(search(q[None]))[0])
     lat.append(time.perf_counter() - t0)
+    d1 = disk_read_bytes()
+    if d0 is not None and d1 is not None:
+      disk.append(d1 - d0)
   lat = np.asarray(lat) * 1e3
   return {"recall_at_10": recall_at_k(np.stack(got), truth),
           "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
-          "qps": float(1e3 / lat.mean()), "queries": len(lat)}
+          "qps": float(1e3 / lat.mean()), "queries": len(lat),
+          "disk_mb_per_query": float(np.mean(disk)) / 1e6 if disk else None}
 
 
 def cold_reset(peer: _Peer) -> Callable[[], None]:

@@ -90,12 +90,18 @@ def build_store(cfg, root: Path) -> dict:
   return info
 
 
-def make_queries(cfg, reader: store.StoreReader) -> tuple[np.ndarray, list[str]]:
-  """Synthetic queries near the clusters plus held-out real crops (when real items exist)."""
-  qs = clustered(cfg, centers(cfg), cfg.queries, np.random.default_rng([cfg.seed, 3]))
+def make_queries(cfg, reader: store.StoreReader, tuning: bool = False
+                 ) -> tuple[np.ndarray, list[str]]:
+  """Synthetic queries near the clusters plus held-out real crops (when real items exist).
+
+  ``tuning=True`` draws the peers' tuning set the same way from other random streams
+  (``cfg.peers.tune_queries`` synthetic ones), so it shares the reported set's mix of
+  synthetic and image queries but none of its queries."""
+  n, streams = (cfg.peers.tune_queries, (6, 7)) if tuning else (cfg.queries, (3, 4))
+  qs = clustered(cfg, centers(cfg), n, np.random.default_rng([cfg.seed, streams[0]]))
   kinds = ["synthetic"] * len(qs)
   if reader.count > cfg.store.num_items and cfg.real.queries_per_image > 0:
-    crops, names = image_crops(cfg, np.random.default_rng([cfg.seed, 4]),
+    crops, names = image_crops(cfg, np.random.default_rng([cfg.seed, streams[1]]),
                                cfg.real.queries_per_image)
     feat = featurize.make_featurizer("image", cfg.store.dim, cfg.seed,
                                      image_size=cfg.real.image_size)
@@ -132,13 +138,18 @@ def time_engines(cfg, reader, qs, truth) -> tuple[list[dict], list[float]]:
   for e in built.values():
     for q in qs[:cfg.warmup]:
       e.search(q, cfg.k)                                 # compile every block shape
-  rec = {n: {"lat": [], "rec": [], "read": [], "ret": [], "io": [], "score": []} for n in built}
+  rec = {n: {"lat": [], "rec": [], "read": [], "ret": [], "io": [], "score": [], "disk": []}
+         for n in built}
   io_share, prog = [], Progress("cold queries", len(qs), unit="queries")
   for qi, q in enumerate(qs):
     for n, e in built.items():
       if cfg.cold:
         store.drop_page_cache(files)
+      d0 = ondisk_peers.disk_read_bytes()
       res = e.search(q, cfg.k)
+      d1 = ondisk_peers.disk_read_bytes()
+      if d0 is not None and d1 is not None:
+        rec[n]["disk"].append(d1 - d0)
       rec[n]["lat"].append(res.seconds * 1e3)
       rec[n]["rec"].append(recall(res.ids, truth[qi]))
       rec[n]["read"].append(res.bytes_read)
@@ -159,8 +170,10 @@ def time_engines(cfg, reader, qs, truth) -> tuple[list[dict], list[float]]:
     e.close()
   out = [summarize(n, v) for n, v in rec.items()]
   for e in out:
+    disk = rec[e["name"]]["disk"]
     e["cold"] = {"recall_at_10": e["recall_at_10"], "p50_ms": e["latency_ms_p50"],
-                 "p99_ms": e["latency_ms_p99"], "qps": e["qps"], "queries": e["queries"]}
+                 "p99_ms": e["latency_ms_p99"], "qps": e["qps"], "queries": e["queries"],
+                 "disk_mb_per_query": float(np.mean(disk)) / 1e6 if disk else None}
     e["warm"] = warm.get(e["name"])
   return out, io_share
 
@@ -215,8 +228,8 @@ def time_faiss(cfg, x: np.ndarray, qs, truth) -> tuple[float | None, str, float 
   return float(np.median(lat)), f"faiss {faiss.__version__} IndexFlatIP", float(np.mean(rec))
 
 
-def time_disk_peers(cfg, workdir: Path, mem: engines.MemoryEngine, qs, truth) -> tuple[dict,
-                                                                                         dict]:
+def time_disk_peers(cfg, workdir: Path, reader, mem: engines.MemoryEngine, qs, truth
+                    ) -> tuple[dict, dict]:
   """faiss IVF with on-disk lists and usearch viewed from disk on the same vectors: tuned on
   a separate query set to the smallest parameter reaching the target recall@10, then timed
   cold and warm on the reported queries. Returns (peers, notes); a peer whose package is not
@@ -225,7 +238,7 @@ def time_disk_peers(cfg, workdir: Path, mem: engines.MemoryEngine, qs, truth) ->
   out, notes = {}, {}
   if not pc.names:
     return out, notes
-  tune_qs = clustered(cfg, centers(cfg), pc.tune_queries, np.random.default_rng([cfg.seed, 6]))
+  tune_qs, _ = make_queries(cfg, reader, tuning=True)
   tune_truth = exact_answers(mem, tune_qs, cfg.k)
   x = np.asarray(mem.x)
   folder = Path(pc.dir) if pc.dir else workdir / "peers"
@@ -362,7 +375,7 @@ def run(cfg, workdir: str | Path) -> dict:
   host_np = np.asarray(mem.x)
   faiss_ms, faiss_note, faiss_recall = time_faiss(cfg, host_np, qs, truth)
   del host_np
-  disk_peers, peer_notes = time_disk_peers(cfg, workdir, mem, qs, truth)
+  disk_peers, peer_notes = time_disk_peers(cfg, workdir, reader, mem, qs, truth)
   curve, chosen = run_cache(cfg, reader, mem)
   by = {e["name"]: e for e in results}
   blk = block_seconds(cfg, reader)
@@ -396,7 +409,7 @@ def run(cfg, workdir: str | Path) -> dict:
       "peer_notes": peer_notes,
       "peers_cold_means": "before every timed query: index closed, posix_fadvise(DONTNEED) on "
                           "its files, reopened untimed (header and centroids in RAM)",
-      "tuning_queries": int(cfg.peers.tune_queries),
+      "tuning_queries": int(cfg.peers.tune_queries) + max(0, len(qs) - cfg.queries),
       "faiss_recall_at_10": faiss_recall,
       "memory_vs_faiss": memory["latency_ms_p50"] / faiss_ms if faiss_ms else None,
       "speedup_p50_vs_host": {e["name"]: host["latency_ms_p50"] / e["latency_ms_p50"]
