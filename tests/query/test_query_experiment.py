@@ -47,7 +47,8 @@ def test_tiny_run_writes_summary_and_reuses_store(tmp_path):
       "host", "host_parallel")
   assert (tmp_path / "latency.png").stat().st_size > 0 and (tmp_path / "cache.png").exists()
   gen = json.loads((tmp_path / "store" / "manifest.json").read_text())["generation"]
-  p = _run(tmp_path)                                   # rerun: store reused, not rebuilt
+  lean = ("--config.peers.names=()", "--config.warm=False")   # the reruns test the store only
+  p = _run(tmp_path, *lean)                            # rerun: store reused, not rebuilt
   assert p.returncode == 0, p.stderr[-3000:]
   assert "ingest synthetic" not in p.stderr
   assert json.loads((tmp_path / "store" / "manifest.json").read_text())["generation"] == gen
@@ -55,12 +56,13 @@ def test_tiny_run_writes_summary_and_reuses_store(tmp_path):
   raw = bytearray(bad.read_bytes())
   raw[12345] ^= 0x40
   bad.write_bytes(bytes(raw))
-  p = _run(tmp_path)
+  p = _run(tmp_path, *lean)
   assert p.returncode == 0, p.stderr[-3000:]
   assert "shard 00002 left out of every query" in p.stderr
   s = json.loads((tmp_path / "summary.json").read_text())
   assert list(s["skipped_shards"]) == ["00002"] and "checksum" in s["skipped_shards"]["00002"]
   assert {e["name"]: e["recall_at_10"] for e in s["engines"]}["near_storage"] == 1.0
+  assert s["peers"] == {} and s["engines"][0]["warm"] is None
 
 
 @pytest.mark.parametrize("flag,msg", [
