@@ -6,7 +6,8 @@ from the arrays and read calls where the crossing happens (not computed from siz
 
 * ``host`` -- the GPU+SSD baseline as a practitioner writes it: a reader thread prefetches
   the next block while the current one is scored straight from its read buffer by the same
-  jitted kernel the near-storage workers use; every byte read crosses to the host.
+  jitted kernel the near-storage workers use (page-aligned buffers: XLA takes them without a
+  copy); every byte read crosses to the host.
 * ``host_parallel`` -- the same with one reader thread per channel (that many block reads in
   flight): the strongest host design here.
 * ``near_storage`` -- DeepStore's channel-level accelerators: one worker per simulated SSD
@@ -81,6 +82,19 @@ def exact_topk(ids: np.ndarray, vectors: np.ndarray, q: np.ndarray, k: int):
   """Plain numpy brute force reference: (ids, scores) of the top-k rows by ``vectors @ q``."""
   s = np.asarray(vectors, np.float32) @ np.asarray(q, np.float32)
   return merge_topk(np.asarray(ids, np.int64), s.astype(np.float32), k)
+
+
+def aligned_empty(shape, dtype, align: int = 4096) -> np.ndarray:
+  """An uninitialised C-contiguous array whose data starts on an ``align``-byte boundary.
+
+  Read buffers are allocated this way because XLA's CPU client takes an aligned numpy array
+  without copying it (an unaligned one is copied on every kernel call: measured 0.58 vs
+  0.23 ms per 4 MB block here), so the kernel scores straight from the read buffer."""
+  shape = tuple(int(n) for n in np.atleast_1d(shape))
+  nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+  raw = np.empty(nbytes + align, np.uint8)
+  off = (-raw.ctypes.data) % align
+  return raw[off:off + nbytes].view(dtype).reshape(shape)
 
 
 def _pread_full(fd: int, buf: np.ndarray, offset: int, nbytes: int) -> int:
@@ -162,8 +176,8 @@ class HostEngine(Engine):
                    for lo in range(0, sh.rows, block_rows)]
     self.pool = ThreadPoolExecutor(read_threads, thread_name_prefix="host-read")
     quant = reader.dtype == "int8"
-    self.ring = [(np.empty((block_rows, reader.dim), DTYPES[reader.dtype]),
-                  np.empty(block_rows, np.float32) if quant else None)
+    self.ring = [(aligned_empty((block_rows, reader.dim), DTYPES[reader.dtype]),
+                  aligned_empty(block_rows, np.float32) if quant else None)
                  for _ in range(read_threads + 1)]
 
   def _read(self, block, bufs) -> int:
@@ -276,8 +290,8 @@ class NearStorageEngine(Engine):
     keep = max(k, self.shortlist) if self.int8 else k
     b = self.block_rows
     dtype = np.int8 if self.int8 else DTYPES[r.dtype]
-    buf = np.empty((b, r.dim), dtype)
-    sbuf = np.empty(b, np.float32)
+    buf = aligned_empty((b, r.dim), dtype)
+    sbuf = aligned_empty(b, np.float32)
     best_i, best_s, nread = np.zeros(0, np.int64), np.zeros(0, np.float32), 0
     for sh in shards:
       kind = "vec" if (r.dtype == "int8" or not self.int8) else "i8"

@@ -87,6 +87,18 @@ def test_byte_accounting(built):
   assert i8.bytes_returned == 4 * 10 * engines.RESULT_BYTES
 
 
+def test_read_buffers_are_aligned_and_taken_without_a_copy(built):
+  import jax
+  r, _ = built
+  e = engines.make_engine("host_parallel", r, channels=2, block_rows=100)
+  for vec, _ in e.ring:
+    assert vec.ctypes.data % 4096 == 0 and vec.shape == (100, 32) and vec.flags.c_contiguous
+    assert jax.device_put(vec).unsafe_buffer_pointer() == vec.ctypes.data     # aliased
+  e.close()
+  odd = engines.aligned_empty(7, "float16", align=64)
+  assert odd.ctypes.data % 64 == 0 and odd.shape == (7,) and odd.dtype == "float16"
+
+
 def test_bytes_to_host_are_the_arrays_that_cross(tmp_path, monkeypatch):
   """The counters equal the summed sizes of what actually crossed: the arrays each channel
   worker handed back, and what the host's read calls returned (counted by a spy on preadv)."""
