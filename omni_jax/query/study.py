@@ -342,8 +342,8 @@ def run_cache(cfg, reader, mem: engines.MemoryEngine) -> tuple[list[dict], dict]
 def block_seconds(cfg, reader) -> float:
   """Median seconds for the jitted kernel to score one block of ``block_rows`` rows."""
   sh = reader.healthy()[0]
-  b = np.asarray(reader.dense(sh)[:cfg.block_rows])
-  b = np.resize(b, (cfg.block_rows, reader.dim)).astype(np.float32)
+  b = engines.aligned_empty((cfg.block_rows, reader.dim), np.float32)   # as the engines read
+  b[:] = np.resize(np.asarray(reader.dense(sh)[:cfg.block_rows]), b.shape)
   q = jnp.asarray(b[0])
   ts = time_calls(lambda: engines.score_topk(q, b, cfg.block_rows, k=cfg.k), repeats=20)
   return float(np.median(ts))
