@@ -105,3 +105,22 @@ def test_missing_peer_is_named(monkeypatch):
   assert not ok and "usearch" in why
   with pytest.raises(ValueError, match="unknown peer 'annoy'; allowed"):
     ondisk_peers.available("annoy")
+
+
+def test_study_records_a_missing_peer_as_null_and_names_it(tmp_path, monkeypatch):
+  from configs.query import get_config
+  from omni_jax.query import store, study
+  x, _ = _data(300, 32)
+  root = store.create(tmp_path / "s", 32)
+  store.append(root, x)
+  r = store.StoreReader(root)
+  cfg = get_config("tiny")
+  cfg.peers.names = ("usearch_view",)
+  cfg.peers.tune_queries = 4
+  monkeypatch.setattr(ondisk_peers, "available",
+                      lambda name: (False, "No module named 'usearch'"))
+  out, notes = study.time_disk_peers(cfg, tmp_path, r, engines.make_engine("memory", r),
+                                     x[:2], np.zeros((2, 10), np.int64))
+  assert out == {"usearch_view": None}
+  assert "peer usearch is not installed" in notes["usearch_view"] and "[peers]" in notes[
+      "usearch_view"]
