@@ -70,14 +70,16 @@ def predict(w: Workload, s: SSDSetting) -> dict:
           "paper_speedup": PAPER_SPEEDUP}
 
 
-def host_prediction(w: Workload, disk_bw: float, channels: int,
-                    transfer_bw: float | None = None) -> dict:
-  """This machine as the 'SSD'. Host baseline = read at ``disk_bw``, copy to the device at
-  ``transfer_bw`` (None: free), score on the host, one after the other. Near-storage =
-  ``channels`` workers sharing the same disk and cores with reads overlapped with scoring
-  (the channels are simulated: they add no flash bandwidth)."""
+def host_prediction(w: Workload, disk_bw: float, channels: int) -> dict:
+  """This machine as the 'SSD', where the simulated channels add no flash bandwidth.
+
+  Both engines overlap reads with scoring on the same disk and cores, so both take
+  max(read, score); the pipelined host baseline pays one block's read before its first
+  score (the pipeline fill). Any measured gap beyond that comes from the near-storage
+  engine's many outstanding reads and threads, not from bandwidth it does not have."""
   read = w.items * w.item_bytes / disk_bw
-  copy = w.items * w.item_bytes / transfer_bw if transfer_bw else 0.0
   score = (w.items / w.block_rows) * w.block_seconds
-  return {"host_s": read + copy + score, "near_storage_s": max(read, score),
-          "io_share_host": read / (read + copy + score), "channels": channels}
+  fill = min(w.block_rows, w.items) * w.item_bytes / disk_bw
+  host = max(read, score) + fill
+  return {"host_s": host, "near_storage_s": max(read, score), "read_s": read, "score_s": score,
+          "io_share_host": read / (read + score), "channels": channels}

@@ -18,7 +18,7 @@ from absl import logging
 
 from omni_jax import peers
 from omni_jax.config import to_dict
-from omni_jax.query import cache, engines, featurize, model, plots, store
+from omni_jax.query import cache, engines, featurize, model, ondisk_peers, plots, store
 from omni_jax.query.datasets import centers, clustered, image_crops
 from omni_jax.train.metrics import write_json_atomic
 from omni_jax.train.progress import Progress, time_calls, timed
@@ -37,6 +37,12 @@ def validate(cfg) -> None:
   for key in ("num_items", "dim", "centers", "rows_per_shard"):
     if int(cfg.store[key]) < 1:
       raise ValueError(f"config.store.{key} = {cfg.store[key]} must be >= 1")
+  for name in cfg.peers.names:
+    if name not in ondisk_peers.PEERS:
+      raise ValueError(f"config.peers.names contains {name!r}; allowed: "
+                       f"{list(ondisk_peers.PEERS)}")
+  if not 0 < cfg.peers.target_recall <= 1:
+    raise ValueError(f"config.peers.target_recall = {cfg.peers.target_recall} must be in (0, 1]")
   for key in ("channels", "block_rows", "shortlist", "k", "queries", "memory_queries"):
     if int(cfg[key]) < 1:
       raise ValueError(f"config.{key} = {cfg[key]} must be >= 1")
@@ -84,12 +90,18 @@ def build_store(cfg, root: Path) -> dict:
   return info
 
 
-def make_queries(cfg, reader: store.StoreReader) -> tuple[np.ndarray, list[str]]:
-  """Synthetic queries near the clusters plus held-out real crops (when real items exist)."""
-  qs = clustered(cfg, centers(cfg), cfg.queries, np.random.default_rng([cfg.seed, 3]))
+def make_queries(cfg, reader: store.StoreReader, tuning: bool = False
+                 ) -> tuple[np.ndarray, list[str]]:
+  """Synthetic queries near the clusters plus held-out real crops (when real items exist).
+
+  ``tuning=True`` draws the peers' tuning set the same way from other random streams
+  (``cfg.peers.tune_queries`` synthetic ones), so it shares the reported set's mix of
+  synthetic and image queries but none of its queries."""
+  n, streams = (cfg.peers.tune_queries, (6, 7)) if tuning else (cfg.queries, (3, 4))
+  qs = clustered(cfg, centers(cfg), n, np.random.default_rng([cfg.seed, streams[0]]))
   kinds = ["synthetic"] * len(qs)
   if reader.count > cfg.store.num_items and cfg.real.queries_per_image > 0:
-    crops, names = image_crops(cfg, np.random.default_rng([cfg.seed, 4]),
+    crops, names = image_crops(cfg, np.random.default_rng([cfg.seed, streams[1]]),
                                cfg.real.queries_per_image)
     feat = featurize.make_featurizer("image", cfg.store.dim, cfg.seed,
                                      image_size=cfg.real.image_size)
@@ -118,33 +130,52 @@ def recall(got: np.ndarray, want: np.ndarray) -> float:
 
 # ---------------------------------------------------------------- timing
 def time_engines(cfg, reader, qs, truth) -> tuple[list[dict], list[float]]:
-  """Cold-read latency, recall@k and bytes per query of each disk engine (interleaved)."""
+  """Cold-read latency, recall@k and bytes per query of each disk engine (interleaved), and
+  the host baseline's share of time stalled on reads."""
   built = {n: engines.make_engine(n, reader, cfg.channels, cfg.block_rows, cfg.shortlist)
            for n in cfg.engines}
   files = reader.files(reader.healthy())
   for e in built.values():
     for q in qs[:cfg.warmup]:
       e.search(q, cfg.k)                                 # compile every block shape
-  rec = {n: {"lat": [], "rec": [], "read": [], "ret": [], "io": [], "xfer": []} for n in built}
-  io_share, xfer, prog = [], [], Progress("cold queries", len(qs), unit="queries")
+  rec = {n: {"lat": [], "rec": [], "read": [], "ret": [], "io": [], "score": [], "disk": []}
+         for n in built}
+  io_share, prog = [], Progress("cold queries", len(qs), unit="queries")
   for qi, q in enumerate(qs):
     for n, e in built.items():
       if cfg.cold:
         store.drop_page_cache(files)
+      d0 = ondisk_peers.disk_read_bytes()
       res = e.search(q, cfg.k)
+      d1 = ondisk_peers.disk_read_bytes()
+      if d0 is not None and d1 is not None:
+        rec[n]["disk"].append(d1 - d0)
       rec[n]["lat"].append(res.seconds * 1e3)
       rec[n]["rec"].append(recall(res.ids, truth[qi]))
       rec[n]["read"].append(res.bytes_read)
       rec[n]["ret"].append(res.bytes_returned)
       rec[n]["io"].append(res.io_seconds * 1e3)
-      rec[n]["xfer"].append(res.transfer_seconds * 1e3)
+      rec[n]["score"].append(res.score_seconds * 1e3)
       if n == "host":
         io_share.append(res.io_seconds / res.seconds)
-        xfer.append(res.bytes_read / max(res.transfer_seconds, 1e-9))
     prog.update(qi + 1)
+  warm = {}
+  if cfg.warm:                                           # the same queries, page cache kept
+    for n, e in built.items():
+      for q in qs[:cfg.warmup]:
+        e.search(q, cfg.k)
+      warm[n] = ondisk_peers.time_queries(lambda q, e=e: e.search(q[0], cfg.k).ids[None], qs,
+                                          truth)
   for e in built.values():
     e.close()
-  return [summarize(n, v) for n, v in rec.items()], io_share, float(np.median(xfer))
+  out = [summarize(n, v) for n, v in rec.items()]
+  for e in out:
+    disk = rec[e["name"]]["disk"]
+    e["cold"] = {"recall_at_10": e["recall_at_10"], "p50_ms": e["latency_ms_p50"],
+                 "p99_ms": e["latency_ms_p99"], "qps": e["qps"], "queries": e["queries"],
+                 "disk_mb_per_query": float(np.mean(disk)) / 1e6 if disk else None}
+    e["warm"] = warm.get(e["name"])
+  return out, io_share
 
 
 def summarize(name: str, v: dict) -> dict:
@@ -153,12 +184,13 @@ def summarize(name: str, v: dict) -> dict:
   out = {"name": name, "recall_at_10": float(np.mean(v["rec"])),
          "latency_ms_p50": float(np.percentile(lat, 50)),
          "latency_ms_p99": float(np.percentile(lat, 99)),
+         "qps": float(len(lat) / (lat.sum() / 1e3)),
          "bytes_read_per_query": float(np.mean(v["read"])),
          "bytes_returned_per_query": float(np.mean(v["ret"])), "queries": len(lat)}
-  if any(v.get("io", [])):
-    io, xfer = np.median(v["io"]), np.median(v["xfer"])
-    out["breakdown_ms_p50"] = {"read": float(io), "host_to_device": float(xfer),
-                               "score_and_rest": float(np.median(lat) - io - xfer)}
+  if any(v.get("score", [])):
+    io, score = np.median(v["io"]), np.median(v["score"])
+    out["breakdown_ms_p50"] = {"read_stall": float(io), "score_and_merge": float(score),
+                               "rest": float(np.median(lat) - io - score)}
   return out
 
 
@@ -194,6 +226,46 @@ def time_faiss(cfg, x: np.ndarray, qs, truth) -> tuple[float | None, str, float 
       lat.append((time.perf_counter() - t0) * 1e3)
       rec.append(recall(ids[0], truth[qi]))
   return float(np.median(lat)), f"faiss {faiss.__version__} IndexFlatIP", float(np.mean(rec))
+
+
+def time_disk_peers(cfg, workdir: Path, reader, mem: engines.MemoryEngine, qs, truth
+                    ) -> tuple[dict, dict]:
+  """faiss IVF with on-disk lists and usearch viewed from disk on the same vectors: tuned on
+  a separate query set to the smallest parameter reaching the target recall@10, then timed
+  cold and warm on the reported queries. Returns (peers, notes); a peer whose package is not
+  installed is None in ``peers`` and its note says why."""
+  pc = cfg.peers
+  out, notes = {}, {}
+  if not pc.names:
+    return out, notes
+  tune_qs, _ = make_queries(cfg, reader, tuning=True)
+  tune_truth = exact_answers(mem, tune_qs, cfg.k)
+  x = np.asarray(mem.x)
+  folder = Path(pc.dir) if pc.dir else workdir / "peers"
+  options = {"faiss_ivf_ondisk": {"nlist": pc.faiss_nlist, "train": pc.faiss_train,
+                                  "seed": cfg.seed},
+             "usearch_view": {"connectivity": pc.usearch_connectivity,
+                              "expansion_add": pc.usearch_expansion_add,
+                              "threads": pc.build_threads}}
+  grids = {"faiss_ivf_ondisk": pc.faiss_grid, "usearch_view": pc.usearch_grid}
+  for name in pc.names:
+    ok, note = ondisk_peers.available(name)
+    if not ok:
+      out[name] = None
+      notes[name] = peers.missing(ondisk_peers.PACKAGES[name][1], note,
+                                  f"no {name} figures")["reason"]
+      continue
+    notes[name] = note
+    peer = ondisk_peers.make_peer(name, folder / name, options[name])
+    t0 = time.perf_counter()
+    out[name] = ondisk_peers.run_peer(peer, mem.ids, x, tune_qs, tune_truth, qs, truth,
+                                      grids[name], pc.target_recall, cfg.k)
+    out[name]["version"] = note
+    logging.info("%s (%s=%s, %.0f s with build): cold p50 %.2f ms, warm p50 %.3f ms, "
+                 "recall@10 %.3f", name, peer.param, peer.value, time.perf_counter() - t0,
+                 out[name]["cold"]["p50_ms"], out[name]["warm"]["p50_ms"],
+                 out[name]["warm"]["recall_at_10"])
+  return out, notes
 
 
 def cold_read_check(reader) -> dict:
@@ -270,8 +342,8 @@ def run_cache(cfg, reader, mem: engines.MemoryEngine) -> tuple[list[dict], dict]
 def block_seconds(cfg, reader) -> float:
   """Median seconds for the jitted kernel to score one block of ``block_rows`` rows."""
   sh = reader.healthy()[0]
-  b = np.asarray(reader.dense(sh)[:cfg.block_rows])
-  b = np.resize(b, (cfg.block_rows, reader.dim)).astype(np.float32)
+  b = engines.aligned_empty((cfg.block_rows, reader.dim), np.float32)   # as the engines read
+  b[:] = np.resize(np.asarray(reader.dense(sh)[:cfg.block_rows]), b.shape)
   q = jnp.asarray(b[0])
   ts = time_calls(lambda: engines.score_topk(q, b, cfg.block_rows, k=cfg.k), repeats=20)
   return float(np.median(ts))
@@ -298,18 +370,22 @@ def run(cfg, workdir: str | Path) -> dict:
   truth = exact_answers(mem, qs, cfg.k)
   logging.info("store: %d items in %d shards; %d queries", reader.count, len(reader.shards),
                len(qs))
-  results, io_share, transfer_bw = time_engines(cfg, reader, qs, truth)
+  results, io_share = time_engines(cfg, reader, qs, truth)
   memory = time_memory(cfg, reader, qs, truth)
   host_np = np.asarray(mem.x)
   faiss_ms, faiss_note, faiss_recall = time_faiss(cfg, host_np, qs, truth)
   del host_np
+  disk_peers, peer_notes = time_disk_peers(cfg, workdir, reader, mem, qs, truth)
   curve, chosen = run_cache(cfg, reader, mem)
   by = {e["name"]: e for e in results}
   blk = block_seconds(cfg, reader)
   item_bytes = reader.dim * reader.itemsize
   w = model.Workload(reader.count, item_bytes, cfg.block_rows, blk, cfg.k)
   host = by["host"]
-  disk_bw = host["bytes_read_per_query"] / (host["latency_ms_p50"] / 1e3 * np.median(io_share))
+  best_host = min((e for e in results if e["name"].startswith("host")),
+                  key=lambda e: e["latency_ms_p50"])
+  cold = cold_read_check(reader)
+  disk_bw = cold["after_fadvise_gbps"] * 1e9
   real_prec = None
   if len(qs) > cfg.queries:
     names = [[reader.name_of(int(i)) for i in t] for t in truth[cfg.queries:]]
@@ -319,26 +395,31 @@ def run(cfg, workdir: str | Path) -> dict:
       "items": reader.count,
       "engines": results + [memory],
       "io_fraction_baseline": float(np.median(io_share)),
-      "data_movement_fraction_baseline": (host["breakdown_ms_p50"]["read"] + host[
-          "breakdown_ms_p50"]["host_to_device"]) / host["latency_ms_p50"],
       "cache_hit_rate": chosen["hit_rate"],
       "predicted": {"paper_setting": model.predict(w, model.SSDSetting(**to_dict(cfg.ssd))),
-                    "this_machine": model.host_prediction(w, disk_bw, cfg.channels, transfer_bw),
+                    "this_machine": model.host_prediction(w, disk_bw, cfg.channels),
                     "measured_block_seconds": blk, "measured_disk_gbps": disk_bw / 1e9,
-                    "measured_host_to_device_gbps": transfer_bw / 1e9},
+                    "note": "modelled from configured SSD figures and the measured block "
+                            "cost; not measured"},
       "faiss_latency_ms": faiss_ms,
       "faiss_note": faiss_note,
-      "missing_peers": [] if faiss_ms is not None else ["faiss-cpu"],   # see faiss_note
+      "missing_peers": ([] if faiss_ms is not None else ["faiss-cpu"]) + [
+          n for n, v in disk_peers.items() if v is None],          # see faiss_note, peer_notes
+      "peers": disk_peers,
+      "peer_notes": peer_notes,
+      "peers_cold_means": "before every timed query: index closed, posix_fadvise(DONTNEED) on "
+                          "its files, reopened untimed (header and centroids in RAM)",
+      "tuning_queries": int(cfg.peers.tune_queries) + max(0, len(qs) - cfg.queries),
       "faiss_recall_at_10": faiss_recall,
       "memory_vs_faiss": memory["latency_ms_p50"] / faiss_ms if faiss_ms else None,
       "speedup_p50_vs_host": {e["name"]: host["latency_ms_p50"] / e["latency_ms_p50"]
                               for e in results},
-      "speedup_p50_vs_host_without_copy": {
-          e["name"]: (host["latency_ms_p50"] - host["breakdown_ms_p50"]["host_to_device"])
-          / e["latency_ms_p50"] for e in results if "breakdown_ms_p50" not in e},
+      "best_host": best_host["name"],
+      "speedup_p50_vs_best_host": {e["name"]: best_host["latency_ms_p50"] / e["latency_ms_p50"]
+                                   for e in results},
       "cache": {"threshold": cfg.cache.threshold, "recall_at_10": chosen["recall_at_10"],
                 "curve": curve},
-      "cold_reads": cold_read_check(reader),
+      "cold_reads": cold,
       "real_items": real["real_items"], "real_note": real["real_note"],
       "real_same_image_precision_at_10": real_prec,
       "skipped_shards": reader.problems,

@@ -28,13 +28,14 @@ def test_slow_accelerators_make_in_storage_compute_bound():
   w = model.Workload(items=400_000, item_bytes=128, block_rows=1000, block_seconds=1e-3)
   i = model.in_storage_time(w, s)
   assert i["score_s"] == pytest.approx(100 * 1e-3 * 100) and i["score_s"] > i["read_s"]
-  h = model.host_prediction(w, disk_bw=1e9, channels=4)
-  assert h["host_s"] == pytest.approx(400_000 * 128 / 1e9 + 0.4)
+  h = model.host_prediction(w, disk_bw=1e9, channels=4)   # scoring (0.4 s) hides the reads
+  assert h["host_s"] == pytest.approx(0.4 + 1000 * 128 / 1e9)
+  assert h["near_storage_s"] == pytest.approx(0.4)
 
 
-def test_host_prediction_with_transfer_and_overlap():
+def test_host_prediction_overlaps_reads_with_scoring():
   w = model.Workload(items=1000, item_bytes=1000, block_rows=100, block_seconds=0.01)
-  h = model.host_prediction(w, disk_bw=1e6, channels=2, transfer_bw=2e6)
-  assert h["host_s"] == pytest.approx(1.0 + 0.5 + 0.1)
-  assert h["io_share_host"] == pytest.approx(1.0 / 1.6)
+  h = model.host_prediction(w, disk_bw=1e6, channels=2)        # read 1 s, score 0.1 s
+  assert h["host_s"] == pytest.approx(1.0 + 0.1)                # + one block's read (fill)
+  assert h["io_share_host"] == pytest.approx(1.0 / 1.1)
   assert h["near_storage_s"] == pytest.approx(1.0)
