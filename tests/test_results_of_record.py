@@ -1,0 +1,77 @@
+"""Results of record: every committed `results/<job>/<variant>.json` parses, names the command
+that made it, and carries the summary keys its issue made public (issue 23). A job directory
+without an entry here fails, so a new run of record states its keys."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+# job -> keys every run of record of that job carries (dotted: nested; '*' any child).
+KEYS = {
+    "query": ["peers", "peers.*.cold.recall_at_10", "peers.*.cold.p50_ms", "peers.*.cold.p99_ms",
+              "peers.*.cold.qps", "peers.*.warm.recall_at_10", "peers.*.warm.p50_ms",
+              "peers.*.warm.p99_ms", "peers.*.warm.qps", "best_host",
+              "speedup_p50_vs_best_host", "predicted"],
+    "lsm": ["accuracy_test_voices", "accuracy", "accuracy_test_dir", "test_speakers",
+            "tuning_speakers", "brian2_steps_per_sec", "brian2_steps_per_sec_by_target.numpy",
+            "sim_steps_per_sec", "speedup_vs_brian2", "energy_saving_gating"],
+}
+
+
+def files():
+  return sorted(RESULTS.glob("*/*.json"))
+
+
+def lookup(tree, dotted: str) -> list:
+  """Values at a dotted path; '*' expands over a dict's children (a null child is a peer
+  that was not installed: it has no further keys to check)."""
+  nodes = [tree]
+  for part in dotted.split("."):
+    nxt = []
+    for n in nodes:
+      if n is None:
+        continue
+      if not isinstance(n, dict):
+        raise KeyError(dotted)
+      if part == "*":
+        nxt += list(n.values())
+      elif part in n:
+        nxt.append(n[part])
+      else:
+        raise KeyError(f"{dotted} (missing {part!r})")
+    nodes = nxt
+  return nodes
+
+
+def test_every_job_has_a_key_list_and_a_result():
+  jobs = {p.parent.name for p in files()}
+  assert jobs, "no results of record under results/"
+  assert jobs <= set(KEYS), f"results/ jobs without a key list here: {sorted(jobs - set(KEYS))}"
+
+
+@pytest.mark.parametrize("path", files(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_result_parses_and_carries_its_keys(path):
+  summary = json.loads(path.read_text())
+  assert isinstance(summary.get("command"), str) and "python -m experiments." in (
+      summary["command"]), "a run of record names the command that made it"
+  job, stem = path.parent.name, path.stem
+  variant = summary["command"].split(f"configs/{job}.py:", 1)[-1].split()[0]
+  assert f"configs/{job}.py:" in summary["command"] and stem.startswith(variant), (
+      f"{path.name}: the file is named for the config variant its command runs ({variant})")
+  assert path.stat().st_size < 200_000, "results of record stay small"
+  for key in KEYS[path.parent.name]:
+    for v in lookup(summary, key):
+      assert not (isinstance(v, float) and math.isnan(v)), f"{key} is NaN"
+
+
+def test_lookup_expands_and_reports_the_missing_part():
+  tree = {"peers": {"a": {"cold": {"p50_ms": 1.0}}, "b": None}}
+  assert lookup(tree, "peers.*.cold.p50_ms") == [1.0]
+  with pytest.raises(KeyError, match="missing 'warm'"):
+    lookup(tree, "peers.*.warm.p50_ms")
