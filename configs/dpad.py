@@ -9,18 +9,20 @@ Run:
     --config.captures_from=/tmp/dpad_default/captures.npz
   python -m experiments.dpad --config=configs/dpad.py:blurry_low --workdir=/tmp/dpad_blurry
   python -m experiments.dpad --config=configs/dpad.py:sharp_low --workdir=/tmp/dpad_sharp_low
-Variants: ``tiny`` (a few documents, a few training steps: seconds, for tests),
-``default`` (the CPU-sized run reported in docs/dpad.md: 48 training documents per kind,
-240 held-out images per quality; a capture channel set from phone-camera physics: screen
-period 1.5-3 sensor px, lens MTF at 0.7 cycles/px 0.14-0.35 (high) / 0.05-0.14 (low), the
-low-end camera at 0.7-0.9x the resolution; ~6 min on 2 cores + ~1-3 min of rendering),
-``half_data`` / ``quarter_data`` (ResNet on the first 24 / 12 training documents per kind
-of the same captures: the data-scaling points; ``captures_from`` reuses the default's
-rendered captures instead of rendering them again), ``blurry_low`` (the first report's
-channel, FMAG and M2FM mask, reproduced pixel for pixel: periods 1.2-1.7 px, PSF sigma
-0.6-0.9 px at low quality, rescale x0.75-0.9, JPEG 50-75 — it leaves no moiré at low
-quality) and ``sharp_low`` (blurry_low with the high-quality optics at low quality;
-ResNet only).
+Variants: ``tiny`` (a few documents, a few training steps, 2 seeds: seconds, for tests),
+``default`` (the CPU-sized run reported in docs/dpad.md: ResNet, 3 training seeds, 48
+training documents per kind through the training camera, 180 held-out images per quality
+through the held-out test cameras; screen period 1.5-3 sensor px, test lens MTF at 0.7
+cycles/px 0.14-0.35 (high) / 0.05-0.14 (low), the low-end camera at 0.7-0.9x the
+resolution; the print at the screen's resolution with a dot texture (issue 23's shortcut
+fix); ~15 min on 2 loaded cores incl. rendering),
+``half_data`` / ``quarter_data`` (the first 24 / 12 training documents per kind of the same
+captures: the data-scaling points; ``captures_from`` reuses the default's rendered captures
+instead of rendering them again), ``blurry_low`` (the first report's test channel and FMAG
+form: periods 1.2-1.7 px, PSF sigma 0.6-0.9 px at low quality, rescale x0.75-0.9, JPEG
+50-75 — it leaves no moiré at low quality) and ``sharp_low`` (blurry_low with the
+high-quality optics at low quality). Every variant trains through the same held-out
+training camera and M2FM's generic mask family.
 Rerunning with the same --workdir reuses the rendered captures (captures.npz).
 """
 

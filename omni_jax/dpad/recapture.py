@@ -13,8 +13,15 @@ Pipeline (``capture``, one jit-compiled function per (sensor, ss, screen) triple
   (homography: scale 1/p, roll, foreshortening, shift) -> optical blur (Gaussian PSF) ->
   pixel aperture (box over ss x ss) -> exposure/white balance/illumination -> Bayer RGGB
   sampling -> shot + read noise -> bilinear demosaic.
-A genuine capture takes the same camera path, but the radiance is the printed page itself
-(bilinear lookup at print resolution), with no screen.
+A genuine capture takes the same camera path, but the radiance is the printed page with no
+screen: with ``print_match`` (the default config) the print carries the page at the screen's
+resolution — the same light as the screen without its sub-pixel mosaic — times a print dot
+texture (``print_grain``); without it, the page at print resolution (bilinear), which gives
+genuine captures detail the screen cannot show (issue 23's shortcut check).
+
+Channels: ``"train"`` is the training camera, ``"high"`` / ``"low"`` the test channels; the
+camera parameters (:data:`CAMERA_KEYS`) of the training camera are drawn from ranges
+disjoint from both test channels' (:func:`camera_overlaps`).
 
 ``finish`` then applies the channel's resolution loss (down and back up) and JPEG with
 Pillow, outside jit (JPEG is entropy coding: no useful jit form).
