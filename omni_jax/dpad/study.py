@@ -350,8 +350,8 @@ def figures(cfg, caps: dict, workdir: str, eer: dict, ci: dict | None = None) ->
                     cfg.fmag, out[1])
   plots.documents_figure([(k, documents.render_document(k, 1, cfg.data.canvas)[0])
                           for k in documents.KINDS], out[2])
-  plots.eer_bars(eer, out[3], f"{cfg.models[0]}, train on {list(cfg.data.train_kinds)} (high);"
-                 " bars: 95% bootstrap", ci)
+  plots.eer_bars(eer, out[3], f"{cfg.models[0]}, train on {list(cfg.data.train_kinds)} "
+                 f"(training camera), {len(cfg.seeds)} seeds; bars: 95% bootstrap", ci)
   j = firsts[0] + 1                                      # the first row's recaptured document
   plots.whiten_figure([(f"{rows[0]['kind']} recaptured {q}", _crop_centre(im, cfg.patch))
                        for q, im in (("high", caps["test_high_images"][j]), ("low", low_imgs[j]))]
