@@ -3,15 +3,18 @@
   python -m experiments.dpad --config=configs/dpad.py:default --workdir=/tmp/dpad_default
 
 Renders documents of every style, photographs each print (genuine) and each on-screen
-display (recaptured) with the physical simulator at high quality (training kinds) and at
-high and low quality (held-out kinds), caches them in <workdir>/captures.npz, trains each
-classifier with the baseline augmentation and with FMAG, trains M2FM against the frozen
-FMAG classifier, and scores held-out images (mean of patch scores). Writes summary.json
-(eer / auc / apcer / bpcer keyed by method then quality, for the first model; every model
-under by_model with bootstrap EER intervals, M2FM's score shift and peak_reliance — the
-AUC and score change when FMAG's moiré discs are flattened; low_eer_gain_points with its
-paired interval; oracle_peak_auc, how much moiré the test captures still carry),
-metrics.jsonl and dpad_*.png figures.
+display (recaptured) with the physical simulator — training kinds through the training
+camera, held-out kinds through the held-out high- and low-quality test cameras (and the
+first ``shortcut_docs`` of them once more without the shortcut fix) — caches them in
+<workdir>/captures.npz, trains each classifier with the baseline augmentation and with FMAG
+(periods estimated from each image) and M2FM (generic masks) against the frozen FMAG
+classifier, once per seed in ``seeds``, and scores held-out images (mean of patch scores).
+Writes summary.json (eer / eer_sd / eer_ci95 / auc / apcer / bpcer keyed by method then
+quality for the first model, means over ``seeds``, intervals over seeds and images; every
+model under by_model with per-seed EERs, M2FM's score shift and peak_reliance;
+low_eer_gain_points with its paired interval; shortcut_eer, the trivial sharpness / noise
+classifiers before and after the shortcut fix; period_estimate and oracle_peak_auc, two
+diagnostics that read the true period), metrics.jsonl and dpad_*.png figures.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Presentation-attack detection metrics: APCER, BPCER, EER and ROC AUC (ISO/IEC 30107-3).
+"""Presentation-attack detection metrics: APCER, BPCER, EER and ROC AUC (ISO/IEC 30107-3),
+bootstrap intervals over images and over training seeds and images.
 
 Scores are "attack-ness": higher means more likely recaptured; label 1 = attack
 (recaptured), 0 = bona fide (genuine). At threshold ``t`` an image is called an attack when
@@ -77,3 +78,54 @@ def bootstrap_eer(scores: Any, labels: Any, others: Any = None, n: int = 1000,
     vals.append(v if o is None else eer(o[i], y[i])["eer"] - v)
   lo, hi = np.percentile(vals, [2.5, 97.5])
   return {"lo": float(lo), "hi": float(hi)}
+
+
+def bootstrap_eer_seeds_draws(scores: Any, labels: Any, others: Any = None, n: int = 1000,
+                              seed: int = 0) -> np.ndarray:
+  """Bootstrap draws of the seed-mean EER over training seeds AND images.
+
+  ``scores``: (S, N) — one row per training seed, scoring the same N images. Each draw
+  resamples S seeds with replacement and the images stratified (bona fide and attacks
+  apart; the same images for every drawn seed) and returns the mean over the drawn seeds of
+  their EER on the drawn images. With ``others`` (S, N), a second method trained with the
+  same seeds, each draw is ``mean EER(others) - mean EER(scores)`` on the same seeds and
+  images (paired). Why both levels: a retrained network's EER moves by seed as much as by
+  which test images were drawn; an interval over images alone understates that.
+  """
+  s = np.asarray(scores, np.float64)
+  if s.ndim != 2 or s.shape[0] < 1:
+    raise ValueError(f"scores must be (seeds, images), got shape {s.shape}")
+  y = _check(s[0], labels)[1]
+  for row in s:
+    _check(row, labels)
+  o = None
+  if others is not None:
+    o = np.asarray(others, np.float64)
+    if o.shape != s.shape:
+      raise ValueError(f"others {o.shape} must have the shape of scores {s.shape}")
+  if n < 10:
+    raise ValueError(f"n = {n}: at least 10 bootstrap draws")
+  rng = np.random.default_rng(seed)
+  pos, neg = np.flatnonzero(y), np.flatnonzero(~y)
+  out = np.empty(n)
+  for d in range(n):
+    seeds = rng.integers(0, s.shape[0], s.shape[0])
+    i = np.concatenate([rng.choice(pos, len(pos)), rng.choice(neg, len(neg))])
+    v = np.mean([eer(s[k, i], y[i])["eer"] for k in seeds])
+    out[d] = v if o is None else np.mean([eer(o[k, i], y[i])["eer"] for k in seeds]) - v
+  return out
+
+
+def bootstrap_eer_seeds(scores: Any, labels: Any, others: Any = None, n: int = 1000,
+                        seed: int = 0) -> dict[str, float]:
+  """95 % percentile interval of :func:`bootstrap_eer_seeds_draws`."""
+  lo, hi = np.percentile(bootstrap_eer_seeds_draws(scores, labels, others, n, seed), [2.5, 97.5])
+  return {"lo": float(lo), "hi": float(hi)}
+
+
+def seed_stats(values: Any) -> dict[str, float]:
+  """Mean and sample standard deviation (ddof 1; 0 for one seed) of per-seed values."""
+  v = np.asarray(values, np.float64).reshape(-1)
+  if v.size == 0:
+    raise ValueError("seed_stats needs at least one value")
+  return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if v.size > 1 else 0.0}

@@ -77,7 +77,7 @@ def sample_grid(rows: list[dict], path: str, n: int) -> None:
       ax.set_title(f"{row['kind']}: {name}", fontsize=7)
       ax.axis("off")
       _show_spec(axes[r, 2 * c + 1], cap["image"], cap["period"], cap["scale"], n,
-                 f"spectrum (p={cap['period']:.2f}px, x{cap['scale']:.2f})")
+                 f"spectrum (est. p={cap['period']:.2f}px, x{cap['scale']:.2f})")
   save_figure(fig, path)
 
 

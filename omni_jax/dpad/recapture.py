@@ -13,8 +13,15 @@ Pipeline (``capture``, one jit-compiled function per (sensor, ss, screen) triple
   (homography: scale 1/p, roll, foreshortening, shift) -> optical blur (Gaussian PSF) ->
   pixel aperture (box over ss x ss) -> exposure/white balance/illumination -> Bayer RGGB
   sampling -> shot + read noise -> bilinear demosaic.
-A genuine capture takes the same camera path, but the radiance is the printed page itself
-(bilinear lookup at print resolution), with no screen.
+A genuine capture takes the same camera path, but the radiance is the printed page with no
+screen: with ``print_match`` (the default config) the print carries the page at the screen's
+resolution — the same light as the screen without its sub-pixel mosaic — times a print dot
+texture (``print_grain``); without it, the page at print resolution (bilinear), which gives
+genuine captures detail the screen cannot show (issue 23's shortcut check).
+
+Channels: ``"train"`` is the training camera, ``"high"`` / ``"low"`` the test channels; the
+camera parameters (:data:`CAMERA_KEYS`) of the training camera are drawn from ranges
+disjoint from both test channels' (:func:`camera_overlaps`).
 
 ``finish`` then applies the channel's resolution loss (down and back up) and JPEG with
 Pillow, outside jit (JPEG is entropy coding: no useful jit form).
@@ -32,9 +39,11 @@ import numpy as np
 from PIL import Image
 
 PRINT_PER_SCREEN = 2        # print pixels per screen pixel (the screen shows the page at half res)
-QUALITIES = ("high", "low")
+QUALITIES = ("high", "low")            # the test channels
+CHANNELS = ("train",) + QUALITIES      # "train": the camera the training captures come from
+CAMERA_KEYS = ("sigma", "shot", "read", "jpeg", "res")   # lens, sensor noise, ISP, resolution
 _PARAM_KEYS = ("period", "roll", "persp", "shift", "k1", "sigma", "gain", "illum", "shot",
-               "read")
+               "read", "grain")
 
 
 def moire_frequency(period_px: Any) -> Any:
@@ -79,16 +88,18 @@ def check_image(img: Any, name: str = "image", min_side: int = 16) -> np.ndarray
 
 
 def sample_params(rng: np.random.Generator, quality: str, cfg: Any) -> dict[str, np.ndarray]:
-  """Random camera pose, optics and sensor settings for one capture at ``quality``.
+  """Random camera pose, optics and sensor settings for one capture through ``quality``.
 
-  ``cfg`` holds ``period`` (range of screen periods on the sensor, px) and per-quality
-  ``sigma`` (PSF), ``shot``/``read`` (noise), ``jpeg`` and ``scale`` ranges and optionally
-  ``res`` (camera resolution, :func:`camera_resolution`; the returned ``period`` already
-  includes it); see configs/dpad.py. Returns float32 arrays; ``jpeg``/``scale`` are for
-  :func:`finish`.
+  ``quality``: one of :data:`CHANNELS` — ``"train"`` (the training camera) or a test
+  channel ``"high"`` / ``"low"``. ``cfg`` holds ``period`` (range of screen periods on the
+  sensor, px) and per channel ``sigma`` (PSF), ``shot``/``read`` (noise), ``jpeg`` and
+  ``scale`` ranges and optionally ``res`` (camera resolution, :func:`camera_resolution`;
+  the returned ``period`` already includes it) and ``print_grain`` (the print texture's
+  amount, drawn last); see configs/dpad.py. Returns float32 arrays; ``jpeg``/``scale`` are
+  for :func:`finish`.
   """
-  if quality not in QUALITIES:
-    raise ValueError(f"quality {quality!r} is not known; allowed: {list(QUALITIES)}")
+  if quality not in CHANNELS:
+    raise ValueError(f"quality {quality!r} is not known; allowed: {list(CHANNELS)}")
   q = cfg[quality]
   u = lambda lo_hi, size=None: rng.uniform(lo_hi[0], lo_hi[1], size)
   wb = u((0.85, 1.1), 3)
@@ -104,6 +115,7 @@ def sample_params(rng: np.random.Generator, quality: str, cfg: Any) -> dict[str,
   res = camera_resolution(rng, q.get("res", (1.0, 1.0)))
   out["res"] = np.asarray(res, np.float32)
   out["period"] = np.asarray(out["period"] * res, np.float32)
+  out["grain"] = np.asarray(u(cfg.get("print_grain", (0.0, 0.0))), np.float32)   # drawn last
   return out
 
 
@@ -123,6 +135,32 @@ def camera_resolution(rng: np.random.Generator, lo_hi: Any) -> float:
   return lo if lo == hi else float(rng.uniform(lo, hi))
 
 
+def camera_ranges(cfg: Any, channel: str) -> dict[str, tuple[float, float]]:
+  """The (lo, hi) range of every :data:`CAMERA_KEYS` parameter of ``channel`` in ``cfg``
+  (``res`` defaults to (1, 1), as in :func:`sample_params`)."""
+  q = cfg[channel]
+  return {k: tuple(float(x) for x in (q.get("res", (1.0, 1.0)) if k == "res" else q[k]))
+          for k in CAMERA_KEYS}
+
+
+def camera_overlaps(cfg: Any) -> list[str]:
+  """``"key: train (lo, hi) vs high (lo, hi)"`` for every camera parameter whose training
+  range meets a test channel's range (closed intervals; empty when the camera is held out).
+
+  Why: a held-out camera means no test capture was taken with settings the training
+  captures could have had — not just a different mix of the same settings.
+  """
+  out = []
+  train = camera_ranges(cfg, "train")
+  for q in QUALITIES:
+    test = camera_ranges(cfg, q)
+    for k in CAMERA_KEYS:
+      (a, b), (c, d) = train[k], test[k]
+      if not (b < c or d < a):
+        out.append(f"{k}: train {train[k]} vs {q} {test[k]}")
+  return out
+
+
 def _sensor_to_page(params: dict, sensor: int, ss: int) -> tuple[jax.Array, jax.Array]:
   """Screen-pixel coordinates (u, v) seen by every supersampled sensor point."""
   n = sensor * ss
@@ -139,6 +177,19 @@ def _sensor_to_page(params: dict, sensor: int, ss: int) -> tuple[jax.Array, jax.
   return u, v
 
 
+def _screen_content(page: jax.Array, u: jax.Array,
+                    v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The page at screen resolution (box-downsampled by PRINT_PER_SCREEN), looked up at the
+  screen pixel under (u, v) — piecewise constant over each screen pixel — and the position
+  (fu, fv) in [0, 1) inside that pixel."""
+  c = page.shape[0] // PRINT_PER_SCREEN
+  scr = page.reshape(c, PRINT_PER_SCREEN, c, PRINT_PER_SCREEN, 3).mean((1, 3))
+  uu, vv = u + c / 2, v + c / 2
+  iu = jnp.clip(jnp.floor(uu), 0, c - 1).astype(jnp.int32)
+  iv = jnp.clip(jnp.floor(vv), 0, c - 1).astype(jnp.int32)
+  return scr[iv, iu], uu - jnp.floor(uu), vv - jnp.floor(vv)
+
+
 def _screen_radiance(page: jax.Array, u: jax.Array, v: jax.Array,
                      row_depth: float) -> jax.Array:
   """Light from an RGB-stripe display showing ``page`` at screen resolution, at (u, v).
@@ -148,16 +199,11 @@ def _screen_radiance(page: jax.Array, u: jax.Array, v: jax.Array,
   (depth ``row_depth``); both profiles have mean 1 over a pixel, so the average colour is
   the page's.
   """
-  c = page.shape[0] // PRINT_PER_SCREEN
-  scr = page.reshape(c, PRINT_PER_SCREEN, c, PRINT_PER_SCREEN, 3).mean((1, 3))
-  uu, vv = u + c / 2, v + c / 2
-  iu = jnp.clip(jnp.floor(uu), 0, c - 1).astype(jnp.int32)
-  iv = jnp.clip(jnp.floor(vv), 0, c - 1).astype(jnp.int32)
-  fu, fv = uu - jnp.floor(uu), vv - jnp.floor(vv)
+  content, fu, fv = _screen_content(page, u, v)
   centres = (jnp.arange(3, dtype=jnp.float32) + 0.5) / 3
   stripe = (8.0 / 3.0) * ((1 + jnp.cos(2 * jnp.pi * (fu[..., None] - centres))) / 2) ** 2
   row = 1.0 + row_depth * jnp.cos(2 * jnp.pi * (fv - 0.5))[..., None]   # dim at row edges
-  return scr[iv, iu] * stripe * row
+  return content * stripe * row
 
 
 def _print_radiance(page: jax.Array, u: jax.Array, v: jax.Array) -> jax.Array:
@@ -170,6 +216,22 @@ def _print_radiance(page: jax.Array, u: jax.Array, v: jax.Array) -> jax.Array:
   ax, ay = (x - x0)[..., None], (y - y0)[..., None]
   return ((1 - ay) * ((1 - ax) * page[y0, x0] + ax * page[y0, x0 + 1])
           + ay * ((1 - ax) * page[y0 + 1, x0] + ax * page[y0 + 1, x0 + 1]))
+
+
+def _print_grain(key: jax.Array, n: int, u: jax.Array, v: jax.Array,
+                 amount: jax.Array) -> jax.Array:
+  """Multiplicative print texture at (u, v): ``1 + amount * t`` with ``t`` independent per
+  print pixel and colour, uniform with unit variance (|t| <= sqrt 3), clipped at 0.
+
+  Why: a printer renders tones with a stochastic (FM) dot screen and paper has grain, so a
+  real print is not continuous-tone; its dot texture is broadband. Without it a genuine
+  capture has far less high-frequency energy than a recapture (whose screen mosaic adds
+  it), and a trivial sharpness or noise measure separates the classes without any moiré.
+  """
+  t = jax.random.uniform(key, (n, n, 3), minval=-np.sqrt(3.0), maxval=np.sqrt(3.0))
+  x = jnp.clip(jnp.floor((u + n / PRINT_PER_SCREEN / 2) * PRINT_PER_SCREEN), 0, n - 1)
+  y = jnp.clip(jnp.floor((v + n / PRINT_PER_SCREEN / 2) * PRINT_PER_SCREEN), 0, n - 1)
+  return jnp.maximum(1.0 + amount * t[y.astype(jnp.int32), x.astype(jnp.int32)], 0.0)
 
 
 def _gaussian_blur(img: jax.Array, sigma_samples: jax.Array) -> jax.Array:
@@ -204,18 +266,27 @@ def demosaic_bilinear(mosaic: jax.Array) -> jax.Array:
   return jnp.stack([rb[..., 0], g[..., 1], rb[..., 2]], -1)
 
 
-@functools.partial(jax.jit, static_argnames=("sensor", "ss", "screen", "row_depth"))
+@functools.partial(jax.jit, static_argnames=("sensor", "ss", "screen", "row_depth",
+                                             "print_match"))
 def capture(page: jax.Array, params: dict, key: jax.Array, *, sensor: int, ss: int,
-            screen: bool, row_depth: float = 0.5) -> jax.Array:
+            screen: bool, row_depth: float = 0.5, print_match: bool = False) -> jax.Array:
   """One camera capture (float32 (sensor, sensor, 3) in [0, 1], before JPEG).
 
   ``page``: float32 (C, C, 3) print page in [0, 1] with C divisible by 2; ``params`` from
   :func:`sample_params`; ``screen``: photograph the page shown on a display (recapture)
-  instead of the print (genuine).
+  instead of the print (genuine); ``print_match``: the print carries the page at the
+  screen's resolution (:func:`_screen_content`, the mosaic's mean), so genuine and recaptured
+  light differ only by the sub-pixel mosaic — without it the print has twice the screen's
+  resolution, a sharpness cue that is not moiré (the shortcut of issue 23).
   """
-  p = {k: jnp.asarray(params[k], jnp.float32) for k in _PARAM_KEYS}
+  p = {k: jnp.asarray(params.get(k, 0.0) if k == "grain" else params[k], jnp.float32)
+       for k in _PARAM_KEYS}                                    # no "grain": a plain print
   u, v = _sensor_to_page(p, sensor, ss)
-  rad = _screen_radiance(page, u, v, row_depth) if screen else _print_radiance(page, u, v)
+  if screen:
+    rad = _screen_radiance(page, u, v, row_depth)
+  else:
+    rad = _screen_content(page, u, v)[0] if print_match else _print_radiance(page, u, v)
+    rad = rad * _print_grain(jax.random.fold_in(key, 1), page.shape[0], u, v, p["grain"])
   rad = _gaussian_blur(rad, p["sigma"] * ss)
   img = rad.reshape(sensor, ss, sensor, ss, 3).mean((1, 3))      # pixel aperture
   x = (jnp.arange(sensor, dtype=jnp.float32) + 0.5) / sensor - 0.5
@@ -256,5 +327,5 @@ def simulate(page: Any, rng: np.random.Generator, quality: str, cfg: Any, screen
   params = sample_params(rng, quality, cfg) if params is None else params
   key = jax.random.key(int(rng.integers(0, 2**31 - 1)))
   raw = capture(jnp.asarray(page), params, key, sensor=cfg.sensor, ss=cfg.ss, screen=screen,
-                row_depth=cfg.row_depth)
+                row_depth=cfg.row_depth, print_match=bool(cfg.get("print_match", False)))
   return finish(raw, int(params["jpeg"]), float(params["scale"])), params

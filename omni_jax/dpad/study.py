@@ -1,7 +1,14 @@
 """The document presentation-attack study end to end (what ``experiments.dpad`` runs): config
 checks, the simulated recaptures (cached in captures.npz), training each classifier with the
-baseline augmentation, FMAG and FMAG + M2FM, EER / AUC / APCER / BPCER with bootstrap
-intervals per capture quality, an oracle moire-peak detector, the figures and summary.json.
+baseline augmentation, FMAG and FMAG + M2FM for every training seed, EER / AUC / APCER /
+BPCER (mean and sd over seeds, bootstrap intervals over seeds and images) per capture
+quality, the trivial sharpness / noise classifiers before and after the shortcut fix, an
+oracle moire-peak detector, the figures and summary.json.
+
+No oracle in the detector path: training reads only ``train.training_config(cfg)`` and the
+training images and labels (``training_set``); FMAG's periods are estimated from each image
+(``train.image_periods``). Simulator ground truth (true periods, camera parameters) is read
+only by diagnostics named as such: ``oracle_peak_auc`` and ``period_estimate``.
 """
 
 from __future__ import annotations
@@ -14,14 +21,14 @@ import numpy as np
 from absl import logging
 
 from omni_jax.config import positive_int, require, to_dict
-from omni_jax.dpad import documents, pad_metrics, plots, recapture, train
+from omni_jax.dpad import documents, pad_metrics, plots, recapture, shortcut, train
 from omni_jax.dpad import fmag as fmag_lib
 from omni_jax.dpad.models import MODELS
 from omni_jax.train.metrics import MetricsLog, atomic_path, write_json_atomic
 from omni_jax.train.progress import Progress
 
 METHODS = ("baseline_aug", "fmag", "fmag_m2fm")
-CAPTURE_VERSION = 2          # bump when the document or simulator code changes the pixels
+CAPTURE_VERSION = 3          # bump when the document or simulator code changes the pixels
 
 
 def validate(cfg) -> None:
@@ -38,12 +45,26 @@ def validate(cfg) -> None:
     positive_int(cfg.sim, k, "sim.")
   lo, hi = cfg.sim.period
   require(0 < lo <= hi, "sim.period", cfg.sim.period, "a (lo, hi) range with 0 < lo <= hi")
-  for q in recapture.QUALITIES:
+  for q in recapture.CHANNELS:
     r = cfg.sim[q].get("res", (1.0, 1.0))
     require(0 < r[0] <= r[1] <= 1, f"sim.{q}.res", r, "a (lo, hi) range with 0 < lo <= hi <= 1")
-  lo *= min(cfg.sim[q].get("res", (1.0, 1.0))[0] for q in recapture.QUALITIES)
+  lo *= min(cfg.sim[q].get("res", (1.0, 1.0))[0] for q in recapture.CHANNELS)
   require(2.0 / lo < cfg.sim.ss / 2, "sim.ss", cfg.sim.ss,
           f"must resolve the mosaic's 2nd harmonic: ss > 4 / (period_lo x res_lo) = {4 / lo:.2f}")
+  overlaps = recapture.camera_overlaps(cfg.sim)
+  require(not overlaps, "sim.train", "; ".join(overlaps),
+          "every camera range (" + ", ".join(recapture.CAMERA_KEYS) + ") disjoint from both "
+          "test channels' (held-out camera)")
+  g_lo, g_hi = cfg.sim.get("print_grain", (0.0, 0.0))
+  require(0 <= g_lo <= g_hi <= 1, "sim.print_grain", cfg.sim.get("print_grain"),
+          "a (lo, hi) range with 0 <= lo <= hi <= 1")
+  seeds = tuple(cfg.seeds)
+  require(len(seeds) >= 1 and all(isinstance(x, int) and x >= 0 for x in seeds)
+          and len(set(seeds)) == len(seeds), "seeds", cfg.seeds,
+          "distinct non-negative ints, at least one (3 or more for the reported figures)")
+  sd = cfg.shortcut_docs
+  require(isinstance(sd, int) and 0 <= sd <= d.test_docs, "shortcut_docs", sd,
+          f"an int in [0, data.test_docs = {d.test_docs}] (0: no before-fix captures)")
   positive_int(cfg, "patch")
   require(cfg.patch % 8 == 0, "patch", cfg.patch, "a multiple of 8 (ViT and M2FM tokens)")
   require(cfg.patch <= cfg.sim.sensor, "patch", cfg.patch,
@@ -68,20 +89,43 @@ def validate(cfg) -> None:
   mc = cfg.m2fm
   require(mc.mask in train.M2FM_MASKS, "m2fm.mask", mc.mask,
           f"one of {list(train.M2FM_MASKS)}")
-  for k, top in (("mask_sigma", 5.0), ("mask_cut", 0.5), ("mask_noise", 1.0)):
-    lo, hi = mc[k]
-    require(0 <= lo <= hi <= top, f"m2fm.{k}", mc[k], f"a (lo, hi) range, 0 <= lo <= hi <= {top}")
+  g = mc.generic
+  for k, lo_ok, top in (("sigma", 0.0, 5.0), ("scale", 1e-6, 1.0), ("noise", 0.0, 1.0),
+                        ("jpeg", 1, 100)):
+    lo, hi = g[k]
+    require(lo_ok <= lo <= hi <= top, f"m2fm.generic.{k}", g[k],
+            f"a (lo, hi) range, {lo_ok} <= lo <= hi <= {top}")
+  require(0 <= g.jpeg_prob <= 1, "m2fm.generic.jpeg_prob", g.jpeg_prob, "in [0, 1]")
   require(0 < mc.mask_radius <= 0.5, "m2fm.mask_radius", mc.mask_radius, "in (0, 0.5] cycles/px")
 
 
 # ---------------------------------------------------------------- data
 def _fingerprint(cfg) -> dict:
   return json.loads(json.dumps({"data": to_dict(cfg.data), "sim": to_dict(cfg.sim),
-                                "seed": cfg.seed, "version": CAPTURE_VERSION}))
+                                "seed": cfg.seed, "shortcut_docs": cfg.shortcut_docs,
+                                "version": CAPTURE_VERSION}))
+
+
+def before_fix_sim(sim):
+  """``sim`` with the shortcut fix undone: the print at twice the screen's resolution and
+  no print texture (the simulator as it was before issue 23)."""
+  b = sim.copy_and_resolve_references()
+  b.print_match, b.print_grain = False, (0.0, 0.0)
+  return b
+
+
+def _camera_row(p: dict) -> list[float]:
+  return [float(p[k]) for k in recapture.CAMERA_KEYS]
 
 
 def build_captures(cfg, workdir: str) -> dict:
-  """Renders and photographs every document (or loads the cache written by a previous run)."""
+  """Renders and photographs every document (or loads the cache written by a previous run).
+
+  Training captures go through the training camera (``sim.train``), test captures through
+  the held-out test channels (``sim.high``, ``sim.low``); ``*_camera`` keeps each capture's
+  drawn :data:`recapture.CAMERA_KEYS`. The first ``shortcut_docs`` test documents per kind
+  are also captured with the shortcut fix undone (``probe_*``: same camera draws and noise).
+  """
   path = os.path.join(workdir, "captures.npz")
   fp = _fingerprint(cfg)
   for src in (path, cfg.get("captures_from", "")):
@@ -92,38 +136,42 @@ def build_captures(cfg, workdir: str) -> dict:
         return {k: z[k] for k in z.files}
       logging.info("captures in %s were made with another config: not used", src)
   d = cfg.data
-  jobs = [("train", k, i, q) for k in d.train_kinds for i in range(d.train_docs) for q in ["high"]]
+  before = before_fix_sim(cfg.sim)
+  jobs = [("train", k, i, "train") for k in d.train_kinds for i in range(d.train_docs)]
   jobs += [("test", k, i, q) for k in d.test_kinds for i in range(d.test_docs)
            for q in ("high", "low")]
-  out = {f"{s}_{q}_{f}": [] for s, q in (("train", "high"), ("test", "high"), ("test", "low"))
-         for f in ("images", "labels", "periods", "scales", "kinds", "docs")}
-  prog = Progress("captures", len(jobs), unit="documents x qualities")
+  splits = (("train", "high"), ("test", "high"), ("test", "low"), ("probe", "high"),
+            ("probe", "low"))
+  out = {f"{s}_{q}_{f}": [] for s, q in splits
+         for f in ("images", "labels", "periods", "scales", "kinds", "docs", "camera")}
+  prog = Progress("captures", len(jobs), unit="documents x channels")
   for j, (split, kind, i, q) in enumerate(jobs):
     doc_seed = 1000 * (documents.KINDS.index(kind) + 1) + i + 100_000 * cfg.seed
     page, _ = documents.render_document(kind, doc_seed, d.canvas)
     for screen in (False, True):
-      rng = np.random.default_rng([cfg.seed, doc_seed, int(screen), q == "low"])
-      img, p = recapture.simulate(page, rng, q, cfg.sim, screen)
-      pre = f"{split}_{q}_"
-      out[pre + "images"].append(img)
-      out[pre + "labels"].append(int(screen))
-      out[pre + "periods"].append(float(p["period"]))
-      out[pre + "scales"].append(float(p["scale"]))
-      out[pre + "kinds"].append(kind)
-      out[pre + "docs"].append(doc_seed)
+      seq = [cfg.seed, doc_seed, int(screen), q == "low"]
+      runs = [(split, cfg.sim)] + ([("probe", before)] if split == "test"
+                                   and i < cfg.shortcut_docs else [])
+      for name, sim in runs:                 # same rng seed: same camera draws and noise key
+        img, p = recapture.simulate(page, np.random.default_rng(seq), q, sim, screen)
+        pre = f"{name}_{'high' if q == 'train' else q}_"
+        out[pre + "images"].append(img)
+        out[pre + "labels"].append(int(screen))
+        out[pre + "periods"].append(float(p["period"]))
+        out[pre + "scales"].append(float(p["scale"]))
+        out[pre + "kinds"].append(kind)
+        out[pre + "docs"].append(doc_seed)
+        out[pre + "camera"].append(_camera_row(p))
     prog.update(j + 1)
   prog.finish()
   res = {}
   for k, v in out.items():
-    if k.endswith("images") and k.startswith("test_low"):
-      side = max(im.shape[0] for im in v)           # pad to a stack; sizes kept in *_sides
-      res["test_low_sides"] = np.array([im.shape[0] for im in v])
-      stack = np.zeros((len(v), side, side, 3), np.uint8)
-      for n, im in enumerate(v):
-        stack[n, :im.shape[0], :im.shape[1]] = im
-      res[k] = stack
+    if k.endswith("images"):
+      res[k] = np.stack(v) if v else np.zeros((0, cfg.sim.sensor, cfg.sim.sensor, 3), np.uint8)
+    elif k.endswith("camera"):
+      res[k] = np.asarray(v, np.float64).reshape(-1, len(recapture.CAMERA_KEYS))
     else:
-      res[k] = np.asarray(v) if not k.endswith("images") else np.stack(v)
+      res[k] = np.asarray(v)
   res["fingerprint"] = np.asarray(json.dumps(fp))
   with atomic_path(path) as tmp:
     np.savez_compressed(tmp, **res)
@@ -131,7 +179,8 @@ def build_captures(cfg, workdir: str) -> dict:
 
 
 def training_set(caps: dict, subset: int) -> dict:
-  """High-quality training captures of the first ``subset`` documents per kind (0: all)."""
+  """Training captures (the training camera) of the first ``subset`` documents per kind (0:
+  all): ``images`` and ``labels`` only — what a deployed system's training set has."""
   kinds, docs = caps["train_high_kinds"], caps["train_high_docs"]
   keep = np.ones(len(kinds), bool)
   if subset:
@@ -139,56 +188,74 @@ def training_set(caps: dict, subset: int) -> dict:
     for k in np.unique(kinds):
       first = np.sort(np.unique(docs[kinds == k]))[:subset]
       keep |= (kinds == k) & np.isin(docs, first)
-  return {"images": caps["train_high_images"][keep], "labels": caps["train_high_labels"][keep],
-          "periods": caps["train_high_periods"][keep]}
+  return {"images": caps["train_high_images"][keep], "labels": caps["train_high_labels"][keep]}
 
 
 def _split(caps: dict, name: str) -> tuple[list[np.ndarray], np.ndarray]:
-  imgs = caps[f"{name}_images"]
-  if name == "test_low":
-    imgs = [im[:s, :s] for im, s in zip(imgs, caps["test_low_sides"], strict=True)]
-  return list(imgs), caps[f"{name}_labels"]
+  return list(caps[f"{name}_images"]), caps[f"{name}_labels"]
 
 
 # ---------------------------------------------------------------- evaluation
 def evaluate(scores: np.ndarray, labels: np.ndarray) -> dict:
-  """EER (with its stratified-bootstrap 95 % interval), AUC, APCER/BPCER at the EER."""
+  """EER, AUC, APCER/BPCER at the EER threshold for one seed's scores."""
   e = pad_metrics.eer(scores, labels)
-  ci = pad_metrics.bootstrap_eer(scores, labels)
   return {"eer": e["eer"], "auc": pad_metrics.auc(scores, labels), "apcer": e["apcer"],
-          "bpcer": e["bpcer"], "threshold": e["threshold"], "eer_ci95": [ci["lo"], ci["hi"]]}
+          "bpcer": e["bpcer"], "threshold": e["threshold"]}
+
+
+def aggregate(per_seed: list[dict], scores: np.ndarray, labels: np.ndarray,
+              n_boot: int = 1000) -> dict:
+  """One method and quality over seeds: mean of every metric, ``eer_sd`` / ``auc_sd``
+  (sample sd over seeds), ``eer_per_seed`` and ``eer_ci95`` (bootstrap over seeds and
+  images, :func:`pad_metrics.bootstrap_eer_seeds`); ``scores`` is (seeds, images)."""
+  out = {k: pad_metrics.seed_stats([r[k] for r in per_seed])["mean"]
+         for k in ("eer", "auc", "apcer", "bpcer")}
+  out["eer_sd"] = pad_metrics.seed_stats([r["eer"] for r in per_seed])["sd"]
+  out["auc_sd"] = pad_metrics.seed_stats([r["auc"] for r in per_seed])["sd"]
+  out["eer_per_seed"] = [r["eer"] for r in per_seed]
+  ci = pad_metrics.bootstrap_eer_seeds(scores, labels, n=n_boot)
+  out["eer_ci95"] = [ci["lo"], ci["hi"]]
+  return out
 
 
 def run_model(cfg, name: str, caps: dict, log) -> dict:
-  """Three methods for one classifier architecture; metrics keyed by method then quality."""
+  """Three methods for one classifier architecture, each trained once per seed in
+  ``cfg.seeds``; metrics keyed by method then quality (means over seeds, with sd and the
+  bootstrap interval over seeds and images)."""
+  tcfg = train.training_config(cfg)                 # no sim, no data: what training may read
   tr = training_set(caps, cfg.train_subset)
+  tr["periods"] = train.image_periods(tr["images"])   # FMAG's periods, from the images alone
   tests = {q: _split(caps, f"test_{q}") for q in ("high", "low")}
   res, t0 = {}, time.time()
-  base = train.train_classifier(cfg, name, tr, "baseline", cfg.seed, log)
-  fm = train.train_classifier(cfg, name, tr, "fmag", cfg.seed, log)
-  m2 = train.train_m2fm(cfg, *fm, tr, cfg.seed, log) if "fmag_m2fm" in cfg.methods else None
-  setups = {"baseline_aug": (base, None), "fmag": (fm, None), "fmag_m2fm": (fm, m2)}
-  scores = {}
+  per_seed = {m: {q: [] for q in tests} for m in cfg.methods}
+  scores = {m: {q: [] for q in tests} for m in cfg.methods}
+  for n, seed in enumerate(cfg.seeds):
+    base = train.train_classifier(tcfg, name, tr, "baseline", seed, log)
+    fm = train.train_classifier(tcfg, name, tr, "fmag", seed, log)
+    m2 = train.train_m2fm(tcfg, *fm, tr, seed, log) if "fmag_m2fm" in cfg.methods else None
+    setups = {"baseline_aug": (base, None), "fmag": (fm, None), "fmag_m2fm": (fm, m2)}
+    for method in cfg.methods:
+      (clf, params), rec = setups[method]
+      for q, (imgs, labels) in tests.items():
+        s = train.score_images(clf, params, imgs, cfg.patch, m2fm=rec)
+        scores[method][q].append(s)
+        per_seed[method][q].append(evaluate(s, labels))
+        logging.info("%s seed %d %s %s: EER %.3f AUC %.3f", name, seed, method, q,
+                     per_seed[method][q][-1]["eer"], per_seed[method][q][-1]["auc"])
+    if n == 0:                                   # a diagnostic: the first seed's classifiers
+      res["peak_reliance"] = peak_reliance(cfg, setups, tests)
+  scores = {m: {q: np.stack(v) for q, v in by_q.items()} for m, by_q in scores.items()}
   for method in cfg.methods:
-    (clf, params), rec = setups[method]
-    res[method], scores[method] = {}, {}
-    for q, (imgs, labels) in tests.items():
-      s = train.score_images(clf, params, imgs, cfg.patch, m2fm=rec)
-      scores[method][q] = s
-      res[method][q] = evaluate(s, labels)
-      logging.info("%s %s %s: EER %.3f AUC %.3f", name, method, q, res[method][q]["eer"],
-                   res[method][q]["auc"])
+    res[method] = {q: aggregate(per_seed[method][q], scores[method][q], tests[q][1])
+                   for q in tests}
   if {"fmag", "fmag_m2fm"} <= set(cfg.methods):     # does M2FM change the classifier's view?
+    d = {q: scores["fmag_m2fm"][q] - scores["fmag"][q] for q in tests}
     res["m2fm_score_shift"] = {q: {
-        "mean_abs": float(np.mean(np.abs(scores["fmag_m2fm"][q] - scores["fmag"][q]))),
-        "mean_genuine": float(np.mean(scores["fmag_m2fm"][q][tests[q][1] == 0]
-                                      - scores["fmag"][q][tests[q][1] == 0])),
-        "mean_recaptured": float(np.mean(scores["fmag_m2fm"][q][tests[q][1] == 1]
-                                         - scores["fmag"][q][tests[q][1] == 1]))}
-        for q in tests}
-  res["peak_reliance"] = peak_reliance(cfg, setups, tests, caps)
-  if {"baseline_aug", "fmag_m2fm"} <= set(cfg.methods):   # paired: same resampled images
-    res["eer_gain_ci95_points"] = {q: [100 * v for v in pad_metrics.bootstrap_eer(
+        "mean_abs": float(np.mean(np.abs(d[q]))),
+        "mean_genuine": float(np.mean(d[q][:, tests[q][1] == 0])),
+        "mean_recaptured": float(np.mean(d[q][:, tests[q][1] == 1]))} for q in tests}
+  if {"baseline_aug", "fmag_m2fm"} <= set(cfg.methods):   # paired: same seeds and images
+    res["eer_gain_ci95_points"] = {q: [100 * v for v in pad_metrics.bootstrap_eer_seeds(
         scores["fmag_m2fm"][q], tests[q][1], others=scores["baseline_aug"][q]).values()]
         for q in tests}
   res["train_captures"] = int(len(tr["labels"]))
@@ -196,14 +263,14 @@ def run_model(cfg, name: str, caps: dict, log) -> dict:
   return res
 
 
-def peak_reliance(cfg, setups: dict, tests: dict, caps: dict) -> dict:
+def peak_reliance(cfg, setups: dict, tests: dict) -> dict:
   """Does a classifier read the moiré peaks? Scores every test image again with FMAG's moiré
-  discs flattened to their ring's mean (``fmag.notch_one``, same located peaks FMAG keeps)
-  and reports, per method without M2FM and quality, the AUC after notching and the mean
-  score change of recaptured and of genuine images."""
+  discs flattened to their ring's mean (``fmag.notch_one``, same located peaks FMAG keeps,
+  at each image's estimated period) and reports, per method without M2FM and quality, the
+  AUC after notching and the mean score change of recaptured and of genuine images."""
   out = {}
   for q, (imgs, labels) in tests.items():
-    notched = train.notched_images(imgs, caps[f"test_{q}_periods"], cfg.patch, cfg.fmag)
+    notched = train.notched_images(imgs, train.image_periods(imgs), cfg.patch, cfg.fmag)
     for method in ("baseline_aug", "fmag"):
       if method not in cfg.methods:
         continue
@@ -268,27 +335,63 @@ def figures(cfg, caps: dict, workdir: str, eer: dict, ci: dict | None = None) ->
     for q, imgs in (("high", caps["test_high_images"]), ("low", low_imgs)):
       for off, lab in ((0, "genuine"), (1, "recaptured")):
         row[f"{lab} {q}"] = {"image": imgs[j + off],
-                             "period": float(caps[f"test_{q}_periods"][j + off]),
+                             "period": float(train.image_periods([imgs[j + off]])[0]),
                              "scale": float(caps[f"test_{q}_scales"][j + off])}
     rows.append(row)
   out = [os.path.join(workdir, f) for f in ("dpad_samples.png", "dpad_fmag.png",
                                             "dpad_documents.png", "dpad_eer.png",
                                             "dpad_whiten.png")]
-  side = min(int(caps["test_low_sides"].min()), 2 * cfg.patch) // 2 * 2
+  side = min(cfg.sim.sensor, 2 * cfg.patch) // 2 * 2
   plots.sample_grid(rows, out[0], side)
   i = int(np.argmax(caps["train_high_labels"]))
   c = cfg.sim.sensor // 2 - cfg.patch // 2
   plots.fmag_figure(caps["train_high_images"][i][c:c + cfg.patch, c:c + cfg.patch],
-                    float(caps["train_high_periods"][i]), cfg.fmag, out[1])
+                    float(train.image_periods(caps["train_high_images"][i:i + 1])[0]),
+                    cfg.fmag, out[1])
   plots.documents_figure([(k, documents.render_document(k, 1, cfg.data.canvas)[0])
                           for k in documents.KINDS], out[2])
-  plots.eer_bars(eer, out[3], f"{cfg.models[0]}, train on {list(cfg.data.train_kinds)} (high);"
-                 " bars: 95% bootstrap", ci)
+  plots.eer_bars(eer, out[3], f"{cfg.models[0]}, train on {list(cfg.data.train_kinds)} "
+                 f"(training camera), {len(cfg.seeds)} seeds; bars: 95% bootstrap", ci)
   j = firsts[0] + 1                                      # the first row's recaptured document
   plots.whiten_figure([(f"{rows[0]['kind']} recaptured {q}", _crop_centre(im, cfg.patch))
                        for q, im in (("high", caps["test_high_images"][j]), ("low", low_imgs[j]))]
                       + [(f"{rows[0]['kind']} genuine high",
                           _crop_centre(caps["test_high_images"][j - 1], cfg.patch))], out[4])
+  return out
+
+
+def shortcut_study(cfg, caps: dict) -> dict:
+  """Trivial one-feature classifiers (:mod:`shortcut`) on the same test documents captured
+  before the shortcut fix (``probe_*``) and after it (``test_*``): EER per feature, per
+  ``before``/``after`` and quality; folds = document parity."""
+  out = {name: {"before": {}, "after": {}} for name in shortcut.FEATURES}
+  counts = {}
+  for q in ("high", "low"):
+    docs = caps[f"probe_{q}_docs"]
+    if len(docs) == 0:
+      continue
+    keep = np.isin(caps[f"test_{q}_docs"], docs)
+    for when, pre, sel in (("before", "probe", slice(None)), ("after", "test", keep)):
+      imgs = list(caps[f"{pre}_{q}_images"][sel])
+      labels, d = caps[f"{pre}_{q}_labels"][sel], caps[f"{pre}_{q}_docs"][sel]
+      for name, v in shortcut.shortcut_eers(imgs, labels, d % 2).items():
+        out[name][when][q] = v
+      counts[q] = len(imgs)
+  return {"eer": out, "images": counts}
+
+
+def period_estimate(caps: dict, patch: int) -> dict:
+  """Diagnostic (reads the true period; nothing else does): the share of recaptured test
+  images whose estimated FMAG bins (``train.image_periods``) lie within 2 bins of a
+  ``patch``-px patch's spectrum of the bins the true screen period predicts."""
+  out = {}
+  for q in ("high", "low"):
+    rec = caps[f"test_{q}_labels"] == 1
+    est = train.image_periods(caps[f"test_{q}_images"][rec])
+    f_est = np.asarray(fmag_lib.predicted_frequencies(est))
+    f_true = np.asarray(fmag_lib.predicted_frequencies(caps[f"test_{q}_periods"][rec]))
+    ok = np.abs(f_est - f_true).max(-1) * patch <= 2.0
+    out[q] = {"within_2_patch_bins": float(ok.mean()), "recaptured_images": int(rec.sum())}
   return out
 
 
@@ -305,12 +408,16 @@ def run(cfg, workdir: str) -> dict:
   by_model = {m: run_model(cfg, m, caps, log) for m in cfg.models}
   main_m = by_model[cfg.models[0]]
   summary = {k: {meth: {q: main_m[meth][q][k] for q in ("high", "low")} for meth in cfg.methods}
-             for k in ("eer", "auc", "apcer", "bpcer")}
+             for k in ("eer", "eer_sd", "eer_ci95", "auc", "apcer", "bpcer")}
+  sc = shortcut_study(cfg, caps)
   summary |= {
-      "model": cfg.models[0], "by_model": by_model, "config": to_dict(cfg),
+      "model": cfg.models[0], "seeds": [int(x) for x in cfg.seeds], "by_model": by_model,
+      "shortcut_eer": sc["eer"], "shortcut_images": sc["images"],
+      "period_estimate": period_estimate(caps, cfg.patch),
+      "camera_ranges": {c: recapture.camera_ranges(cfg.sim, c) for c in recapture.CHANNELS},
+      "config": to_dict(cfg),
       "counts": {"train_high": main_m["train_captures"],
-                 **{s: int(len(caps[f"{s}_labels"])) for s in ("test_high", "test_low")}},
-      "seconds": {"captures": t_data, "total": time.time() - t0}}
+                 **{s: int(len(caps[f"{s}_labels"])) for s in ("test_high", "test_low")}}}
   summary["oracle_peak_auc"] = {}
   for q in ("high", "low"):
     imgs, labels = _split(caps, f"test_{q}")
@@ -323,5 +430,6 @@ def run(cfg, workdir: str) -> dict:
   ci = {m: {q: main_m[m][q]["eer_ci95"] for q in ("high", "low")} for m in cfg.methods}
   summary["figures"] = [os.path.basename(p)
                         for p in figures(cfg, caps, workdir, summary["eer"], ci)]
+  summary["seconds"] = {"captures": t_data, "total": time.time() - t0}
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)
   return summary

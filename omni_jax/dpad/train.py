@@ -7,6 +7,11 @@ move the moiré), and an image's score is the mean of its grid patches' P(recapt
 The baseline augmentation is the usual recipe for recaptured natural images — random JPEG
 re-compression, Gaussian blur, colour jitter, flips — done with Pillow/numpy on the host.
 FMAG (:mod:`omni_jax.dpad.fmag`) and M2FM run jitted on the device.
+
+What training may read: only what a deployed system has — the training images, their
+labels and :func:`training_config` (no simulator section). FMAG's screen period is
+estimated from each image's own spectrum (:func:`image_periods`); M2FM's masks come from a
+generic degradation family (:func:`m2fm_masks`), not from the test channels.
 """
 
 from __future__ import annotations
@@ -18,13 +23,29 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 from PIL import Image, ImageEnhance, ImageFilter
 
 from omni_jax.dpad import fmag as fmag_lib
-from omni_jax.dpad import models
+from omni_jax.dpad import models, spectrum
 from omni_jax.train.progress import Progress
+
+TRAINING_KEYS = ("patch", "train", "fmag", "m2fm")
+
+
+def training_config(cfg: Any) -> ml_collections.ConfigDict:
+  """The part of the experiment config training may read (:data:`TRAINING_KEYS`): no
+  ``sim`` (the capture channels, test ones included) and no ``data``."""
+  return ml_collections.ConfigDict({k: cfg[k] for k in TRAINING_KEYS})
+
+
+def image_periods(images: Any) -> np.ndarray:
+  """FMAG's screen period for every image, from the image alone:
+  :func:`spectrum.fmag_period` of :func:`spectrum.estimate_period`."""
+  return np.array([spectrum.fmag_period(spectrum.estimate_period(im)) for im in images],
+                  np.float32)
 
 
 # ---------------------------------------------------------------- patches
@@ -122,7 +143,8 @@ def train_classifier(cfg: Any, name: str, data: dict, aug: str, seed: int,
                      log: Callable[[dict], None] | None = None) -> tuple[Any, Any]:
   """Trains classifier ``name`` on random training patches with ``aug`` in
   {"baseline", "fmag", "baseline_fmag" (baseline ops, then FMAG), "none"}; returns
-  (module, params)."""
+  (module, params). ``data``: ``images`` (M, H, W, 3) uint8 and ``labels`` (M,), plus
+  ``periods`` from :func:`image_periods` for FMAG (computed here when absent)."""
   if aug not in ("baseline", "fmag", "baseline_fmag", "none"):
     raise ValueError(f"augmentation {aug!r} is not known; allowed: baseline, fmag, "
                      "baseline_fmag, none")
@@ -135,6 +157,9 @@ def train_classifier(cfg: Any, name: str, data: dict, aug: str, seed: int,
   opt_state = opt.init(params)
   fmag_selection(rng, np.zeros(0, int), cfg.fmag)                 # checks apply_to early
   augment = fmag_lib.make_fmag(cfg.fmag) if aug in ("fmag", "baseline_fmag") else None
+  periods = None
+  if augment is not None:
+    periods = data["periods"] if "periods" in data else image_periods(data["images"])
   prog = Progress(f"{name}/{aug}", tc.steps, unit="steps")
   for i in range(1, tc.steps + 1):
     x, idx = random_patches(rng, data["images"], tc.batch, patch)
@@ -145,7 +170,7 @@ def train_classifier(cfg: Any, name: str, data: dict, aug: str, seed: int,
     x = jnp.asarray(x, jnp.float32) / 255.0
     if augment is not None:
       key, sub = jax.random.split(key)
-      x = augment(sub, x, data["periods"][idx],
+      x = augment(sub, x, periods[idx],
                   fmag_selection(rng, np.asarray(data["labels"])[idx], cfg.fmag))
     params, opt_state, loss = step(params, opt_state, x, jnp.asarray(data["labels"][idx]))
     if i % max(1, tc.steps // 5) == 0 or i == tc.steps:
@@ -156,13 +181,13 @@ def train_classifier(cfg: Any, name: str, data: dict, aug: str, seed: int,
 
 
 # ---------------------------------------------------------------- M2FM
-M2FM_MASKS = ("lowpass", "channel")
+M2FM_MASKS = ("lowpass", "generic")
 
 
 def channel_transfer(n: int, sigma: jax.Array, cut: jax.Array) -> jax.Array:
-  """(B, n, n, 1) spectral transfer of a simulated low-quality channel, per sample: a
-  Gaussian blur of ``sigma`` px times a hard cut at ``cut`` cycles/px (the resolution loss
-  of a ``2 cut`` rescale), on the unshifted ``fft2`` grid."""
+  """(B, n, n, 1) spectral transfer of a degradation, per sample: a Gaussian blur of
+  ``sigma`` px times a hard cut at ``cut`` cycles/px (the resolution loss of a ``2 cut``
+  rescale), on the unshifted ``fft2`` grid."""
   f = jnp.fft.fftfreq(n)
   f2 = (f[:, None] ** 2 + f[None, :] ** 2)[None]
   h = jnp.exp(-2 * (jnp.pi * sigma[:, None, None]) ** 2 * f2)
@@ -175,23 +200,49 @@ def degrade(x: jax.Array, h: jax.Array, noise: jax.Array) -> jax.Array:
   return y + noise
 
 
+def jpeg_roundtrip(x: np.ndarray, quality: int) -> np.ndarray:
+  """One float patch (n, n, 3) in [0, 1] through Pillow JPEG at ``quality``."""
+  im = Image.fromarray(np.round(np.clip(x, 0, 1) * 255).astype(np.uint8))
+  buf = io.BytesIO()
+  im.save(buf, format="JPEG", quality=int(quality))
+  return np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"), np.float32) / 255.0
+
+
 def m2fm_masks(rng: np.random.Generator, mc: Any, b: int, n: int) -> tuple[np.ndarray, ...]:
   """Per-sample masking for one M2FM batch: (masked (B,) bool, transfer (B, n, n, 1),
-  pixel noise (B, n, n, 3)). ``lowpass``: the paper's hard disc of ``mask_radius`` cycles/px;
-  ``channel``: blur ``mask_sigma`` x cut ``mask_cut`` + noise ``mask_noise`` (std), drawn to
-  mimic what the low-quality capture channel removes."""
+  pixel noise (B, n, n, 3), JPEG quality (B,) int, 0 = none). ``lowpass``: the paper's hard
+  disc of ``mask_radius`` cycles/px; ``generic``: a family of generic camera / messaging-app
+  degradations (``mc.generic``: blur sigma, rescale factor -> cut at scale/2, noise std,
+  JPEG quality with probability ``jpeg_prob``), defined without any test channel."""
   masked = rng.random(b) < mc.mask_prob
+  jpeg = np.zeros(b, np.int64)
   if mc.mask == "lowpass":
     sigma, cut = np.zeros(b), np.full(b, float(mc.mask_radius))
     std = np.zeros(b)
+  elif mc.mask == "generic":
+    g = mc.generic
+    sigma, cut = rng.uniform(*g.sigma, b), rng.uniform(*g.scale, b) / 2
+    std = rng.uniform(*g.noise, b)
+    q = rng.integers(g.jpeg[0], g.jpeg[1] + 1, b)
+    jpeg = np.where(masked & (rng.random(b) < g.jpeg_prob), q, 0)
   else:
-    sigma, cut = rng.uniform(*mc.mask_sigma, b), rng.uniform(*mc.mask_cut, b)
-    std = rng.uniform(*mc.mask_noise, b)
+    raise ValueError(f"m2fm.mask {mc.mask!r} is not known; allowed: {list(M2FM_MASKS)}")
   h = np.asarray(channel_transfer(n, jnp.asarray(sigma, jnp.float32),
                                   jnp.asarray(cut, jnp.float32)))
   h = np.where(masked[:, None, None, None], h, 1.0).astype(np.float32)
   noise = (rng.standard_normal((b, n, n, 3)) * (std * masked)[:, None, None, None])
-  return masked, h, noise.astype(np.float32)
+  return masked, h, noise.astype(np.float32), jpeg
+
+
+def masked_inputs(rng: np.random.Generator, mc: Any, x: np.ndarray) -> tuple[np.ndarray, ...]:
+  """(M2FM input, transfer) for float patches ``x`` (B, n, n, 3): :func:`m2fm_masks`'
+  blur x cut and noise, then JPEG where drawn (host, Pillow)."""
+  _, h, noise, jpeg = m2fm_masks(rng, mc, x.shape[0], x.shape[1])
+  y = np.asarray(degrade(jnp.asarray(x), jnp.asarray(h), jnp.asarray(noise)))
+  y = np.clip(y, 0.0, 1.0)
+  for i in np.flatnonzero(jpeg):
+    y[i] = jpeg_roundtrip(y[i], int(jpeg[i]))
+  return y.astype(np.float32), h
 
 def freq_distance(rec: jax.Array, target: jax.Array, weight: jax.Array) -> jax.Array:
   """Weighted mean squared distance of orthonormal spectra (per channel, per bin)."""
@@ -214,8 +265,7 @@ def train_m2fm(cfg: Any, clf: Any, clf_params: Any, data: dict, seed: int,
     raise ValueError(f"m2fm.mask {mc.mask!r} is not known; allowed: {list(M2FM_MASKS)}")
 
   @jax.jit
-  def step(params, opt_state, x, y, h, noise):
-    inp = degrade(x, h, noise)
+  def step(params, opt_state, x, inp, y, h):
     w = 1.0 + (mc.masked_weight - 1.0) * (h < 0.5)       # bins the mask removed (mostly)
 
     def loss_fn(p):
@@ -231,10 +281,10 @@ def train_m2fm(cfg: Any, clf: Any, clf_params: Any, data: dict, seed: int,
   prog = Progress("m2fm", mc.steps, unit="steps")
   for i in range(1, mc.steps + 1):
     x, idx = random_patches(rng, data["images"], mc.batch, patch)
-    x = jnp.asarray(flips(rng, x), jnp.float32) / 255.0
-    _, h, noise = m2fm_masks(rng, mc, len(idx), patch)
-    params, opt_state, loss, (fd, ce) = step(params, opt_state, x,
-                                              jnp.asarray(data["labels"][idx]), h, noise)
+    x = flips(rng, x).astype(np.float32) / 255.0
+    inp, h = masked_inputs(rng, mc, x)
+    params, opt_state, loss, (fd, ce) = step(params, opt_state, jnp.asarray(x), jnp.asarray(inp),
+                                              jnp.asarray(data["labels"][idx]), jnp.asarray(h))
     if i % max(1, mc.steps // 5) == 0 or i == mc.steps:
       prog.update(i, f"loss {float(loss):.4f}", force=True)
       if log:

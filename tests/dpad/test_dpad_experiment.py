@@ -38,6 +38,33 @@ def test_tiny_run_writes_summary_and_figures(tmp_path):
       assert s["eer"][method][q] == pytest.approx(
           (s["apcer"][method][q] + s["bpcer"][method][q]) / 2)
   assert s["counts"] == {"train_high": 6, "test_high": 4, "test_low": 4}
+  # seeds: mean over seeds with sd and the seeds-and-images bootstrap interval
+  assert s["seeds"] == [0, 1]
+  for method in s["eer"]:
+    for q in ("high", "low"):
+      r = s["by_model"]["resnet"][method][q]
+      assert len(r["eer_per_seed"]) == 2
+      assert s["eer"][method][q] == pytest.approx(sum(r["eer_per_seed"]) / 2)
+      assert s["eer_sd"][method][q] == pytest.approx(
+          abs(r["eer_per_seed"][0] - r["eer_per_seed"][1]) / 2 ** 0.5)
+      lo, hi = s["eer_ci95"][method][q]
+      assert 0 <= lo <= hi <= 1
+  # the trivial classifiers before / after the shortcut fix, and the estimator diagnostic
+  assert set(s["shortcut_eer"]) == {"sharpness", "noise", "laplacian", "immerkaer"}
+  for v in s["shortcut_eer"].values():
+    assert set(v) == {"before", "after"} and all(set(x) == {"high", "low"} for x in v.values())
+  assert 0 <= s["period_estimate"]["low"]["within_2_patch_bins"] <= 1
+  # held-out camera: every capture drew its camera from its own channel's range
+  import numpy as np
+
+  from omni_jax.dpad import recapture
+  z = np.load(tmp_path / "captures.npz")
+  for split, ch in (("train_high", "train"), ("test_high", "high"), ("test_low", "low")):
+    cam = z[f"{split}_camera"]
+    assert cam.shape == (s["counts"][split], len(recapture.CAMERA_KEYS))
+    for j, k in enumerate(recapture.CAMERA_KEYS):
+      lo, hi = s["camera_ranges"][ch][k]
+      assert (lo <= cam[:, j]).all() and (cam[:, j] <= hi).all(), (split, k)
   assert s["model"] == "resnet" and "resnet" in s["by_model"]
   lo, hi = s["low_eer_gain_ci95_points"]
   assert -100 <= lo <= hi <= 100 and set(s["oracle_peak_auc"]) == {"high", "low"}

@@ -65,18 +65,23 @@ def test_channel_transfer_closed_form_and_lowpass_equivalence():
 
 
 def test_m2fm_masks_respect_probability_and_kinds():
-  mc = ml_collections.ConfigDict(dict(mask="channel", mask_prob=0.0, mask_radius=0.2,
-                                      mask_sigma=(0.3, 0.8), mask_cut=(0.375, 0.45),
-                                      mask_noise=(0.0, 0.01)))
-  masked, h, noise = train.m2fm_masks(np.random.default_rng(0), mc, 4, 16)
+  mc = ml_collections.ConfigDict(dict(mask="generic", mask_prob=0.0, mask_radius=0.2,
+                                      generic=dict(sigma=(0.3, 0.8), scale=(0.75, 0.9),
+                                                   noise=(0.0, 0.01), jpeg=(30, 95),
+                                                   jpeg_prob=0.5)))
+  masked, h, noise, jpeg = train.m2fm_masks(np.random.default_rng(0), mc, 4, 16)
   assert not masked.any() and np.all(h == 1.0) and np.all(noise == 0.0)  # prob 0: identity
+  assert np.all(jpeg == 0)
   mc.mask_prob = 1.0
-  masked, h, noise = train.m2fm_masks(np.random.default_rng(0), mc, 4, 16)
+  masked, h, noise, _ = train.m2fm_masks(np.random.default_rng(0), mc, 4, 16)
   assert masked.all() and h.max() <= 1.0 and h[:, 8, 8, 0].max() == 0.0   # Nyquist bin cut
   assert 0 < np.abs(noise).max() < 0.1
   mc.mask = "lowpass"
-  _, h, noise = train.m2fm_masks(np.random.default_rng(0), mc, 2, 16)
-  assert set(np.unique(h)) == {0.0, 1.0} and np.all(noise == 0.0)
+  _, h, noise, jpeg = train.m2fm_masks(np.random.default_rng(0), mc, 2, 16)
+  assert set(np.unique(h)) == {0.0, 1.0} and np.all(noise == 0.0) and np.all(jpeg == 0)
+  mc.mask = "channel"
+  with pytest.raises(ValueError, match="m2fm.mask 'channel'"):
+    train.m2fm_masks(np.random.default_rng(0), mc, 2, 16)
 
 
 def test_bootstrap_eer_intervals():
@@ -97,8 +102,7 @@ def test_bootstrap_eer_intervals():
 def test_training_set_subset_keeps_first_documents_per_kind():
   caps = {"train_high_kinds": np.array(["a", "a", "a", "a", "b", "b"]),
           "train_high_docs": np.array([5, 5, 3, 3, 9, 9]),
-          "train_high_images": np.arange(6)[:, None], "train_high_labels": np.arange(6) % 2,
-          "train_high_periods": np.arange(6) * 1.0}
+          "train_high_images": np.arange(6)[:, None], "train_high_labels": np.arange(6) % 2}
   sub = dpad_study.training_set(caps, 1)
   np.testing.assert_array_equal(sub["images"][:, 0], [2, 3, 4, 5])        # doc 3 of a, 9 of b
   assert len(dpad_study.training_set(caps, 0)["labels"]) == 6
@@ -106,12 +110,18 @@ def test_training_set_subset_keeps_first_documents_per_kind():
 
 @pytest.mark.parametrize("key,value,msg", [
     ("m2fm.mask", "gauss", "m2fm.mask"), ("train_subset", 99, "train_subset"),
-    ("m2fm.mask_cut", (0.4, 0.7), "m2fm.mask_cut"), ("m2fm.mask_radius", 0.0, "mask_radius")])
+    ("m2fm.generic.scale", (0.4, 1.2), "m2fm.generic.scale"),
+    ("m2fm.mask_radius", 0.0, "mask_radius"), ("seeds", (0, 0, 1), "seeds"),
+    ("seeds", (), "seeds"), ("shortcut_docs", 99, "shortcut_docs"),
+    ("sim.print_grain", (0.3, 0.1), "sim.print_grain")])
 def test_validate_new_keys_is_one_clear_error(key, value, msg):
   from configs.dpad import get_config
   from omni_jax.config import ConfigError
   cfg = get_config("default")
-  node, leaf = (cfg.m2fm, key.split(".")[1]) if "." in key else (cfg, key)
+  *path, leaf = key.split(".")
+  node = cfg
+  for part in path:
+    node = node[part]
   node[leaf] = value
   with pytest.raises(ConfigError, match=msg):
     dpad_study.validate(cfg)
