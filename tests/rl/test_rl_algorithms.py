@@ -82,6 +82,8 @@ def test_async_s0_equals_sync_switch_bit_for_bit():
     (dict(staleness=2), "needs aggregation='async'"),
     (dict(threshold=3, workers=2), "must be <= workers=2"),
     (dict(algo="ddpg"), "CartPole-v1 has a discrete action space; ddpg needs continuous"),
+    (dict(algo="a2c", env="Pendulum-v1"),
+     "Pendulum-v1 has a continuous action space; a2c needs discrete"),
     (dict(env="Pong"), "config.env = 'Pong' is not allowed"),
     (dict(codec="zip"), "config.codec = 'zip'"),
     (dict(final_window=0.0), "config.final_window"),
