@@ -3,7 +3,8 @@
 Run:
   python -m experiments.rl --config=configs/rl.py:ppo_cartpole --workdir=/tmp/rl_ppo_cartpole
   python -m experiments.rl --config=configs/rl.py:tiny --workdir=/tmp/rl_tiny
-Variants: ``ppo_cartpole``, ``ppo_acrobot``, ``ppo_breakout``, ``a2c_cartpole``,
+Variants: ``ppo_cartpole``, ``ppo_acrobot``, ``ppo_breakout``, ``ppo_pendulum`` (Gaussian
+policy), ``a2c_cartpole``,
 ``dqn_cartpole``, ``ddpg_pendulum`` and ``tiny`` (PPO on CartPole, a few seconds; tests).
 Overrides: ``--config.aggregation=ps|allreduce|switch|async|none``,
 ``--config.staleness=2`` (async), ``--config.threshold=6`` (switch H; 0 means H = workers),
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 import ml_collections
 
-VARIANTS = ("ppo_cartpole", "ppo_acrobot", "ppo_breakout", "a2c_cartpole", "dqn_cartpole",
-            "ddpg_pendulum", "tiny")
+VARIANTS = ("ppo_cartpole", "ppo_acrobot", "ppo_breakout", "ppo_pendulum", "a2c_cartpole",
+            "dqn_cartpole", "ddpg_pendulum", "tiny")
 ALGOS = ("ppo", "a2c", "dqn", "ddpg")
 
 
@@ -26,7 +27,8 @@ def hyperparameters(algo: str) -> ml_collections.ConfigDict:
   if algo == "ppo":
     hp = dict(num_envs=4, num_steps=16, epochs=4, num_minibatches=4, lr=2.5e-4, anneal_lr=True,
               gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01, vf_coef=0.5,
-              max_grad_norm=0.5, hidden=(64, 64), activation="tanh")
+              max_grad_norm=0.5, hidden=(64, 64), activation="tanh", normalize_obs=False,
+              normalize_reward=False, init_log_std=0.0)   # the last three: see ppo_pendulum
   elif algo == "a2c":
     hp = dict(num_envs=4, num_steps=8, lr=1e-3, anneal_lr=True, gamma=0.99, gae_lambda=1.0,
               ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, hidden=(64, 64),
@@ -99,6 +101,14 @@ def get_config(arg: str = "ppo_cartpole") -> ml_collections.ConfigDict:
     c.hp.num_steps = 32
     c.hp.lr = 5e-4
     c.hp.hidden = (128, 128)
+  if arg == "ppo_pendulum":
+    # Gaussian policy (CleanRL ppo_continuous_action recipe) with running reward
+    # normalisation; 8 workers x 4 envs, 10 epochs of 4 minibatches per iteration. Observation
+    # normalisation is off: Pendulum's observations are already bounded, and per-worker
+    # statistics over 4 envs each stalled learning (docs/iswitch_rl.md).
+    c.total_env_steps = 1_000_000
+    c.hp.update(dict(num_steps=128, epochs=10, num_minibatches=4, lr=1e-3, gamma=0.95,
+                     gae_lambda=0.95, ent_coef=0.0, normalize_obs=False, normalize_reward=True))
   if arg == "tiny":
     c.workers = 2
     c.total_env_steps = 8_192

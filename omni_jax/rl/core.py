@@ -7,7 +7,8 @@ environments, replay buffer, RNG): parameters depend on ``key`` only (every work
 from the same ones), environments and sampling on ``(key, worker)``,
 and ``run(state, n)`` advances it ``n`` iterations inside one ``lax.scan`` (pure, so it can be
 jitted, vmapped over seeds and mapped over a worker mesh axis); ``act(params, obs)`` is the
-greedy (deterministic) policy used by evaluation episodes.
+greedy (deterministic) policy used by evaluation episodes, given ``act_state(state)`` (the
+parameters unless the algorithm says otherwise).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class Algorithm(NamedTuple):
   updates_per_iteration: int       # aggregated gradient steps per iteration
   num_params: int                  # gradient size in floats
   act: Callable[[Any, jax.Array], jax.Array] | None = None  # (params, obs batch) -> greedy
+  # what ``act`` takes from a state (default: its params; PPO adds its observation statistics)
+  act_state: Callable[[Any], Any] | None = None
 
 
 def adam(lr: float | Callable, max_grad_norm: float | None = None,

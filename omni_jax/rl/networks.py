@@ -50,6 +50,25 @@ class ActorCritic(nn.Module):
     return logits, jnp.squeeze(value, -1)
 
 
+class GaussianActorCritic(nn.Module):
+  """Continuous-action actor-critic: an MLP mean, a state-independent log-std parameter
+  (initialised to ``init_log_std``) and a separate value MLP; returns
+  ``((mean, log_std), value)``."""
+  action_dim: int
+  hidden: Sequence[int] = (64, 64)
+  activation: str = "tanh"
+  init_log_std: float = 0.0
+  input_shape: tuple[int, ...] = ()
+
+  @nn.compact
+  def __call__(self, x):
+    mean = MLP(self.hidden, self.action_dim, self.activation, 0.01, self.input_shape)(x)
+    log_std = self.param("log_std", nn.initializers.constant(self.init_log_std),
+                         (self.action_dim,))
+    value = MLP(self.hidden, 1, self.activation, 1.0, self.input_shape)(x)
+    return (mean, log_std), jnp.squeeze(value, -1)
+
+
 class QNetwork(nn.Module):
   """Action values for discrete actions."""
   num_actions: int

@@ -26,6 +26,8 @@ from omni_jax.parallel.rl_aggregation import METHODS, Aggregator, run_on_workers
 from omni_jax.rl import a2c, core, ddpg, dqn, envs, evaluate, ppo
 
 ALGORITHMS = {"ppo": ppo.make, "a2c": a2c.make, "dqn": dqn.make, "ddpg": ddpg.make}
+ACTION_KINDS = {"ppo": ("discrete", "continuous"), "a2c": ("discrete",), "dqn": ("discrete",),
+                "ddpg": ("continuous",)}
 AXIS = mesh_lib.DATA_AXIS
 TOP_KEYS = ("variant", "algo", "env", "seed", "seeds", "workers", "aggregation", "threshold",
             "segment_size", "staleness", "codec", "total_env_steps", "chunk_iterations",
@@ -61,10 +63,10 @@ def validate(cfg, num_devices: int | None = None) -> None:
     require(cfg.workers <= num_devices, "workers", cfg.workers,
             f"only {num_devices} devices are available (use --cpu_devices on CPU)")
   space = envs.ENVS.get(cfg.env)().action_space
-  discrete = isinstance(space, envs.Discrete)
-  require(discrete == (cfg.algo != "ddpg"), "algo", cfg.algo,
-          f"{cfg.env} has a {'discrete' if discrete else 'continuous'} action space; "
-          f"{'ddpg needs continuous' if cfg.algo == 'ddpg' else 'ppo/a2c/dqn need discrete'}")
+  kind = "discrete" if isinstance(space, envs.Discrete) else "continuous"
+  allowed = ACTION_KINDS[cfg.algo]
+  require(kind in allowed, "algo", cfg.algo,
+          f"{cfg.env} has a {kind} action space; {cfg.algo} needs {' or '.join(allowed)}")
 
 
 def make_codec(name: str):
@@ -195,10 +197,12 @@ def timed(fn, state, repeats: int = 1):
 def evaluate_greedy(run: Run, state) -> dict:
   """Greedy episodes (``cfg.eval_episodes`` per seed, at most ``cfg.eval_max_steps`` steps)
   with the final parameters of worker 0 (every worker holds the same model in synchronous
-  modes). ``eval_return``: mean return over all seeds' episodes; per-seed returns, lengths and
-  the count of episodes unfinished within the step cap come with it."""
+  modes; PPO's act also takes worker 0's observation statistics). ``eval_return``: mean
+  return over all seeds' episodes; per-seed returns, lengths and the count of episodes
+  unfinished within the step cap come with it."""
   cfg = run.cfg
-  params = jax.tree.map(lambda x: np.asarray(x[0]), state.params)    # [seeds, ...]
+  pick = run.algo.act_state or (lambda st: st.params)
+  params = jax.tree.map(lambda x: np.asarray(x[0]), pick(state))    # [seeds, ...]
   keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 0xE7A1), cfg.seeds)
   env = envs.make_env(cfg.env)
   one = lambda p, k: evaluate.greedy_episodes(env, run.algo.act, p, k,  # noqa: E731

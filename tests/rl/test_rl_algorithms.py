@@ -53,6 +53,17 @@ def test_algorithm_learns(algo):
   assert got > beat > envs.RANDOM_RETURN[cfg.env], (algo, got)
 
 
+@pytest.mark.slow  # ~30-60 s on 2 cores; `pytest -m slow` runs it
+def test_ppo_gaussian_learns_pendulum():
+  """Continuous-action PPO on one worker (32 envs, the ppo_pendulum settings) swings the
+  pendulum up within 150K steps: training and greedy returns far above random (-1226)."""
+  cfg = _config("ppo_pendulum", workers=1, aggregation="none", total_env_steps=150_000,
+                final_window=0.2, **{"hp.num_envs": 32})
+  run, state, m = _train(cfg)
+  assert _final(cfg, m) > -500.0
+  assert runner.evaluate_greedy(run, state)["eval_return"] > -500.0
+
+
 def test_async_s0_equals_sync_switch_bit_for_bit():
   """Two vmapped seeds on 3 workers: async with S = 0 reproduces the synchronous switch."""
   over = dict(workers=3, seeds=2, total_env_steps=3 * 64 * 6, chunk_iterations=6)
@@ -82,6 +93,8 @@ def test_async_s0_equals_sync_switch_bit_for_bit():
     (dict(staleness=2), "needs aggregation='async'"),
     (dict(threshold=3, workers=2), "must be <= workers=2"),
     (dict(algo="ddpg"), "CartPole-v1 has a discrete action space; ddpg needs continuous"),
+    (dict(algo="a2c", env="Pendulum-v1"),
+     "Pendulum-v1 has a continuous action space; a2c needs discrete"),
     (dict(env="Pong"), "config.env = 'Pong' is not allowed"),
     (dict(codec="zip"), "config.codec = 'zip'"),
     (dict(final_window=0.0), "config.final_window"),

@@ -80,6 +80,46 @@ def test_gymnax_spaces_and_vmapped_step(name, obs_shape, space):
   assert info["final_observation"].shape == (3, *obs_shape)
 
 
+def _pendulum_reference(th, thdot, u):
+  """Gymnasium Pendulum-v1's step written out with numpy (g 10, m 1, l 1, dt 0.05, max speed 8,
+  max torque 2); reward from the state before the step, angle normalised to [-pi, pi)."""
+  u = np.clip(u, -2.0, 2.0)
+  norm = ((th + np.pi) % (2 * np.pi)) - np.pi
+  reward = -(norm ** 2 + 0.1 * thdot ** 2 + 0.001 * u ** 2)
+  thdot = np.clip(thdot + (3 * 10.0 / 2 * np.sin(th) + 3.0 * u) * 0.05, -8.0, 8.0)
+  return th + thdot * 0.05, thdot, reward
+
+
+def test_pendulum_matches_numpy_dynamics_and_truncates_at_200():
+  env = envs.make_env("Pendulum-v1")
+  acts = np.array([2.0, -3.5, 0.7, 5.0, -1.2] + [1.0] * 195, np.float32)  # some beyond +-2
+
+  @jax.jit
+  def go(key):
+    obs, st = env.reset(key)
+
+    def one(st, a):
+      obs, st2, r, term, trunc, info = env.step(key, st, a[None])
+      return st2, (obs, r, term, trunc, info["final_observation"], st.env.theta,
+                   st.env.theta_dot)
+
+    return obs, jax.lax.scan(one, st, jnp.asarray(acts))[1]
+
+  obs0, (obs, r, term, trunc, final_obs, th, thdot) = jax.device_get(go(jax.random.PRNGKey(3)))
+  assert -np.pi <= th[0] <= np.pi and -1.0 <= thdot[0] <= 1.0       # initial state ranges
+  np.testing.assert_allclose(obs0, [np.cos(th[0]), np.sin(th[0]), thdot[0]], rtol=1e-6)
+  t, td = np.float64(th[0]), np.float64(thdot[0])
+  for i in range(12):
+    t, td, rew = _pendulum_reference(t, td, np.float64(acts[i]))
+    assert r[i] == pytest.approx(rew, rel=1e-4, abs=1e-5)
+    np.testing.assert_allclose(final_obs[i], [np.cos(t), np.sin(t), td], rtol=1e-4, atol=1e-5)
+    assert th[i + 1] == pytest.approx(t, rel=1e-4) and thdot[i + 1] == pytest.approx(td, rel=1e-4)
+  # the 200-step time limit is a truncation, never a termination, and resets the pendulum
+  assert not term.any()
+  assert np.flatnonzero(trunc).tolist() == [199]
+  assert not np.allclose(obs[199], final_obs[199])
+
+
 def test_cartpole_episode_return_equals_length():
   """CartPole pays +1 per step, so a finished episode's return is its length."""
   env = envs.make_env("CartPole-v1")

@@ -1,10 +1,14 @@
-"""GAE (with truncation bootstrapping) and the PPO loss against plain numpy references."""
+"""GAE (with truncation bootstrapping), the PPO loss (categorical and Gaussian policies), the
+Gaussian log-prob / entropy and the running normaliser against plain numpy / scipy references."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 
-from omni_jax.rl import core, dqn
-from omni_jax.rl.ppo import ppo_loss
+from omni_jax.rl import core, dqn, normalize, policies
+from omni_jax.rl.ppo import gaussian_ppo_loss, ppo_loss
 
 GAMMA, LAM = 0.9, 0.8
 
@@ -82,21 +86,29 @@ def test_gae_random_inputs_match_numpy():
   np.testing.assert_allclose(np.asarray(adv1)[0], ret0 - v[0], rtol=1e-4, atol=1e-4)
 
 
-def ppo_loss_reference(logits, value, action, old_logp, old_value, adv, targets, clip, vf, ent):
-  """PPO loss written out with numpy, sample by sample."""
-  z = logits - logits.max(-1, keepdims=True)
-  logp_all = z - np.log(np.exp(z).sum(-1, keepdims=True))
-  p_all = np.exp(logp_all)
+def clipped_loss_reference(logp, entropy, value, old_logp, old_value, adv, targets, clip, vf,
+                           ent):
+  """PPO loss written out with numpy, sample by sample, from the new policy's log-probs of
+  the taken actions and its per-sample entropies."""
   adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-  pg, vl, en = [], [], []
-  for i in range(len(action)):
-    ratio = np.exp(logp_all[i, action[i]] - old_logp[i])
+  pg, vl = [], []
+  for i in range(len(logp)):
+    ratio = np.exp(logp[i] - old_logp[i])
     pg.append(-min(ratio * adv[i], np.clip(ratio, 1 - clip, 1 + clip) * adv[i]))
     v_clip = old_value[i] + np.clip(value[i] - old_value[i], -clip, clip)
     vl.append(0.5 * max((value[i] - targets[i]) ** 2, (v_clip - targets[i]) ** 2))
-    en.append(-(p_all[i] * logp_all[i]).sum())
-  pg, vl, en = np.mean(pg), np.mean(vl), np.mean(en)
+  pg, vl, en = np.mean(pg), np.mean(vl), np.mean(entropy)
   return pg + vf * vl - ent * en, pg, vl, en
+
+
+def ppo_loss_reference(logits, value, action, old_logp, old_value, adv, targets, clip, vf, ent):
+  """The categorical policy's log-probs and entropies with numpy, then the loss above."""
+  z = logits - logits.max(-1, keepdims=True)
+  logp_all = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  logp = logp_all[np.arange(len(action)), action]
+  entropy = -(np.exp(logp_all) * logp_all).sum(-1)
+  return clipped_loss_reference(logp, entropy, value, old_logp, old_value, adv, targets, clip,
+                                vf, ent)
 
 
 def test_ppo_loss_matches_numpy():
@@ -119,6 +131,90 @@ def test_ppo_loss_matches_numpy():
   ratio = np.exp(np.asarray(core.categorical_log_prob(logits, action)) - old_logp)
   assert (ratio < 0.8).any() and (ratio > 1.2).any()   # clipping is exercised
   assert (np.abs(value - old_value) > 0.2).any()
+
+
+def test_gaussian_log_prob_and_entropy_match_scipy():
+  rng = np.random.default_rng(2)
+  B, A = 5, 3
+  mean = rng.normal(size=(B, A)).astype(np.float32)
+  log_std = rng.normal(scale=0.5, size=A).astype(np.float32)      # state-independent
+  action = (mean + rng.normal(scale=2.0, size=(B, A))).astype(np.float32)
+  want = stats.norm.logpdf(action, mean, np.exp(log_std)).sum(-1)
+  np.testing.assert_allclose(policies.gaussian_log_prob(mean, log_std, action), want,
+                             rtol=1e-5, atol=1e-5)
+  ent = np.asarray(policies.gaussian_entropy(mean, log_std))
+  assert ent.shape == (B,)
+  np.testing.assert_allclose(ent, stats.norm(0.0, np.exp(log_std)).entropy().sum(), rtol=1e-5)
+  # the policy head samples N(mean, std^2), scores the unclipped sample, clips for the env
+  g = policies.Gaussian(-1.0, 1.0)
+  draws = np.asarray(jax.jit(jax.vmap(lambda k: g.sample(k, (mean[0], log_std))))(
+      jax.random.split(jax.random.PRNGKey(0), 20_000)))
+  np.testing.assert_allclose(draws.mean(0), mean[0], atol=0.05)
+  np.testing.assert_allclose(draws.std(0), np.exp(log_std), rtol=0.03)
+  assert (np.abs(draws) > 1).any()
+  np.testing.assert_array_equal(g.to_env(draws), np.clip(draws, -1.0, 1.0))
+  np.testing.assert_array_equal(g.greedy((mean, log_std)), np.clip(mean, -1.0, 1.0))
+
+
+def test_gaussian_ppo_loss_matches_numpy():
+  rng = np.random.default_rng(3)
+  B, A = 48, 2
+  mean = rng.normal(size=(B, A)).astype(np.float32)
+  log_std = np.array([-0.3, 0.4], np.float32)
+  action = (mean + np.exp(log_std) * rng.normal(size=(B, A))).astype(np.float32)
+  value, old_value, targets, adv = (rng.normal(size=B).astype(np.float32) for _ in range(4))
+  logp = stats.norm.logpdf(action, mean, np.exp(log_std)).sum(-1)
+  old_logp = (logp + rng.normal(scale=0.4, size=B)).astype(np.float32)
+  loss = jax.jit(lambda ls: gaussian_ppo_loss(mean, ls, value, action, old_logp, old_value,
+                                               adv, targets, 0.2, 0.5, 0.01))
+  total, parts = loss(log_std)
+  entropy = np.full(B, stats.norm(0.0, np.exp(log_std)).entropy().sum())
+  want = clipped_loss_reference(logp, entropy, value, old_logp, old_value, adv, targets, 0.2,
+                                0.5, 0.01)
+  got = (float(total), float(parts["pg"]), float(parts["v_loss"]), float(parts["entropy"]))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  ratio = np.exp(logp - old_logp)
+  assert (ratio < 0.8).any() and (ratio > 1.2).any()   # clipping is exercised
+  # the gradient reaches the log-std parameter (it is learned)
+  g = jax.jit(jax.grad(lambda ls: loss(ls)[0]))(jnp.asarray(log_std))
+  assert np.all(np.asarray(g) != 0)
+
+
+def test_running_normaliser_matches_numpy():
+  rng = np.random.default_rng(4)
+  batches = [rng.normal(loc=[3.0, -1.0], scale=[0.5, 4.0], size=(n, 2)).astype(np.float32)
+             for n in (7, 1, 30, 12)]
+  st = normalize.init((2,))
+  for b in batches:
+    st = jax.jit(normalize.update)(st, b)
+  x = np.concatenate(batches)
+  # the prior (mean 0, var 1, count 1e-4) is a negligible extra sample
+  np.testing.assert_allclose(st.mean, x.mean(0), rtol=1e-4)
+  np.testing.assert_allclose(st.var, x.var(0), rtol=1e-4)
+  assert float(st.count) == pytest.approx(len(x) + 1e-4)
+  y = np.asarray(jax.jit(normalize.normalize, static_argnums=2)(
+      st, np.array([[3.5, 100.0]], np.float32), 10.0))
+  assert y[0, 0] == pytest.approx((3.5 - x[:, 0].mean()) / x[:, 0].std(), rel=1e-3)
+  assert y[0, 1] == 10.0                                              # clipped
+  # rewards: divided by the std of the running discounted return, which restarts at done
+  r = rng.normal(size=(6, 3)).astype(np.float32)
+  done = np.zeros((6, 3), bool)
+  done[2, 0] = done[4, 1] = True
+  scale = jax.jit(lambda n, r, d: normalize.scale_reward(n, r, d, 0.9, 10.0))
+  norm, got = normalize.make_normalizer((2,), 3), []
+  for t in range(6):
+    norm, s = scale(norm, r[t], done[t])
+    got.append(np.asarray(s))
+  disc, seen, want = np.zeros(3), [], []
+  for t in range(6):
+    disc = 0.9 * disc + r[t]
+    seen.append(disc.copy())
+    all_seen = np.concatenate(seen)
+    n, c, m = len(all_seen), 1e-4, all_seen.mean()           # with the prior sample
+    var = (all_seen.var() * n + c * 1.0 + m ** 2 * c * n / (c + n)) / (c + n)
+    want.append(np.clip(r[t] / np.sqrt(var + 1e-8), -10, 10))
+    disc = np.where(done[t], 0.0, disc)
+  np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4)
 
 
 def test_double_dqn_target_takes_online_argmax_evaluated_by_target_net():
