@@ -302,18 +302,21 @@ def lms_peak(plan: Plan, prof: ModelProfile) -> int:
   residuals and output (and the microbatch's targets); the backward the weights, residuals,
   dy, dx and the gradient accumulator in and out; the device update W, G, m, v in and W, m,
   v out. ``lms_prefetch`` adds the next layer's weights, accumulator and residuals. On top:
-  the residuals of ``keep_resid`` (a microbatch's, all of them at the end of its forward)
-  and, with ``keep_grads``, every layer's gradient accumulator."""
+  in the forward and backward the residuals of ``keep_resid`` (one microbatch's; all of
+  them at the end of its forward, freed by its backward, so not in the update) and, all
+  iteration with ``keep_grads``, every layer's gradient accumulator."""
   u, t = plan.u, plan.u * prof.target_bytes
-  peak = 0
+  fb = upd = 0
   for lp in prof.layers:
     w = lp.param_bytes
     fwd = w + u * (lp.in_bytes + lp.act_bytes + lp.out_bytes) + t
     bwd = 3 * w + u * (2 * (lp.act_bytes + lp.out_bytes) + lp.in_bytes)
-    peak = max(peak, fwd, bwd, 7 * w)
-  if plan.kind == "lms_prefetch":
-    peak += max(2 * lp.param_bytes + u * lp.act_bytes for lp in prof.layers)
-  return peak + lms_resident_bytes(plan, prof)
+    fb, upd = max(fb, fwd, bwd), max(upd, 7 * w)
+  extra = (max(2 * lp.param_bytes + u * lp.act_bytes for lp in prof.layers)
+           if plan.kind == "lms_prefetch" else 0)
+  grads = prof.param_bytes if plan.keep_grads else 0
+  resid = u * sum(prof.layers[i].act_bytes for i in plan.keep_resid)
+  return max(fb + resid, upd) + extra + grads
 
 
 def lms_resident_bytes(plan: Plan, prof: ModelProfile) -> int:
@@ -324,28 +327,28 @@ def lms_resident_bytes(plan: Plan, prof: ModelProfile) -> int:
 
 
 def fit_lms(plan: Plan, prof: ModelProfile, budget: int) -> Plan:
-  """A budget-aware LMS (IBM LMS / TFLMS style): the budget the swap-everything peak leaves
-  unused keeps tensors on the device. Gradient accumulators first, all of them when they fit
-  (a byte kept resident saves 2m bytes of traffic, as for residuals); then residuals, those
-  reused soonest kept first (the top layers: their backward follows their forward closest)
-  so the largest reuse distances are the ones swapped out; a layer whose residuals do not
-  fit in what is left is swapped and smaller ones below it may still be kept. A plan whose
+  """A budget-aware LMS (IBM LMS / TFLMS style): the budget the swap-everything schedule
+  leaves unused keeps tensors on the device. Gradient accumulators first, all of them when
+  they fit (a byte kept resident saves 2m bytes of traffic, as for residuals); then
+  residuals, those reused soonest kept first (the top layers: their backward follows their
+  forward closest) so the largest reuse distances are the ones swapped out; a layer whose
+  residuals do not fit in what is left is swapped and smaller ones below it may still be
+  kept. Kept tensors count in :func:`lms_peak` where they are live. A plan whose
   swap-everything peak is already over the budget is returned unchanged."""
   if plan.kind not in LMS_KINDS:
     raise ValueError(f"fit_lms needs an lms kind {LMS_KINDS}, got {plan.kind!r}")
-  base = dataclasses.replace(plan, keep_resid=(), keep_grads=False)
-  slack = budget - lms_peak(base, prof)
-  if slack < 0:
-    return base
-  keep_grads = prof.param_bytes <= slack
-  slack -= prof.param_bytes if keep_grads else 0
-  keep = []
+  best = dataclasses.replace(plan, keep_resid=(), keep_grads=False)
+  if lms_peak(best, prof) > budget:
+    return best
+  grads = dataclasses.replace(best, keep_grads=True)
+  if lms_peak(grads, prof) <= budget:
+    best = grads
+  keep: list[int] = []
   for i in reversed(range(prof.num_layers)):
-    r = plan.u * prof.layers[i].act_bytes
-    if r <= slack:
+    cand = dataclasses.replace(best, keep_resid=tuple(sorted(keep + [i])))
+    if lms_peak(cand, prof) <= budget:
       keep.append(i)
-      slack -= r
-  return dataclasses.replace(base, keep_resid=tuple(sorted(keep)), keep_grads=keep_grads)
+  return dataclasses.replace(best, keep_resid=tuple(sorted(keep)))
 
 
 def zero_offload_peak(plan: Plan, prof: ModelProfile) -> int:

@@ -171,47 +171,52 @@ def test_timeline_bins_sub_pixel_tasks_by_busy_fraction():
                                       (2.0, 1.0, 1.0)]
 
 
-def _acts_profile(acts=(5, 30, 10)):
-  """Three layers of 100-byte weights (25 parameters), residuals ``acts`` bytes per
-  example, 4-byte boundaries, 2-byte targets."""
-  layers = tuple(LayerProfile(f"l{i}", "l", 25, 100, 200, 4, 4, a, {1: 1.0}, {1: 2.0})
+def _acts_profile(acts=(5, 300, 10)):
+  """Three layers of 10-byte weights, residuals ``acts`` bytes per example, 4-byte
+  boundaries, 2-byte targets."""
+  layers = tuple(LayerProfile(f"l{i}", "l", 2, 10, 20, 4, 4, a, {1: 1.0}, {1: 2.0})
                  for i, a in enumerate(acts))
   return ModelProfile(layers, target_bytes=2, microbatch_sizes=(1,), source="hand")
 
 
 def test_budget_aware_lms_swaps_only_what_exceeds_the_budget():
-  """Swap-everything peak: the device update's W, G, m, v in + W, m, v out = 7 x 100 = 700.
-  Gradients (300 bytes) are kept when they fit, then residuals from the top layer down."""
+  """Swap-everything peak: layer 1's backward, 3 x 10 (W, accumulator in, gradient out) +
+  2 x (300 + 4) (residuals and their cotangents, output and dy) + 4 (dx) = 642; the update's
+  7 x 10 is less. The gradient accumulators (30 bytes, live all iteration) are kept when
+  they fit, then residuals (live from forward to backward) from the top layer down."""
   prof, m = _acts_profile(), 4
   plain = sch.Plan("lms", 1, m)
-  assert sch.lms_peak(plain, prof) == 700
-  swap_all = {"weights_in": 2 * m * 300 + 3 * 300, "grads_in": m * 300, "grads_out": m * 300,
-              "acts_in": m * (45 + 4 + 2), "acts_out": m * 45, "state_out": 900}
+  assert sch.lms_peak(plain, prof) == 642
+  swap_all = {"weights_in": 2 * m * 30 + 3 * 30, "grads_in": m * 30, "grads_out": m * 30,
+              "acts_in": m * (315 + 4 + 2), "acts_out": m * 315, "state_out": 90}
   assert sch.lms_traffic(plain, prof) == swap_all
   # No spare budget: nothing kept, the swap-everything plan.
-  assert sch.fit_lms(plain, prof, 700) == plain
-  # 15 spare bytes: gradients do not fit; layer 2's residuals (10) do, layer 1's (30) not,
-  # layer 0's (5) still fit: only layer 1's 30 bytes per microbatch are swapped.
-  fit = sch.fit_lms(plain, prof, 715)
+  assert sch.fit_lms(plain, prof, 642) == plain
+  # 15 spare bytes: the gradients (30) do not fit; layer 2's residuals (10) do, layer 1's
+  # (300) not, layer 0's (5) still fit: only layer 1's 300 bytes per microbatch move.
+  fit = sch.fit_lms(plain, prof, 657)
   assert fit.keep_resid == (0, 2) and not fit.keep_grads
-  assert sch.lms_traffic(fit, prof) == swap_all | {"acts_in": m * (30 + 6), "acts_out": m * 30}
-  assert sch.lms_peak(fit, prof) == 715
-  # 300 + 10 spare: gradient accumulators stay, then layer 2's residuals.
-  fit = sch.fit_lms(plain, prof, 1010)
+  assert sch.lms_traffic(fit, prof) == swap_all | {"acts_in": m * (300 + 6),
+                                                   "acts_out": m * 300}
+  assert sch.lms_peak(fit, prof) == 657
+  # 30 + 10 spare: gradient accumulators stay, then layer 2's residuals.
+  fit = sch.fit_lms(plain, prof, 682)
   assert fit.keep_resid == (2,) and fit.keep_grads
-  t = sch.lms_traffic(fit, prof)
-  assert t == {"weights_in": 3300, "acts_in": m * (35 + 6), "acts_out": m * 35,
-               "state_out": 900}
+  assert sch.lms_traffic(fit, prof) == {"weights_in": 330, "acts_in": m * (305 + 6),
+                                        "acts_out": m * 305, "state_out": 90}
   # Everything fits: only weights, Adam state and the microbatch inputs move.
-  fit = sch.fit_lms(plain, prof, 1045)
+  fit = sch.fit_lms(plain, prof, 642 + 30 + 315)
   assert fit.keep_resid == (0, 1, 2) and fit.keep_grads
-  assert sch.lms_traffic(fit, prof) == {"weights_in": 3300, "acts_in": m * 6,
-                                        "state_out": 900}
+  assert sch.lms_traffic(fit, prof) == {"weights_in": 330, "acts_in": m * 6, "state_out": 90}
+  # Residuals are freed before the update: when the update sets the peak (7 x 100 = 700 vs
+  # a backward of 3 x 100 + 2 x 14 + 4 = 332) they all fit under it at no extra budget.
+  fit = sch.fit_lms(sch.Plan("lms", 1, m), hand_profile(n=3), 700)
+  assert fit.keep_resid == (0, 1, 2) and not fit.keep_grads
   # The task graphs move the same bytes and are no slower.
   hw = _hw(n_gpus=1)
   for kind in ("lms", "lms_prefetch"):
     base = sch.Plan(kind, 1, m)
-    fit = sch.fit_lms(base, prof, sch.lms_peak(base, prof) + 310)
+    fit = sch.fit_lms(base, prof, sch.lms_peak(base, prof) + 40)
     assert fit.keep_resid == (2,) and fit.keep_grads
     for p in (base, fit):
       assert sch.build_graph(p, prof, hw).bytes_moved() == sch.swap_bytes(p, prof, hw)
