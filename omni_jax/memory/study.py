@@ -358,7 +358,9 @@ def _cell_key(cfg, prof: pf.ModelProfile, hw: Hardware, n_gpus: int, num_blocks:
                      "num_layers": num_blocks, "batch": cfg.batch,
                      "budget": cfg.device_budget_bytes,
                      "sizes": sorted(cfg.microbatch_sizes), "strategies": list(cfg.strategies),
-                     "extra_k": cfg.settings_sweep.extra_k}, sort_keys=True)
+                     "extra_k": cfg.settings_sweep.extra_k,
+                     # cells cached before issue 22 hold the swap-everything lms
+                     "lms": "budget-aware (schedules.fit_lms)"}, sort_keys=True)
 
 
 def settings_sweep(cfg, prof: pf.ModelProfile, hw: Hardware, workdir: str) -> list[dict]:
