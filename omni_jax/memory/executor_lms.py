@@ -6,8 +6,11 @@ to the host, then, layer by layer in reverse, brings weights, residuals and the 
 accumulator back, back-propagates and sends the accumulator out again. The update pages
 each layer's weights, gradients and Adam moments onto the device, applies Adam there and
 pages weights and moments back. Tensors move on demand (one at a time, no prefetch): the
-virtualized-memory behaviour Harmony is compared with. Bytes go through the same
-:class:`~omni_jax.memory.executor.Mover` as Harmony's.
+virtualized-memory behaviour Harmony is compared with. A budget-aware plan
+(:func:`~omni_jax.memory.schedules.fit_lms`) keeps the residuals of ``plan.keep_resid``
+on the device from forward to backward and, with ``plan.keep_grads``, every gradient
+accumulator on the device all iteration (the update then reads it there). Bytes go through
+the same :class:`~omni_jax.memory.executor.Mover` as Harmony's.
 """
 
 from __future__ import annotations
@@ -102,8 +105,14 @@ class LmsExecutor:
 
   def step(self, state: HostState, inputs: list[Any], targets: list[Any],
            mover: Mover) -> tuple[HostState, list[Any], float]:
-    """One iteration; returns (new state, host gradients per layer, loss)."""
+    """One iteration; returns (new state, host gradients per layer, loss). With
+    ``plan.keep_grads`` the gradients never leave the device and are freed after the update:
+    their entries are None."""
     nl, m = self.model.num_layers, self.plan.m
+    keep_r, keep_g = set(self.plan.keep_resid), self.plan.keep_grads
+    if any(i >= nl for i in keep_r):
+      raise ValueError(f"plan.keep_resid = {self.plan.keep_resid} names layers beyond the "
+                       f"model's {nl}")
     t_begin = mover.timeline.now()
     state.step += 1
     g_host: list[Any] = [None] * nl
@@ -117,7 +126,7 @@ class LmsExecutor:
         xi = self._x(i, x, tgt)
         fwd, _, _ = self._programs(i, w, xi)
         y, res = mover.run(fwd, f"F{i}:{j}", w, xi)
-        res_host.append(mover.to_host(res, "acts_out"))
+        res_host.append(res if i in keep_r else mover.to_host(res, "acts_out"))
         mover.free([w, x] + ([tgt] if i == nl - 1 else []))
         x = y
       loss += float(x) / self.batch
@@ -125,26 +134,28 @@ class LmsExecutor:
       dy = None
       for i in reversed(range(nl)):
         w = mover.to_device(state.params[i], "weights_in")
-        res = mover.to_device(res_host[i], "acts_in")
+        res = res_host[i] if i in keep_r else mover.to_device(res_host[i], "acts_in")
         _, b_first, b_acc = self._compiled[(self.model.layers[i].kind, i == 0, i == nl - 1)]
         if j == 0:
           dx, g = mover.run(b_first, f"B{i}:{j}", w, res, dy)
         else:
-          gacc = mover.to_device(g_host[i], "grads_in")
+          gacc = g_host[i] if keep_g else mover.to_device(g_host[i], "grads_in")
           dx, g = mover.run(b_acc, f"B{i}:{j}", w, res, dy, gacc)
           mover.free(gacc)
         mover.free([w, res] + ([dy] if dy is not None else []))
-        g_host[i] = mover.to_host(g, "grads_out")
+        g_host[i] = g if keep_g else mover.to_host(g, "grads_out")
         dy = dx
     for i in range(nl):
       w = mover.to_device(state.params[i], "weights_in")
-      g = mover.to_device(g_host[i], "grads_in")
+      g = g_host[i] if keep_g else mover.to_device(g_host[i], "grads_in")
       o = mover.to_device(state.opt[i], "weights_in")
       prog = self._update_program(i, w)
       new_w, new_o = mover.run(prog, f"U{i}", w, g, o, np.float32(state.step))
       mover.free([w, g, o])
       state.params[i] = mover.to_host(new_w, "state_out")
       state.opt[i] = mover.to_host(new_o, "state_out")
+    if keep_g:
+      g_host = [None] * nl
     jax.block_until_ready((state.params, state.opt))
     mover.timeline.sync()
     mover.steps.append((t_begin, mover.timeline.now()))

@@ -7,7 +7,9 @@ largest pack's compute time, or its memory, for k from the fewest packs that fit
 Each pair that fits (:func:`~omni_jax.memory.schedules.peak_bytes` <= budget) is
 simulated by the event-driven cost model and the fastest kept; a cheap lower bound skips
 pairs that cannot win. The baselines are planned on the same profile: the microbatch size
-that runs fastest within the budget. Nothing fitting is one clear error.
+that runs fastest within the budget (the ``lms`` kinds keep on the device what the budget
+leaves room for: :func:`~omni_jax.memory.schedules.fit_lms`). Nothing fitting is one clear
+error.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from omni_jax.memory.costmodel import Hardware, Task, makespan, simulate
 from omni_jax.memory.profiler import ModelProfile
 
 STRATEGIES = ("greedy", "balanced_time", "balanced_memory")
-BASELINES = ("lms", "lms_prefetch", "zero_offload")
+BASELINES = ("lms", "lms_prefetch", "zero_offload", "zero_infinity")
 TIE = 0.01   # plans within 1% of the fastest predicted time tie; the least swap volume wins
 
 
@@ -214,14 +216,17 @@ def plan_harmony(prof: ModelProfile, hw: Hardware, budget: int, batch: int, size
 
 def plan_baseline(kind: str, prof: ModelProfile, hw: Hardware, budget: int, batch: int,
                   sizes, allow_infeasible: bool = False) -> PlanResult:
-  """The fastest ``lms`` or ``zero_offload`` plan within ``budget``. With
+  """The fastest baseline plan of ``kind`` within ``budget`` (an ``lms`` kind keeps resident
+  what fits, :func:`~omni_jax.memory.schedules.fit_lms`). With
   ``allow_infeasible`` a baseline that cannot fit returns its smallest-peak plan, costed as
   if memory sufficed, with ``feasible=False``; otherwise :class:`NothingFitsError`."""
   if kind not in BASELINES:
     raise ValueError(f"baseline kind {kind!r} must be one of {BASELINES}")
   best, smallest, n = None, None, 0
   for u, m in microbatch_counts(batch, hw.n_gpus, sizes):
-    plan = sch.Plan(kind, u, m)
+    plan = sch.Plan(kind, u, m, gpus=hw.n_gpus if kind == "zero_infinity" else 1)
+    if kind in sch.LMS_KINDS:
+      plan = sch.fit_lms(plan, prof, budget)
     peak = sch.peak_bytes(plan, prof)
     if peak > budget:
       if smallest is None or peak < smallest[0]:

@@ -9,14 +9,27 @@
   (the next pack is prefetched while this one computes), microbatch inputs and outputs too.
 * ``lms`` — virtualized memory, per microbatch and layer by layer (IBM LMS / vDNN): every
   microbatch swaps every layer's weights in for the forward and again for the backward,
-  swaps every activation the backward needs out and back in, and pages the gradient
+  swaps the activations the backward needs out and back in, and pages the gradient
   accumulator in and out; the update runs on the device with weights, gradients and Adam
-  state paged in and out. ``lms`` pages on demand (a tensor comes in when an operation
-  touches it, after the previous operation and evictions finished: no overlap on a GPU);
-  ``lms_prefetch`` moves the same bytes but prefetches one layer ahead and evicts
+  state paged in and out. A plan's ``keep_resid`` (layers whose residuals stay on the
+  device from their forward to their backward) and ``keep_grads`` (gradient accumulators
+  resident all iteration) skip those swaps: :func:`fit_lms` fills the budget the on-demand
+  peak leaves unused, as a budget-aware LMS (IBM LMS / TFLMS) does, and ``Plan("lms", u, m)``
+  alone is the swap-everything variant. ``lms`` pages on demand (a tensor comes in when an
+  operation touches it, after the previous operation and evictions finished: no overlap on a
+  GPU); ``lms_prefetch`` moves the same bytes but prefetches one layer ahead and evicts
   asynchronously (vDNN's overlap), a kinder baseline.
 * ``zero_offload`` — parameters stay on the device; each microbatch's gradients stream to
   the host, which accumulates them and runs Adam; updated parameters come back once.
+* ``zero_infinity`` — ZeRO-Infinity-like (ZeRO-3 with CPU offload): parameters and Adam
+  state live on the host, partitioned over the ``gpus`` data-parallel GPUs. For each
+  microbatch every layer's parameters come in for the forward and again for the backward
+  (each GPU fetches its 1/n share from the host, then an all-gather over p2p; the next
+  layer's fetch is prefetched under the current layer's compute); activations are
+  checkpointed at layer boundaries (kept on the device) and recomputed in the backward;
+  gradients are reduce-scattered (p2p) and each GPU's share goes to the host per
+  microbatch, where the host accumulates them and runs Adam. Its traffic is for all GPUs
+  together.
 
 Swap volumes here are per GPU; a data-parallel job of n GPUs moves n times that over the
 host's links (``Hardware.n_gpus``).
@@ -29,7 +42,8 @@ import dataclasses
 from omni_jax.memory.costmodel import Hardware, TaskGraph
 from omni_jax.memory.profiler import ModelProfile
 
-KINDS = ("harmony", "lms", "lms_prefetch", "zero_offload")
+KINDS = ("harmony", "lms", "lms_prefetch", "zero_offload", "zero_infinity")
+LMS_KINDS = ("lms", "lms_prefetch")
 
 
 MODES = ("dp", "pp")
@@ -43,7 +57,12 @@ class Plan:
   of the batch (m microbatches per GPU); ``"pp"`` — Harmony's vPP, the packs (forward packs
   in order, then backward packs from the top) are dealt round-robin to ``gpus`` GPUs, each
   pack runs the whole batch (m microbatches) on its GPU once, and activations between
-  consecutive packs travel GPU to GPU (p2p) instead of through the host."""
+  consecutive packs travel GPU to GPU (p2p) instead of through the host.
+
+  ``keep_resid`` / ``keep_grads`` (``lms`` kinds only): layers whose residuals stay on the
+  device between their forward and backward, and whether every gradient accumulator stays
+  on the device all iteration (see :func:`fit_lms`). ``gpus`` for ``zero_infinity``: the
+  data-parallel GPUs its parameters are partitioned over."""
   kind: str
   u: int
   m: int
@@ -51,6 +70,8 @@ class Plan:
   bwd_packs: tuple[tuple[int, int], ...] = ()   # sorted by layer; the last holds the loss
   mode: str = "dp"
   gpus: int = 1
+  keep_resid: tuple[int, ...] = ()
+  keep_grads: bool = False
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -61,6 +82,15 @@ class Plan:
                               or self.gpus < 2):
       raise ValueError(f"Plan.mode = 'pp' needs kind 'harmony' and gpus >= 2, got kind "
                        f"{self.kind!r}, gpus {self.gpus!r}")
+    if (self.keep_resid or self.keep_grads) and self.kind not in LMS_KINDS:
+      raise ValueError(f"Plan.keep_resid / keep_grads are for kinds {LMS_KINDS}, got kind "
+                       f"{self.kind!r}")
+    if tuple(sorted(set(self.keep_resid))) != tuple(self.keep_resid) or any(
+        not isinstance(i, int) or i < 0 for i in self.keep_resid):
+      raise ValueError(f"Plan.keep_resid = {self.keep_resid!r} must be distinct layer "
+                       "indices >= 0 in increasing order")
+    if not isinstance(self.gpus, int) or self.gpus < 1:
+      raise ValueError(f"Plan.gpus = {self.gpus!r} must be a positive integer")
 
 
 def check_packs(plan: Plan, num_layers: int) -> None:
@@ -156,8 +186,12 @@ def _pp_traffic(plan: Plan, prof: ModelProfile) -> dict[str, int]:
 
 
 def p2p_traffic(plan: Plan, prof: ModelProfile) -> int:
-  """GPU-to-GPU bytes per iteration (``pp`` only; 0 in ``dp``): each forward pack's output
-  to the next pack, each backward pack's input gradient to the pack below."""
+  """GPU-to-GPU bytes per iteration, all GPUs: in ``pp`` each forward pack's output to the
+  next pack, each backward pack's input gradient to the pack below; in ``zero_infinity``
+  the parameter all-gathers (each GPU receives the other (n-1)/n, twice per microbatch) and
+  the gradient reduce-scatters (each GPU sends (n-1)/n once per microbatch); else 0."""
+  if plan.kind == "zero_infinity":
+    return 3 * plan.m * (plan.gpus - 1) * prof.param_bytes
   if plan.mode != "pp":
     return 0
   mu = plan.m * plan.u
@@ -166,14 +200,30 @@ def p2p_traffic(plan: Plan, prof: ModelProfile) -> int:
 
 
 def lms_traffic(plan: Plan, prof: ModelProfile) -> dict[str, int]:
+  """Per GPU. Residuals of ``keep_resid`` layers and, with ``keep_grads``, the gradient
+  accumulators never move (their categories are then absent, as the executor counts)."""
   u, m, w = plan.u, plan.m, prof.param_bytes
-  acts = sum(lp.act_bytes for lp in prof.layers)
-  return {"weights_in": 2 * m * w + 3 * w,      # fwd + bwd per microbatch; W, m, v to update
-          "grads_in": (m - 1) * w + w,           # accumulator paged in; once more to update
-          "grads_out": m * w,
-          "acts_in": m * u * (acts + boundary_bytes(prof, 0) + prof.target_bytes),
-          "acts_out": m * u * acts,
-          "state_out": 3 * w}                    # W, m, v after the update
+  acts = sum(lp.act_bytes for i, lp in enumerate(prof.layers) if i not in plan.keep_resid)
+  out = {"weights_in": 2 * m * w + 3 * w,      # fwd + bwd per microbatch; W, m, v to update
+         "grads_in": (m - 1) * w + w,           # accumulator paged in; once more to update
+         "grads_out": m * w,
+         "acts_in": m * u * (acts + boundary_bytes(prof, 0) + prof.target_bytes),
+         "acts_out": m * u * acts,
+         "state_out": 3 * w}                    # W, m, v after the update
+  if plan.keep_grads:
+    del out["grads_in"], out["grads_out"]
+  if not acts:
+    del out["acts_out"]
+  return out
+
+
+def zero_infinity_traffic(plan: Plan, prof: ModelProfile) -> dict[str, int]:
+  """All ``plan.gpus`` GPUs together: per microbatch step the parameters come from the host
+  twice (forward, and backward with its recompute) and the gradients go out once, each GPU
+  moving its 1/n share; every GPU brings its own microbatch input and targets."""
+  u, m, n, w = plan.u, plan.m, plan.gpus, prof.param_bytes
+  return {"weights_in": 2 * m * w, "grads_out": m * w,
+          "acts_in": n * m * u * (boundary_bytes(prof, 0) + prof.target_bytes), "acts_out": 0}
 
 
 def zero_offload_traffic(plan: Plan, prof: ModelProfile) -> dict[str, int]:
@@ -184,13 +234,19 @@ def zero_offload_traffic(plan: Plan, prof: ModelProfile) -> dict[str, int]:
 
 def traffic(plan: Plan, prof: ModelProfile) -> dict[str, int]:
   return {"harmony": harmony_traffic, "lms": lms_traffic, "lms_prefetch": lms_traffic,
-          "zero_offload": zero_offload_traffic}[plan.kind](plan, prof)
+          "zero_offload": zero_offload_traffic,
+          "zero_infinity": zero_infinity_traffic}[plan.kind](plan, prof)
+
+
+def all_gpus_traffic(plan: Plan) -> bool:
+  """Whether :func:`traffic` counts all GPUs together (vPP, ZeRO-Infinity) or one GPU."""
+  return plan.mode == "pp" or plan.kind == "zero_infinity"
 
 
 def swap_bytes(plan: Plan, prof: ModelProfile, hw: Hardware) -> int:
   """Bytes over the host links per iteration, all GPUs together (p2p bytes excluded)."""
   per = sum(traffic(plan, prof).values())
-  return per if plan.mode == "pp" else hw.n_gpus * per
+  return per if all_gpus_traffic(plan) else hw.n_gpus * per
 
 
 # ----------------------------------------------------------------------------- memory peaks
@@ -245,17 +301,54 @@ def lms_peak(plan: Plan, prof: ModelProfile) -> int:
   """On demand, one layer at a time: the forward holds the weights, the layer's input,
   residuals and output (and the microbatch's targets); the backward the weights, residuals,
   dy, dx and the gradient accumulator in and out; the device update W, G, m, v in and W, m,
-  v out. ``lms_prefetch`` adds the next layer's weights, accumulator and residuals."""
+  v out. ``lms_prefetch`` adds the next layer's weights, accumulator and residuals. On top:
+  in the forward and backward the residuals of ``keep_resid`` (one microbatch's; all of
+  them at the end of its forward, freed by its backward, so not in the update) and, all
+  iteration with ``keep_grads``, every layer's gradient accumulator."""
   u, t = plan.u, plan.u * prof.target_bytes
-  peak = 0
+  fb = upd = 0
   for lp in prof.layers:
     w = lp.param_bytes
     fwd = w + u * (lp.in_bytes + lp.act_bytes + lp.out_bytes) + t
     bwd = 3 * w + u * (2 * (lp.act_bytes + lp.out_bytes) + lp.in_bytes)
-    peak = max(peak, fwd, bwd, 7 * w)
-  if plan.kind == "lms_prefetch":
-    peak += max(2 * lp.param_bytes + u * lp.act_bytes for lp in prof.layers)
-  return peak
+    fb, upd = max(fb, fwd, bwd), max(upd, 7 * w)
+  extra = (max(2 * lp.param_bytes + u * lp.act_bytes for lp in prof.layers)
+           if plan.kind == "lms_prefetch" else 0)
+  grads = prof.param_bytes if plan.keep_grads else 0
+  resid = u * sum(prof.layers[i].act_bytes for i in plan.keep_resid)
+  return max(fb + resid, upd) + extra + grads
+
+
+def lms_resident_bytes(plan: Plan, prof: ModelProfile) -> int:
+  """Device bytes an ``lms`` plan keeps instead of swapping: its kept residuals (one
+  microbatch's) and, with ``keep_grads``, all gradient accumulators."""
+  return (plan.u * sum(prof.layers[i].act_bytes for i in plan.keep_resid)
+          + (prof.param_bytes if plan.keep_grads else 0))
+
+
+def fit_lms(plan: Plan, prof: ModelProfile, budget: int) -> Plan:
+  """A budget-aware LMS (IBM LMS / TFLMS style): the budget the swap-everything schedule
+  leaves unused keeps tensors on the device. Gradient accumulators first, all of them when
+  they fit (a byte kept resident saves 2m bytes of traffic, as for residuals); then
+  residuals, those reused soonest kept first (the top layers: their backward follows their
+  forward closest) so the largest reuse distances are the ones swapped out; a layer whose
+  residuals do not fit in what is left is swapped and smaller ones below it may still be
+  kept. Kept tensors count in :func:`lms_peak` where they are live. A plan whose
+  swap-everything peak is already over the budget is returned unchanged."""
+  if plan.kind not in LMS_KINDS:
+    raise ValueError(f"fit_lms needs an lms kind {LMS_KINDS}, got {plan.kind!r}")
+  best = dataclasses.replace(plan, keep_resid=(), keep_grads=False)
+  if lms_peak(best, prof) > budget:
+    return best
+  grads = dataclasses.replace(best, keep_grads=True)
+  if lms_peak(grads, prof) <= budget:
+    best = grads
+  keep: list[int] = []
+  for i in reversed(range(prof.num_layers)):
+    cand = dataclasses.replace(best, keep_resid=tuple(sorted(keep + [i])))
+    if lms_peak(cand, prof) <= budget:
+      keep.append(i)
+  return dataclasses.replace(best, keep_resid=tuple(sorted(keep)))
 
 
 def zero_offload_peak(plan: Plan, prof: ModelProfile) -> int:
@@ -267,9 +360,20 @@ def zero_offload_peak(plan: Plan, prof: ModelProfile) -> int:
   return prof.param_bytes + ckpt + inner + u * (ls[0].in_bytes + prof.target_bytes)
 
 
+def zero_infinity_peak(plan: Plan, prof: ModelProfile) -> int:
+  """A microbatch's layer-boundary checkpoints (and its input and targets), the widest
+  layer's recomputed residuals with its gathered parameters and gradients, plus the next
+  layer's prefetched parameters and the previous layer's gradients streaming out."""
+  u, ls = plan.u, prof.layers
+  ckpt = u * (sum(lp.out_bytes for lp in ls) + ls[0].in_bytes + prof.target_bytes)
+  inner = max(u * lp.act_bytes + 2 * lp.param_bytes for lp in ls)
+  return ckpt + inner + 2 * max(lp.param_bytes for lp in ls)
+
+
 def peak_bytes(plan: Plan, prof: ModelProfile) -> int:
   return {"harmony": harmony_peak, "lms": lms_peak, "lms_prefetch": lms_peak,
-          "zero_offload": zero_offload_peak}[plan.kind](plan, prof)
+          "zero_offload": zero_offload_peak,
+          "zero_infinity": zero_infinity_peak}[plan.kind](plan, prof)
 
 
 # ----------------------------------------------------------------------------- task graphs
@@ -422,22 +526,29 @@ def lms_graph(plan: Plan, prof: ModelProfile, hw: Hardware) -> TaskGraph:
         c = g.add(gpu, "compute", f"F{li}:{j}", duration=prof.fwd(li, u),
                   deps=[w, x_in] + comp[-1:])
         comp.append(c)
-        r_out[li] = g.add(gpu, "out", f"R{li}:{j}", u * prof.layers[li].act_bytes, deps=[c])
-        outs.append(r_out[li])
+        if li not in plan.keep_resid:
+          r_out[li] = g.add(gpu, "out", f"R{li}:{j}", u * prof.layers[li].act_bytes,
+                            deps=[c])
+          outs.append(r_out[li])
       for li in reversed(range(nl)):
         pb = prof.layers[li].param_bytes
         w = g.add(gpu, "in", f"Wb{li}:{j}", pb, deps=gate())
-        r = g.add(gpu, "in", f"R{li}:{j}", u * prof.layers[li].act_bytes,
-                  deps=[r_out[li]] + gate())
-        gi = g.add(gpu, "in", f"Gi{li}:{j}", pb, deps=[g_out[li]] + gate()) if j else None
+        r = (g.add(gpu, "in", f"R{li}:{j}", u * prof.layers[li].act_bytes,
+                   deps=[r_out[li]] + gate()) if li in r_out else None)
+        gi = (g.add(gpu, "in", f"Gi{li}:{j}", pb, deps=[g_out[li]] + gate())
+              if j and not plan.keep_grads else None)
         c = g.add(gpu, "compute", f"B{li}:{j}", duration=prof.bwd(li, u),
                   deps=[w, r, gi] + comp[-1:])
         comp.append(c)
-        g_out[li] = g.add(gpu, "out", f"Go{li}:{j}", pb, deps=[c])
-        outs.append(g_out[li])
+        if plan.keep_grads:       # the accumulator stays: the update waits for the compute
+          g_out[li] = c
+        else:
+          g_out[li] = g.add(gpu, "out", f"Go{li}:{j}", pb, deps=[c])
+          outs.append(g_out[li])
     for li in range(nl):
       lp = prof.layers[li]
-      s_in = g.add(gpu, "in", f"S{li}", 4 * lp.param_bytes, deps=[g_out[li]] + gate())
+      s_in = g.add(gpu, "in", f"S{li}", (3 if plan.keep_grads else 4) * lp.param_bytes,
+                   deps=[g_out[li]] + gate())
       c = g.add(gpu, "compute", f"U{li}", deps=[s_in] + comp[-1:],
                 duration=lp.param_count / hw.device_update_params_per_s)
       comp.append(c)
@@ -477,6 +588,59 @@ def zero_offload_graph(plan: Plan, prof: ModelProfile, hw: Hardware) -> TaskGrap
   return g
 
 
+def _share(nbytes: int, n: int, k: int) -> int:
+  """GPU k's share of ``nbytes`` split over n GPUs (the shares sum to ``nbytes``)."""
+  return nbytes * (k + 1) // n - nbytes * k // n
+
+
+def zero_infinity_graph(plan: Plan, prof: ModelProfile, hw: Hardware) -> TaskGraph:
+  """Task graph of one ZeRO-Infinity-like iteration on ``plan.gpus`` GPUs (all run the same
+  program in lockstep; each GPU's all-gather and reduce-scatter wait on its own transfers).
+  Per microbatch and layer: the GPU's parameter share comes in (prefetched: it waits only
+  for the compute two back, which frees its buffer), the rest arrives by all-gather (p2p),
+  the layer computes (the backward recomputes its forward from the layer-boundary
+  checkpoint); in the backward the gradients are reduce-scattered (p2p) and the GPU's share
+  goes to the host. The host updates each layer once every GPU's last share is in."""
+  if plan.gpus != hw.n_gpus:
+    raise ValueError(f"zero_infinity plan over {plan.gpus} GPUs, the hardware has "
+                     f"{hw.n_gpus}")
+  g = TaskGraph()
+  u, m, n, nl = plan.u, plan.m, plan.gpus, prof.num_layers
+  last_gout: dict[int, list[int]] = {li: [] for li in range(nl)}
+  for gpu in range(n):
+    comp: list[int] = []
+
+    def fetch(li, tag, j, gpu=gpu, comp=comp):
+      pb = prof.layers[li].param_bytes
+      mine = _share(pb, n, gpu)
+      w = g.add(gpu, "in", f"W{tag}{li}:{j}", mine, deps=comp[-2:-1])
+      return g.add(gpu, "p2p", f"AG{tag}{li}:{j}", pb - mine, deps=[w]) if n > 1 else w
+
+    for j in range(m):
+      x_in = g.add(gpu, "in", f"x:{j}", u * (boundary_bytes(prof, 0) + prof.target_bytes),
+                   deps=comp[-1:])
+      for li in range(nl):
+        w = fetch(li, "f", j)
+        comp.append(g.add(gpu, "compute", f"F{li}:{j}", duration=prof.fwd(li, u),
+                          deps=[w, x_in] + comp[-1:]))
+      for li in reversed(range(nl)):
+        w = fetch(li, "b", j)
+        c = g.add(gpu, "compute", f"B{li}:{j}", duration=prof.fwd(li, u) + prof.bwd(li, u),
+                  deps=[w] + comp[-1:])
+        comp.append(c)
+        pb = prof.layers[li].param_bytes
+        mine = _share(pb, n, gpu)
+        rs = g.add(gpu, "p2p", f"RS{li}:{j}", pb - mine, deps=[c]) if n > 1 else c
+        go = g.add(gpu, "out", f"G{li}:{j}", mine, deps=[rs])
+        if j == m - 1:
+          last_gout[li].append(go)
+  for li in reversed(range(nl)):
+    g.add(-1, "host", f"U{li}", deps=last_gout[li],
+          duration=prof.layers[li].param_count / hw.host_update_params_per_s)
+  return g
+
+
 def build_graph(plan: Plan, prof: ModelProfile, hw: Hardware) -> TaskGraph:
   return {"harmony": harmony_graph, "lms": lms_graph, "lms_prefetch": lms_graph,
-          "zero_offload": zero_offload_graph}[plan.kind](plan, prof, hw)
+          "zero_offload": zero_offload_graph,
+          "zero_infinity": zero_infinity_graph}[plan.kind](plan, prof, hw)

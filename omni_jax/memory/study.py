@@ -28,7 +28,7 @@ from omni_jax.memory import planner as pl
 from omni_jax.memory import profiler as pf
 from omni_jax.memory import schedules as sch
 from omni_jax.memory import seqmodel as sm
-from omni_jax.memory.costmodel import Hardware
+from omni_jax.memory.costmodel import Hardware, makespan, simulate
 from omni_jax.memory.plots import plot_measured_timeline, plot_settings_sweep, plot_timelines
 from omni_jax.train.metrics import write_json_atomic
 from omni_jax.train.progress import Progress, time_calls
@@ -225,8 +225,9 @@ def plan_all(cfg, prof, hw, batch: int, modes=None) -> dict[str, pl.PlanResult]:
 
 def describe(r: pl.PlanResult, prof) -> dict:
   """plan.json entry of one plan. ``traffic`` is per GPU in ``dp`` (every GPU moves the
-  same) and for all GPUs together in ``pp``; ``p2p_bytes`` (GPU to GPU, ``pp`` only) are
-  not part of the swap volume."""
+  same) and for all GPUs together in ``pp`` and ``zero_infinity``; ``p2p_bytes`` (GPU to
+  GPU: ``pp``, ``zero_infinity``) are not part of the swap volume. ``keep_resid`` /
+  ``keep_grads``: what a budget-aware ``lms`` keeps on the device."""
   pp = r.plan.mode == "pp"
   return {"kind": r.plan.kind, "mode": r.plan.mode, "gpus_per_pipeline": r.plan.gpus,
           "microbatch_size": r.plan.u,
@@ -234,9 +235,52 @@ def describe(r: pl.PlanResult, prof) -> dict:
           "fwd_packs": [list(p) for p in r.plan.fwd_packs],
           "bwd_packs": [list(p) for p in r.plan.bwd_packs], "feasible": r.feasible,
           "peak_device_bytes_planned": r.peak_bytes, "swap_bytes_planned": r.swap_bytes,
-          "traffic": sch.traffic(r.plan, prof), "traffic_scope": "all GPUs" if pp else "per GPU",
+          "traffic": sch.traffic(r.plan, prof),
+          "traffic_scope": "all GPUs" if sch.all_gpus_traffic(r.plan) else "per GPU",
+          "keep_resid": list(r.plan.keep_resid), "keep_grads": r.plan.keep_grads,
           "p2p_bytes": sch.p2p_traffic(r.plan, prof), "predicted_iter_time_s": r.predicted_s,
           "plans_costed": r.candidates}
+
+
+def baselines_summary(plans: dict[str, pl.PlanResult], prof, hw: Hardware,
+                      real: dict) -> dict:
+  """summary.json's ``baselines``: per baseline its swap and p2p bytes per iteration, its
+  predicted time, whether it fits, and Harmony's swap reduction and predicted speed-up over
+  it (speed-up None where the baseline does not fit the budget). ``lms`` also reports what
+  it keeps resident and ``swap_everything``: the same microbatch size swapping every
+  residual and paging the accumulators (the baseline before it used the spare budget).
+  Times are modelled (the cost model) unless ``measured_iter_time_s`` is set."""
+  h = plans["harmony"]
+  h_p2p = sch.p2p_traffic(h.plan, prof)
+  out = {}
+  for kind, r in plans.items():
+    if kind == "harmony":
+      continue
+    d = {"swap_bytes_per_iter": r.swap_bytes,
+         "p2p_bytes_per_iter": sch.p2p_traffic(r.plan, prof),
+         "predicted_iter_time_s": r.predicted_s, "feasible": r.feasible,
+         "microbatch_size": r.plan.u, "peak_device_bytes_planned": r.peak_bytes,
+         "swap_reduction_of_harmony": r.swap_bytes / h.swap_bytes,
+         "swap_plus_p2p_reduction_of_harmony": (r.swap_bytes + sch.p2p_traffic(r.plan, prof))
+         / (h.swap_bytes + h_p2p),
+         "predicted_speedup_of_harmony": r.predicted_s / h.predicted_s if r.feasible else None,
+         "measured_iter_time_s": real[kind]["measured_iter_time_s"] if kind in real else None,
+         "time_source": "measured and modelled" if kind in real else "modelled"}
+    if kind in sch.LMS_KINDS:
+      plain = dataclasses.replace(r.plan, keep_resid=(), keep_grads=False)
+      t = planner_cost(plain, prof, hw)
+      d.update(keep_resid=list(r.plan.keep_resid), keep_grads=r.plan.keep_grads,
+               resident_bytes=sch.lms_resident_bytes(r.plan, prof),
+               swap_everything={"swap_bytes_per_iter": sch.swap_bytes(plain, prof, hw),
+                                "predicted_iter_time_s": t,
+                                "peak_device_bytes_planned": sch.peak_bytes(plain, prof)})
+    out[kind] = d
+  return out
+
+
+def planner_cost(plan: sch.Plan, prof, hw: Hardware) -> float:
+  """The cost model's predicted iteration time of one plan."""
+  return makespan(simulate(sch.build_graph(plan, prof, hw), hw))
 
 
 # ---------------------------------------------------------------- settings sweep
@@ -314,7 +358,9 @@ def _cell_key(cfg, prof: pf.ModelProfile, hw: Hardware, n_gpus: int, num_blocks:
                      "num_layers": num_blocks, "batch": cfg.batch,
                      "budget": cfg.device_budget_bytes,
                      "sizes": sorted(cfg.microbatch_sizes), "strategies": list(cfg.strategies),
-                     "extra_k": cfg.settings_sweep.extra_k}, sort_keys=True)
+                     "extra_k": cfg.settings_sweep.extra_k,
+                     # cells cached before issue 22 hold the swap-everything lms
+                     "lms": "budget-aware (schedules.fit_lms)"}, sort_keys=True)
 
 
 def settings_sweep(cfg, prof: pf.ModelProfile, hw: Hardware, workdir: str) -> list[dict]:
@@ -511,6 +557,7 @@ def run(cfg, workdir: str) -> dict:
       if plans["lms"].feasible else None,
       # measured, last real Harmony iteration: time with >= 2 kinds of work in flight / wall
       "overlap_fraction": real["harmony"]["overlap_fraction"] if "harmony" in real else None}
+  summary["baselines"] = baselines_summary(plans, prof, hw, real)
   sweep = {}
   for b in cfg.batch_sweep:
     t0 = time.time()

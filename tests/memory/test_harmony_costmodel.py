@@ -169,3 +169,92 @@ def test_timeline_bins_sub_pixel_tasks_by_busy_fraction():
   spans = [(0.0, 0.25), (0.5, 0.25), (1.2, 0.1), (2.0, 3.0)]
   assert _binned(spans, 0.0, 1.0) == [(0.0, 1.0, 0.5), (1.0, 1.0, pytest.approx(0.1)),
                                       (2.0, 1.0, 1.0)]
+
+
+def _acts_profile(acts=(5, 300, 10)):
+  """Three layers of 10-byte weights, residuals ``acts`` bytes per example, 4-byte
+  boundaries, 2-byte targets."""
+  layers = tuple(LayerProfile(f"l{i}", "l", 2, 10, 20, 4, 4, a, {1: 1.0}, {1: 2.0})
+                 for i, a in enumerate(acts))
+  return ModelProfile(layers, target_bytes=2, microbatch_sizes=(1,), source="hand")
+
+
+def test_budget_aware_lms_swaps_only_what_exceeds_the_budget():
+  """Swap-everything peak: layer 1's backward, 3 x 10 (W, accumulator in, gradient out) +
+  2 x (300 + 4) (residuals and their cotangents, output and dy) + 4 (dx) = 642; the update's
+  7 x 10 is less. The gradient accumulators (30 bytes, live all iteration) are kept when
+  they fit, then residuals (live from forward to backward) from the top layer down."""
+  prof, m = _acts_profile(), 4
+  plain = sch.Plan("lms", 1, m)
+  assert sch.lms_peak(plain, prof) == 642
+  swap_all = {"weights_in": 2 * m * 30 + 3 * 30, "grads_in": m * 30, "grads_out": m * 30,
+              "acts_in": m * (315 + 4 + 2), "acts_out": m * 315, "state_out": 90}
+  assert sch.lms_traffic(plain, prof) == swap_all
+  # No spare budget: nothing kept, the swap-everything plan.
+  assert sch.fit_lms(plain, prof, 642) == plain
+  # 15 spare bytes: the gradients (30) do not fit; layer 2's residuals (10) do, layer 1's
+  # (300) not, layer 0's (5) still fit: only layer 1's 300 bytes per microbatch move.
+  fit = sch.fit_lms(plain, prof, 657)
+  assert fit.keep_resid == (0, 2) and not fit.keep_grads
+  assert sch.lms_traffic(fit, prof) == swap_all | {"acts_in": m * (300 + 6),
+                                                   "acts_out": m * 300}
+  assert sch.lms_peak(fit, prof) == 657
+  # 30 + 10 spare: gradient accumulators stay, then layer 2's residuals.
+  fit = sch.fit_lms(plain, prof, 682)
+  assert fit.keep_resid == (2,) and fit.keep_grads
+  assert sch.lms_traffic(fit, prof) == {"weights_in": 330, "acts_in": m * (305 + 6),
+                                        "acts_out": m * 305, "state_out": 90}
+  # Everything fits: only weights, Adam state and the microbatch inputs move.
+  fit = sch.fit_lms(plain, prof, 642 + 30 + 315)
+  assert fit.keep_resid == (0, 1, 2) and fit.keep_grads
+  assert sch.lms_traffic(fit, prof) == {"weights_in": 330, "acts_in": m * 6, "state_out": 90}
+  # Residuals are freed before the update: when the update sets the peak (7 x 100 = 700 vs
+  # a backward of 3 x 100 + 2 x 14 + 4 = 332) they all fit under it at no extra budget.
+  fit = sch.fit_lms(sch.Plan("lms", 1, m), hand_profile(n=3), 700)
+  assert fit.keep_resid == (0, 1, 2) and not fit.keep_grads
+  # The task graphs move the same bytes and are no slower.
+  hw = _hw(n_gpus=1)
+  for kind in ("lms", "lms_prefetch"):
+    base = sch.Plan(kind, 1, m)
+    fit = sch.fit_lms(base, prof, sch.lms_peak(base, prof) + 40)
+    assert fit.keep_resid == (2,) and fit.keep_grads
+    for p in (base, fit):
+      assert sch.build_graph(p, prof, hw).bytes_moved() == sch.swap_bytes(p, prof, hw)
+    t_fit = makespan(simulate(sch.build_graph(fit, prof, hw), hw))
+    assert t_fit < makespan(simulate(sch.build_graph(base, prof, hw), hw))
+  with pytest.raises(ValueError, match="keep_resid / keep_grads are for kinds"):
+    sch.Plan("zero_offload", 1, 1, keep_grads=True)
+  with pytest.raises(ValueError, match="distinct layer indices"):
+    sch.Plan("lms", 1, 1, keep_resid=(2, 0))
+
+
+@pytest.mark.parametrize("n_gpus", [1, 2])
+def test_zero_infinity_bytes_by_hand(n_gpus):
+  """Per microbatch the 300 bytes of parameters come from the host twice (forward; backward
+  with its recompute) and gradients go once, 1/n per GPU; the rest of the parameters is
+  all-gathered and the gradients reduce-scattered GPU to GPU (n - 1 shares each time)."""
+  prof, m = hand_profile(n=3), 4
+  plan = sch.Plan("zero_infinity", 1, m, gpus=n_gpus)
+  assert sch.traffic(plan, prof) == {"weights_in": 2 * m * 300, "grads_out": m * 300,
+                                     "acts_in": n_gpus * m * (4 + 2), "acts_out": 0}
+  assert sch.swap_bytes(plan, prof, _hw(n_gpus=n_gpus)) == 3 * m * 300 + n_gpus * m * 6
+  assert sch.p2p_traffic(plan, prof) == 3 * m * (n_gpus - 1) * 300
+  g = sch.build_graph(plan, prof, _hw(n_gpus=n_gpus))
+  assert g.bytes_moved("in") + g.bytes_moved("out") == sch.swap_bytes(plan, prof,
+                                                                      _hw(n_gpus=n_gpus))
+  assert g.bytes_moved("p2p") == sch.p2p_traffic(plan, prof)
+  # Checkpoints (3 outputs + input + targets), the widest layer's residuals, parameters and
+  # gradients, the next layer's prefetched parameters and the last gradients going out.
+  assert sch.peak_bytes(plan, prof) == (3 * 4 + 4 + 2) + (10 + 200) + 200
+
+
+def test_zero_infinity_prefetch_time_by_hand():
+  """One layer, one microbatch, 100 B/s: x in 0.06 s, W in 1 s, forward 1 s while the
+  backward's W comes in, recompute + backward 3 s, gradients out 1 s, host update 2.5 s."""
+  prof = hand_profile(n=1)
+  hw = Hardware(n_gpus=1, swap_bw_host=100.0, swap_bw_gpu=100.0,
+                host_update_params_per_s=10.0)
+  tasks = simulate(sch.build_graph(sch.Plan("zero_infinity", 1, 1), prof, hw), hw)
+  assert makespan(tasks) == pytest.approx(0.06 + 1 + 1 + 3 + 1 + 2.5)
+  with pytest.raises(ValueError, match="zero_infinity plan over 1 GPUs, the hardware has 2"):
+    sch.build_graph(sch.Plan("zero_infinity", 1, 1), prof, _hw(n_gpus=2))

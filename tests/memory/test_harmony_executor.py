@@ -123,13 +123,23 @@ def test_budget_is_enforced(setup):
     _run(ex.HarmonyExecutor(model, plan, B, 50_000), params, x, y, 50_000)
 
 
-def test_lms_executor_equals_plain_training_and_counts_closed_form_bytes(setup):
+@pytest.mark.parametrize("spare", ["none", "grads_and_top_residuals"])
+def test_lms_executor_equals_plain_training_and_counts_closed_form_bytes(setup, spare):
+  """Swap-everything LMS at its own peak as budget; and the budget-aware LMS with room for
+  the gradient accumulators and the top layer's residuals, which keeps exactly those."""
   model, params, x, y, (ref_p, _, ref_g, ref_loss), prof = setup
   plan = sch.Plan("lms", U, B // U)
   budget = sch.lms_peak(plan, prof)
+  if spare != "none":
+    budget += prof.param_bytes + U * prof.layers[-1].act_bytes
+    plan = sch.fit_lms(plan, prof, budget)
+    assert plan.keep_grads and plan.keep_resid[-1] == model.num_layers - 1
   mover, state, grads, loss = _run(exl.LmsExecutor(model, plan, B), params, x, y, budget)
   assert loss == pytest.approx(ref_loss, rel=1e-6)
-  assert _rel_max_leaf(grads, ref_g) < 1e-5
+  if spare == "none":
+    assert _rel_max_leaf(grads, ref_g) < 1e-5
+  else:   # resident accumulators are freed after the update; the update checks them
+    assert grads == [None] * model.num_layers
   # Adam's first step is lr * g / (|g| + eps): near-zero gradient entries amplify float
   # rounding of the accumulation order, so the update is compared as one vector.
   assert _rel_global(state.params, ref_p) < 1e-5

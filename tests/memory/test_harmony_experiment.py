@@ -14,7 +14,7 @@ from omni_jax.memory import study
 from omni_jax.memory.planner import NothingFitsError
 
 KEYS = {"device_budget_bytes", "model_bytes", "schedules", "swap_reduction_vs_baseline",
-        "predicted_speedup_vs_baseline", "overlap_fraction"}
+        "predicted_speedup_vs_baseline", "overlap_fraction", "baselines"}
 ITEM_KEYS = {"name", "swap_bytes_per_iter", "predicted_iter_time_s", "measured_iter_time_s",
              "peak_device_bytes"}
 
@@ -26,10 +26,11 @@ def test_tiny_experiment_trains_for_real(tmp_path):
   cfg.steps = 1
   cfg.execute_baseline = False   # the baseline executor has its own test
   s = study.run(cfg, str(tmp_path))
-  assert json.load(open(tmp_path / "summary.json")) == pytest.approx(s)
+  saved = json.load(open(tmp_path / "summary.json"))
+  assert saved == json.loads(json.dumps(s))   # nested (baselines): exact JSON round trip
   assert set(s) == KEYS
   by = {it["name"]: it for it in s["schedules"]}
-  assert set(by) == {"harmony", "lms", "lms_prefetch", "zero_offload"}
+  assert set(by) == {"harmony", "lms", "lms_prefetch", "zero_offload", "zero_infinity"}
   assert all(set(it) == ITEM_KEYS for it in s["schedules"])
   h = by["harmony"]   # executed: measured time, within the budget
   assert h["measured_iter_time_s"] > 0 and 0 < h["peak_device_bytes"] <= s["device_budget_bytes"]
@@ -62,6 +63,17 @@ def test_planner_only_variant_and_clear_errors(tmp_path):
   assert all(it["measured_iter_time_s"] is None for it in s["schedules"])
   assert s["overlap_fraction"] is None   # nothing executed
   assert s["predicted_speedup_vs_baseline"] > 1 and s["swap_reduction_vs_baseline"] > 1
+  bl = s["baselines"]
+  assert set(bl) == {"lms", "lms_prefetch", "zero_offload", "zero_infinity"}
+  by = {it["name"]: it for it in s["schedules"]}
+  assert bl["lms"]["swap_reduction_of_harmony"] == pytest.approx(s["swap_reduction_vs_baseline"])
+  assert bl["lms"]["predicted_speedup_of_harmony"] == pytest.approx(
+      s["predicted_speedup_vs_baseline"])
+  # The budget-aware lms never moves more than swapping everything at its microbatch size.
+  assert bl["lms"]["swap_bytes_per_iter"] <= bl["lms"]["swap_everything"]["swap_bytes_per_iter"]
+  zi = bl["zero_infinity"]   # 2 GPUs: parameter all-gathers and gradient reduce-scatters
+  assert zi["time_source"] == "modelled" and zi["p2p_bytes_per_iter"] > 0
+  assert zi["swap_bytes_per_iter"] == by["zero_infinity"]["swap_bytes_per_iter"]
   plan = json.load(open(tmp_path / "plan.json"))   # 2 GPUs: both Harmony modes searched
   modes = plan["harmony_modes"]
   assert set(modes) == {"dp", "pp"} and modes["pp"]["gpus_per_pipeline"] == 2

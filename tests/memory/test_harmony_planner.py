@@ -94,3 +94,17 @@ def test_pp_plan_respects_the_budget_and_swaps_each_pack_once():
   assert pp.swap_bytes < dp.swap_bytes
   with pytest.raises(ValueError, match="'pp' with hardware.n_gpus >= 2"):
     pl.plan_harmony(prof, Hardware(n_gpus=1), 1200 * MB, 16, (1,), mode="pp")
+
+
+def test_baselines_use_the_spare_budget():
+  """The planned lms keeps what fits (its plan is fit_lms's for its microbatch size) and
+  moves less than swapping everything; zero_infinity partitions over the hardware's GPUs."""
+  prof, budget = gpt_like(), 3000 * MB
+  lms = pl.plan_baseline("lms", prof, HW, budget, 16, (1, 2, 4))
+  plain = sch.Plan("lms", lms.plan.u, lms.plan.m)
+  assert lms.plan == sch.fit_lms(plain, prof, budget) and lms.plan.keep_resid
+  assert lms.peak_bytes == sch.lms_peak(lms.plan, prof) <= budget
+  assert lms.swap_bytes < sch.swap_bytes(plain, prof, HW)
+  zi = pl.plan_baseline("zero_infinity", prof, HW, budget, 16, (1, 2, 4))
+  assert zi.feasible and zi.plan.gpus == HW.n_gpus and zi.peak_bytes <= budget
+  assert zi.swap_bytes == sch.swap_bytes(zi.plan, prof, HW)
