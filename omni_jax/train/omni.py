@@ -26,7 +26,7 @@ from omni_jax.models.flops import train_flops_per_step
 from omni_jax.models.omni import OmniModel, OmniSpec, build_spec, count_params, loss_norm, omni_loss
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.train import offload
+from omni_jax.train import offload, tensorboard
 from omni_jax.train.loop import FitResult, LoopConfig, fit
 from omni_jax.train.metrics import plot_curves, write_json_atomic
 from omni_jax.train.optim import make_optimizer
@@ -254,6 +254,7 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
               os.path.join(workdir, "eval.png"), "held-out next-token accuracy per task",
               log_y=False, hlines={"chance (codes)": 1 / max(h.size for h in spec.heads[1:])}
               if len(spec.heads) > 1 else None)
+  tensorboard.close(workdir)  # the figures above are its last events
   return summary
 
 

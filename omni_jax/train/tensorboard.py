@@ -152,6 +152,15 @@ def add_figure_file(path: str | os.PathLike) -> None:
   w.flush()
 
 
+def close(logdir: str | os.PathLike) -> None:
+  """Flushes and closes ``logdir``'s writer if one is open: a finished run leaves whole event
+  files (an open writer's last record can still be on its way to the file)."""
+  logdir = os.path.abspath(os.fspath(logdir))
+  if logdir in _WRITERS:
+    _WRITERS.pop(logdir).close()
+    _STEPS.pop(logdir, None)
+
+
 def close_all() -> None:
   """Flushes and closes every open writer (also run at interpreter exit)."""
   for w in _WRITERS.values():

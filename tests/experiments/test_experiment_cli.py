@@ -43,6 +43,10 @@ def _train_omni_cli_writes_outputs(tmp_path):
   return args
 
 
+# A whole CLI run of the main job (~50 s); its profile and TensorBoard outputs are checked
+# in-process by tests/train/test_train_omni.py::test_resume_is_bit_identical_and_summary_complete
+# and the flag parsing by the bad-override test below.
+@pytest.mark.slow
 def test_train_omni_cli_writes_outputs(tmp_path):
   _train_omni_cli_writes_outputs(tmp_path)
 

@@ -23,6 +23,7 @@ from omni_jax.modalities import ModalityKind, register_kind
 from omni_jax.modalities.base import MODALITY_KINDS, stack_for
 from omni_jax.train import loop as loop_lib
 from omni_jax.train.omni import train_omni
+from omni_jax.train.tensorboard import read_events
 
 SUMMARY_KEYS = {"steps", "initial_loss", "final_loss", "eval", "tokens_per_sec", "mfu",
                 "params_total", "params_active", "config"}
@@ -50,6 +51,7 @@ def crash_after_step_2(cfg, workdir, monkeypatch):
 
 def test_resume_is_bit_identical_and_summary_complete(tmp_path, monkeypatch):
   cfg = get_config("micro")
+  cfg.train.profile_steps = "2:2"
   straight = str(tmp_path / "straight")
   summary = train_omni(cfg, straight)
   assert SUMMARY_KEYS <= set(summary)
@@ -62,6 +64,15 @@ def test_resume_is_bit_identical_and_summary_complete(tmp_path, monkeypatch):
   on_disk = json.load(open(os.path.join(straight, "summary.json")))
   assert on_disk["final_loss"] == pytest.approx(summary["final_loss"])
   assert os.path.getsize(os.path.join(straight, "loss.png")) > 1000
+  # profile_steps 2:2 left a jax.profiler trace; TensorBoard events sit beside the records
+  traces = [f for _, _, fs in os.walk(os.path.join(straight, "profile")) for f in fs]
+  assert any(f.endswith(".xplane.pb") for f in traces), traces
+  ev = read_events(straight)
+  records = [json.loads(line) for line in open(os.path.join(straight, "metrics.jsonl"))]
+  losses = [(r["step"], r["loss"]) for r in records if "loss" in r]
+  assert [s for s, _ in ev["loss"]] == [s for s, _ in losses]
+  assert [v for _, v in ev["loss"]] == pytest.approx([v for _, v in losses], rel=1e-6)
+  assert {"figures/loss", "figures/eval"} <= set(ev)  # (config text: test_tensorboard.py)
 
   # Interrupted after the step-2 checkpoint, then the same command again.
   resumed = str(tmp_path / "resumed")
