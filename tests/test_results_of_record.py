@@ -20,6 +20,8 @@ KEYS = {
               "peers.*.cold.qps", "peers.*.warm.recall_at_10", "peers.*.warm.p50_ms",
               "peers.*.warm.p99_ms", "peers.*.warm.qps", "best_host",
               "speedup_p50_vs_best_host", "predicted"],
+    "visage": ["images", "speedup", "uploaded_bytes", "baseline_uploaded_bytes",
+               "time_to_first_insight_s", "time_to_all_insights_s", "baseline_time_s"],
     "lsm": ["accuracy_test_voices", "accuracy", "accuracy_test_dir", "test_speakers",
             "tuning_speakers", "brian2_steps_per_sec", "brian2_steps_per_sec_by_target.numpy",
             "sim_steps_per_sec", "speedup_vs_brian2", "energy_saving_gating"],
