@@ -72,38 +72,27 @@ def synthesize(spec, rng, label):
   return out
 
 
-def frame_features(spec, x):
-  """[B, S] or [B, S, C] -> [B, frames, features] (log-mel or raw frames, channels concat)."""
+def frame_features(spec, x, xp=jnp):
+  """[B, S] or [B, S, C] -> [B, frames, features] (log-mel or raw frames, channels concat).
+  ``xp`` = jnp (the encoder, under jit) or np (input workers: no JAX dispatch or compile)."""
+  if xp is np:
+    x = np.asarray(x, np.float32)
+  log_mel = log_mel_spectrogram_np if xp is np else log_mel_spectrogram
   x = x if x.ndim == 3 else x[..., None]
-  x = jnp.moveaxis(x, -1, 1)  # [B, C, S]
+  x = xp.moveaxis(x, -1, 1)  # [B, C, S]
   if spec["features"] == "logmel":
-    f = log_mel_spectrogram(x, sample_rate=spec["sample_rate"], n_fft=spec["n_fft"],
-                            hop=spec["hop"], n_mels=spec["n_mels"])  # [B, C, F, M]
+    f = log_mel(x, sample_rate=spec["sample_rate"], n_fft=spec["n_fft"], hop=spec["hop"],
+                n_mels=spec["n_mels"])  # [B, C, F, M]
   else:
-    idx = jnp.arange(num_frames(spec))[:, None] * spec["hop"] + jnp.arange(spec["n_fft"])
+    idx = xp.arange(num_frames(spec))[:, None] * spec["hop"] + xp.arange(spec["n_fft"])
     f = x[..., idx]  # [B, C, F, n_fft]
   b, c, nf, m = f.shape
-  return jnp.moveaxis(f, 1, 2).reshape(b, nf, c * m)
-
-
-def frame_features_np(spec, x: np.ndarray) -> np.ndarray:
-  """:func:`frame_features` in numpy (input workers: no JAX dispatch or compile there)."""
-  x = np.asarray(x, np.float32)
-  x = x if x.ndim == 3 else x[..., None]
-  x = np.moveaxis(x, -1, 1)  # [B, C, S]
-  if spec["features"] == "logmel":
-    f = log_mel_spectrogram_np(x, sample_rate=spec["sample_rate"], n_fft=spec["n_fft"],
-                               hop=spec["hop"], n_mels=spec["n_mels"])  # [B, C, F, M]
-  else:
-    idx = np.arange(num_frames(spec))[:, None] * spec["hop"] + np.arange(spec["n_fft"])
-    f = x[..., idx]  # [B, C, F, n_fft]
-  b, c, nf, m = f.shape
-  return np.moveaxis(f, 1, 2).reshape(b, nf, c * m)
+  return xp.moveaxis(f, 1, 2).reshape(b, nf, c * m)
 
 
 def code_vectors(spec, x: np.ndarray) -> np.ndarray:
   """Per-token features for VQ: frame features averaged over each group of 4 frames."""
-  f = frame_features_np(spec, x)
+  f = frame_features(spec, x, np)
   n = num_tokens(spec)
   pad = n * 4 - f.shape[1]
   f = np.pad(f, ((0, 0), (0, pad), (0, 0)), mode="edge")

@@ -30,15 +30,8 @@ def _train_omni_cli_writes_outputs(tmp_path):
   assert summary["config"]["train"]["profile_steps"] == "2:2"   # the flag is in the config
   assert {"loss.png", "eval.png", "metrics.jsonl", "checkpoints"} <= set(os.listdir(wd))
   # --profile_steps=2:2 left a jax.profiler trace; TensorBoard events sit beside the records
-  traces = [f for _, _, fs in os.walk(os.path.join(wd, "profile")) for f in fs]
-  assert any(f.endswith(".xplane.pb") for f in traces), traces
-  from omni_jax.train.tensorboard import read_events
-  ev = read_events(wd)
-  records = [json.loads(line) for line in open(os.path.join(wd, "metrics.jsonl"))]
-  losses = [(r["step"], r["loss"]) for r in records if "loss" in r]
-  assert [s for s, _ in ev["loss"]] == [s for s, _ in losses]
-  assert [v for _, v in ev["loss"]] == pytest.approx([v for _, v in losses], rel=1e-6)
-  assert {"figures/loss", "figures/eval"} <= set(ev)
+  from tests.train.test_train_omni import check_trace_and_events
+  ev = check_trace_and_events(wd)
   assert '"profile_steps": "2:2"' in ev["config"][0][1]
   return args
 

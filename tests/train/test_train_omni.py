@@ -49,6 +49,20 @@ def crash_after_step_2(cfg, workdir, monkeypatch):
   monkeypatch.setattr(OmniStream, "batch", real_batch)
 
 
+def check_trace_and_events(workdir: str) -> dict:
+  """A run with profile_steps left a jax.profiler trace, and its TensorBoard events hold the
+  losses of metrics.jsonl and both figures; returns the events."""
+  traces = [f for _, _, fs in os.walk(os.path.join(workdir, "profile")) for f in fs]
+  assert any(f.endswith(".xplane.pb") for f in traces), traces
+  ev = read_events(workdir)
+  records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  losses = [(r["step"], r["loss"]) for r in records if "loss" in r]
+  assert [s for s, _ in ev["loss"]] == [s for s, _ in losses]
+  assert [v for _, v in ev["loss"]] == pytest.approx([v for _, v in losses], rel=1e-6)
+  assert {"figures/loss", "figures/eval"} <= set(ev)
+  return ev
+
+
 def test_resume_is_bit_identical_and_summary_complete(tmp_path, monkeypatch):
   cfg = get_config("micro")
   cfg.train.profile_steps = "2:2"
@@ -64,15 +78,7 @@ def test_resume_is_bit_identical_and_summary_complete(tmp_path, monkeypatch):
   on_disk = json.load(open(os.path.join(straight, "summary.json")))
   assert on_disk["final_loss"] == pytest.approx(summary["final_loss"])
   assert os.path.getsize(os.path.join(straight, "loss.png")) > 1000
-  # profile_steps 2:2 left a jax.profiler trace; TensorBoard events sit beside the records
-  traces = [f for _, _, fs in os.walk(os.path.join(straight, "profile")) for f in fs]
-  assert any(f.endswith(".xplane.pb") for f in traces), traces
-  ev = read_events(straight)
-  records = [json.loads(line) for line in open(os.path.join(straight, "metrics.jsonl"))]
-  losses = [(r["step"], r["loss"]) for r in records if "loss" in r]
-  assert [s for s, _ in ev["loss"]] == [s for s, _ in losses]
-  assert [v for _, v in ev["loss"]] == pytest.approx([v for _, v in losses], rel=1e-6)
-  assert {"figures/loss", "figures/eval"} <= set(ev)  # (config text: test_tensorboard.py)
+  check_trace_and_events(straight)  # (config text: test_tensorboard.py)
 
   # Interrupted after the step-2 checkpoint, then the same command again.
   resumed = str(tmp_path / "resumed")
