@@ -12,7 +12,7 @@ manual over ``pipeline`` only (the other axes stay with the compiler and the pla
   residuals of all M + P - 1 ticks.
 * :func:`one_f_one_b`: the same forward for the primal value, with a ``custom_vjp`` whose
   backward is a hand-scheduled 1F1B loop (:func:`schedule_1f1b`): per tick a stage runs at
-  most one stage forward under ``jax.vjp`` (its residuals go to a ring buffer of P slots)
+  most one stage forward under ``jax.vjp`` (its residuals go to a ring buffer of P + 1 slots)
   and one stage backward (from a ring slot, with the cotangent that the next stage sent by
   ``ppermute`` one tick earlier), accumulating the stage's parameter gradients. A stage
   holds at most P - p microbatches in flight instead of all of them; the price is one extra
@@ -305,7 +305,15 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m):
   recv_f[:, 1:] = fwd_tab[:, :-1]
   recv_b = np.full_like(bwd_tab, -1)
   recv_b[:, :-1] = bwd_tab[:, 1:]
-  slots = n_stages
+  slots = n_stages            # inbox slots
+  ring_slots = n_stages + 1   # <= P in flight + the one being written: no slot is read and
+  # written in one tick, so the forward writes before the backward reads, with no select.
+  write_slot = np.zeros_like(fwd_tab)  # a tick without forward writes to a free slot
+  for p in range(n_stages):
+    next_f = 0
+    for t in range(n_ticks):
+      write_slot[t, p] = next_f % ring_slots
+      next_f += fwd_tab[t, p] >= 0
 
   def body(params, xs, ps, d_outs, d_acc, f_bar):
     stage = jax.lax.axis_index(PIPE)
@@ -326,27 +334,25 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m):
       h_out, (treedef, kept, where) = stage_vjp(prm, vary(h), vary(j))
       return kept
     kept_shapes = jax.eval_shape(probe, params, xs[0], jnp.int32(0))
-    ring0 = [jnp.zeros((slots, *s.shape), s.dtype) for s in kept_shapes]
-    tabs = jnp.asarray(np.stack([fwd_tab, bwd_tab, recv_f, recv_b], axis=-1))  # [T, P, 4]
+    ring0 = [jnp.zeros((ring_slots, *s.shape), s.dtype) for s in kept_shapes]
+    tabs = jnp.asarray(np.stack([fwd_tab, bwd_tab, recv_f, recv_b, write_slot], -1))  # [T, P, 5]
 
     def tick(state, row):
       params, ring, inbox_f, inbox_b, grads, d_xs = state  # params: carried, never changed
-      jf, jb, rf, rb = (row[stage, i] for i in range(4))
-      do_f, do_b = jf >= 0, jb >= 0
+      jf, jb, rf, rb, ws = (row[stage, i] for i in range(5))
+      do_b = jb >= 0
       jf_c, jb_c = jnp.maximum(jf, 0), jnp.maximum(jb, 0)
-      # Backward of microbatch jb from its ring slot (reads before this tick's forward writes).
-      sb = jb_c % slots
-      ct_h = jnp.where(last, d_outs[jb_c], inbox_b[sb])
+      # Forward of microbatch jf; its residuals go to ring slot jf % (P + 1).
       h_f = jnp.where(stage == 0, xs[jf_c], inbox_f[jf_c % slots])
       h_out, (treedef, kept, where) = stage_vjp(params, h_f, jf_c)
-      res = [jnp.where(last, k, r[sb]) for r, k in zip(ring, kept, strict=True)]
+      ring = [r.at[ws].set(k) for r, k in zip(ring, kept, strict=True)]
+      # Backward of microbatch jb from its slot (the last stage: the one just written).
+      ct_h = jnp.where(last, d_outs[jb_c], inbox_b[jb_c % slots])
+      res = [r[jb_c % ring_slots] for r in ring]
       pull = _join_residuals(treedef, res, where, param_leaves_of(params))
       d_prm, d_h = pull(vary((ct_h, ct_aux)))
       grads = jax.tree.map(lambda g, d: g + jnp.where(do_b, d, 0), grads, d_prm)
       d_xs = d_xs.at[jb_c].set(jnp.where(do_b & (stage == 0), d_h, d_xs[jb_c]))
-      # Forward of microbatch jf into its ring slot.
-      sf = jf_c % slots
-      ring = [r.at[sf].set(jnp.where(do_f, k, r[sf])) for r, k in zip(ring, kept, strict=True)]
       # Neighbours' sends land in the inboxes.
       got_h = jax.lax.ppermute(h_out, PIPE, fwd_shift)
       got_d = jax.lax.ppermute(d_h, PIPE, bwd_shift)
