@@ -36,7 +36,8 @@ SEQUENCE_OPS = {"ulysses": (ulysses_attention, ulysses_body), "ring": (ring_atte
 
 def parse_layout(text: str) -> tuple[dict[str, int], dict[str, str]]:
   """'sequence=2+fsdp=4@ring' -> ({'sequence': 2, 'fsdp': 4}, {'sequence_attention': 'ring'})
-  (the layout strings of the report and scale-plan experiments)."""
+  (the layout strings of the report and scale-plan experiments); a pipeline schedule names
+  the ``pipeline`` seam instead: 'pipeline=2+fsdp=4@1f1b' -> {..., {'pipeline': '1f1b'}}."""
   body, _, op = text.partition("@")
   out = {}
   for item in body.split("+"):
@@ -44,7 +45,8 @@ def parse_layout(text: str) -> tuple[dict[str, int], dict[str, str]]:
     if not size.isdigit():
       raise ValueError(f"layout item {item!r} is not axis=size (in {text!r})")
     out[axis.strip()] = int(size)
-  ops = {"sequence_attention": op} if op else {}
+  seam = "pipeline" if op in OP_CHOICES["pipeline"] else "sequence_attention"
+  ops = {seam: op} if op else {}
   op_names("omni", ops)  # an unknown op is an error here, before any compile
   return out, ops
 

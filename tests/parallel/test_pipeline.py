@@ -83,6 +83,8 @@ def test_pipeline_config_errors(micro):
     parallel_op_names(bad)
   assert parallel_op_names(ml_collections.ConfigDict(
       {"parallel": {"pipeline": "1f1b"}}))["pipeline"] == "1f1b"
+  assert layout.parse_layout("pipeline=2+fsdp=4@1f1b") == ({"pipeline": 2, "fsdp": 4},
+                                                           {"pipeline": "1f1b"})
 
 
 @pytest.mark.slow  # two backbone compiles, ~1 min on a loaded 2-core machine
