@@ -115,7 +115,7 @@ def _check_inboxes(fwd, bwd, n_stages):
       held = {}
       for t in range(fwd.shape[0]):
         j = reader[t, p]
-        if j >= 0 and sender >= 0:
+        if j >= 0:
           assert held.pop(j % n_stages, None) == j, (p, t, j)
         j = table[t, sender]
         if j >= 0:
