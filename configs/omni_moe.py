@@ -58,7 +58,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.mesh = dict(data=-1, fsdp=1, expert=1, sequence=1, tensor=1, pipeline=1)
   # Parallel ops of the model's recipe (omni_jax/parallel/recipes/); '' keeps its default.
   c.parallel = dict(recipe="omni", sequence_attention="",  # 'ulysses' | 'ring'
-                    pipeline_microbatches=4)           # GPipe microbatches (mesh.pipeline > 1)
+                    pipeline="",                       # 'gpipe' | '1f1b' (docs/pipeline.md)
+                    pipeline_microbatches=4)           # microbatches (mesh.pipeline > 1)
   c.train = dict(steps=300, seed=0, log_every=25, eval_every=100, eval_batches=4,
                  checkpoint_every=100, keep_checkpoints=2, peak_flops=0.0,
                  profile_steps="",                     # "a:b": jax.profiler trace of steps a..b

@@ -36,9 +36,9 @@ _LAYOUTS = flags.DEFINE_list(
     "layouts", ["data=8", "fsdp=8", "expert=4+fsdp=2", "tensor=2+fsdp=4", "sequence=2+fsdp=4",
                 "sequence=2+fsdp=4@ring", "sequence=4+fsdp=2@ring_zigzag",
                 "tensor=2+sequence=2+expert=2@ring", "pipeline=2+fsdp=4",
-                "fsdp=2+sequence=2+expert=2"],
+                "pipeline=2+fsdp=4@1f1b", "fsdp=2+sequence=2+expert=2"],
     "layouts to report: '+'-joined axis=size items, optionally '@ring' or '@ring_zigzag' "
-    "(ring attention instead of Ulysses), comma-separated")
+    "(ring attention instead of Ulysses) or '@1f1b' (pipeline schedule), comma-separated")
 _STEPS = flags.DEFINE_integer("steps", 3, "timed steps per layout")
 _MEMORY_SEQ = flags.DEFINE_integer(
     "memory_seq_len", 4096, "sequence length of the sequence-parallel memory check (0 = skip)")

@@ -142,6 +142,8 @@ def router_aux(logits: jax.Array, probs: jax.Array, expert_ids: jax.Array
     perfectly uniform router; its gradient flows through ``P`` only.
   * ``z_loss``: ST-MoE router z-loss ``mean_n logsumexp(logits[n])**2``.
   * ``load_imbalance``: ``max_e f_e / mean_e f_e`` (1 = perfectly balanced, E = collapsed).
+  * ``mean_prob`` ``[E]``: ``P_e``. With ``expert_load`` it lets a pipeline that sees the batch
+    as microbatches rebuild the whole batch's ``lb_loss`` exactly (``parallel/pipeline.py``).
   """
   num_experts = probs.shape[-1]
   counts = jnp.bincount(expert_ids.reshape(-1), length=num_experts)
@@ -150,7 +152,7 @@ def router_aux(logits: jax.Array, probs: jax.Array, expert_ids: jax.Array
   lb_loss = num_experts * jnp.sum(jax.lax.stop_gradient(load) * mean_prob)
   z_loss = jnp.mean(jnp.square(jax.nn.logsumexp(logits, axis=-1)))
   return {"lb_loss": lb_loss, "z_loss": z_loss, "expert_load": load,
-          "load_imbalance": num_experts * jnp.max(load)}
+          "load_imbalance": num_experts * jnp.max(load), "mean_prob": mean_prob}
 
 
 # ------------------------------------------------------------------------------------------

@@ -89,7 +89,8 @@ class BackboneSpec:
   def zero_aux(self) -> dict[str, jax.Array]:
     zero = jnp.zeros((), jnp.float32)
     aux = dict(lb_loss=zero, z_loss=zero, dropped_frac=zero, load_imbalance=zero,
-               expert_load=jnp.zeros((max(self.num_experts, 1),), jnp.float32))
+               expert_load=jnp.zeros((max(self.num_experts, 1),), jnp.float32),
+               mean_prob=jnp.zeros((max(self.num_experts, 1),), jnp.float32))
     if self.moe_balance != "aux_loss":
       aux["balance_probe"] = zero
     return aux

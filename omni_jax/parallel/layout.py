@@ -11,8 +11,9 @@ module maps those names onto implementations for the axes that are > 1:
   replaces the ``attention`` core;
 * ``tensor > 1``: Megatron ``self_attention`` and ``dense_mlp``
   (:mod:`omni_jax.parallel.tensor_parallel`), which then run the sequence body themselves;
-* ``pipeline > 1``: GPipe ``layer_stack`` (:mod:`omni_jax.parallel.pipeline`), with the
-  plain ops inside the stages (pipeline composes with ``data`` and ``fsdp``).
+* ``pipeline > 1``: GPipe or 1F1B ``layer_stack`` (:mod:`omni_jax.parallel.pipeline`, seam
+  ``pipeline``), with the plain ops inside the stages (pipeline composes with ``data`` and
+  ``fsdp``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable, Mapping
 
 from omni_jax.parallel.expert_parallel import ep_moe_dispatch
 from omni_jax.parallel.moe_local import local_moe_dispatch
-from omni_jax.parallel.pipeline import gpipe
+from omni_jax.parallel.pipeline import pipeline_op
 from omni_jax.parallel.recipes import OP_CHOICES, RECIPES
 from omni_jax.parallel.ring_attention import ring_attention, ring_body
 from omni_jax.parallel.tensor_parallel import megatron_attention, megatron_mlp
@@ -35,7 +36,8 @@ SEQUENCE_OPS = {"ulysses": (ulysses_attention, ulysses_body), "ring": (ring_atte
 
 def parse_layout(text: str) -> tuple[dict[str, int], dict[str, str]]:
   """'sequence=2+fsdp=4@ring' -> ({'sequence': 2, 'fsdp': 4}, {'sequence_attention': 'ring'})
-  (the layout strings of the report and scale-plan experiments)."""
+  (the layout strings of the report and scale-plan experiments); a pipeline schedule names
+  the ``pipeline`` seam instead: 'pipeline=2+fsdp=4@1f1b' -> {..., {'pipeline': '1f1b'}}."""
   body, _, op = text.partition("@")
   out = {}
   for item in body.split("+"):
@@ -43,7 +45,8 @@ def parse_layout(text: str) -> tuple[dict[str, int], dict[str, str]]:
     if not size.isdigit():
       raise ValueError(f"layout item {item!r} is not axis=size (in {text!r})")
     out[axis.strip()] = int(size)
-  ops = {"sequence_attention": op} if op else {}
+  seam = "pipeline" if op in OP_CHOICES["pipeline"] else "sequence_attention"
+  ops = {seam: op} if op else {}
   op_names("omni", ops)  # an unknown op is an error here, before any compile
   return out, ops
 
@@ -66,7 +69,8 @@ def ops(mesh, names: Mapping[str, str] | None = None,
                        "the explicit ops would nest shard_maps inside the stages, which the "
                        "XLA partitioner of jax 0.10 rejects")
     # Inside the stages the plain ops run; the compiler splits them over data / fsdp.
-    return {"layer_stack": gpipe(mesh, pipeline_microbatches)}
+    return {"layer_stack": pipeline_op(names.get("pipeline", "gpipe"), mesh,
+                                       pipeline_microbatches)}
   ep = mesh.shape["expert"] > 1
   out = {"moe_dispatch": ep_moe_dispatch(mesh) if ep else local_moe_dispatch(mesh)}
   seq_op, seq_body = SEQUENCE_OPS[names.get("sequence_attention", "ulysses")]
@@ -75,6 +79,4 @@ def ops(mesh, names: Mapping[str, str] | None = None,
     out["dense_mlp"] = megatron_mlp(mesh)
   elif mesh.shape["sequence"] > 1:
     out["attention"] = seq_op(mesh)
-  if mesh.shape["pipeline"] > 1:
-    out["layer_stack"] = gpipe(mesh, pipeline_microbatches)
   return out

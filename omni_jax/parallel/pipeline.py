@@ -1,19 +1,34 @@
-"""Pipeline parallelism: GPipe over mesh axis ``pipeline`` for the backbone's units.
+"""Pipeline parallelism over mesh axis ``pipeline`` for the backbone's units: GPipe and 1F1B.
 
 The backbone's U units (leading parameter axis, placed over ``pipeline`` by the recipe)
-form P stages of U/P consecutive units; the batch is cut into M microbatches. Inside a
-``jax.shard_map`` that is manual over ``pipeline`` only (the other axes stay with the
-compiler and the nested parallel ops), a ``lax.scan`` over M + P - 1 ticks runs every stage
-once per tick: stage 0 takes microbatch ``tick``, stage p takes what stage p-1 produced in
-the previous tick (one ``ppermute`` of a microbatch's activations per tick), and the last
-stage keeps its finished microbatches. The backward pass is the transpose of the same
-schedule (activations pass backwards), i.e. GPipe with all forwards before all backwards;
-the bubble is (P - 1) / (M + P - 1) of the ticks.
+form P stages of U/P consecutive units; the batch is cut into M microbatches. Microbatch j
+holds rows j, j + M, j + 2M, ... of the batch, so every batch shard holds a share of every
+microbatch and the batch axes stay busy. Everything runs inside a ``jax.shard_map`` that is
+manual over ``pipeline`` only (the other axes stay with the compiler and the plain ops).
 
-Microbatch j holds rows j, j + M, j + 2M, ... of the batch, so every batch shard holds a
-share of every microbatch and the batch axes stay busy. MoE auxiliary losses are
-averaged over microbatches (the load-balancing loss is a product of per-batch means, so it
-differs slightly from the full-batch value; the main loss and its gradients do not).
+* :func:`gpipe`: a ``lax.scan`` over M + P - 1 ticks runs every stage once per tick (stage p
+  works on microbatch ``tick - p``; one ``ppermute`` of activations per tick). The backward
+  pass is autodiff of that scan: all forwards before all backwards, so every stage keeps the
+  residuals of all M + P - 1 ticks.
+* :func:`one_f_one_b`: the same forward for the primal value, with a ``custom_vjp`` whose
+  backward is a hand-scheduled 1F1B loop (:func:`schedule_1f1b`): per tick a stage runs at
+  most one stage forward under ``jax.vjp`` (its residuals go to a ring buffer of P + 1 slots)
+  and one stage backward (from a ring slot, with the cotangent that the next stage sent by
+  ``ppermute`` one tick earlier), accumulating the stage's parameter gradients. A stage
+  holds at most P - p microbatches in flight instead of all of them; the price is one extra
+  stage forward per microbatch (the primal pass is not kept), like full rematerialisation.
+
+The stage output leaves the last stage by :func:`broadcast_from` (a ``psum`` masked to that
+stage: the heads outside run replicated over the stages and need it); under 1F1B the
+gradient of the pipeline input leaves stage 0 the same way.
+
+MoE auxiliaries are kept per unit and per microbatch and combined exactly: every aux term
+is a token mean (averaged over the equal-sized microbatches) except the load-balancing loss
+``E * sum_e f_e P_e``, a product of two batch means, which is rebuilt per unit from the
+microbatch means of ``f`` (``expert_load``) and ``P`` (``mean_prob``), so it equals the
+unpipelined value, gradients included. 1F1B can do this because its backward starts after
+the primal forward has seen every microbatch's load; a 1F1B that computed the loss inside
+the schedule (Megatron) could not (see docs/pipeline.md).
 Embedding, encoders and heads run outside the pipeline, replicated over its stages.
 """
 
@@ -23,11 +38,13 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from omni_jax.parallel.mesh import context_mesh
 
 PIPE = "pipeline"
+SCHEDULES = ("gpipe", "1f1b")
 
 
 def vary(tree):
@@ -39,54 +56,359 @@ def vary(tree):
   return jax.tree.map(one, tree)
 
 
+# ------------------------------------------------------------------------------------------
+# Schedule
+# ------------------------------------------------------------------------------------------
+
+def schedule_1f1b(n_stages: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+  """The 1F1B tick tables ``(fwd, bwd)``, each ``[ticks, n_stages]`` int32: the microbatch a
+  stage runs forward / backward in that tick, -1 for none.
+
+  Per tick every stage first runs the backward of its oldest microbatch whose cotangent has
+  arrived, then the forward of its next microbatch whose input has arrived, if fewer than
+  ``n_stages - p`` are in flight (Megatron's warm-up of ``n_stages - p - 1`` forwards, then
+  one forward per backward); the last stage runs forward and backward of the same
+  microbatch in one tick (its residuals never enter the ring). The
+  in-flight microbatches of a stage are consecutive and at most ``n_stages``, so slot
+  ``j % n_stages`` of a ring buffer never holds two of them; the same holds for the two
+  inboxes (checked here)."""
+  f_done, b_done = {}, {}
+  next_f, next_b = [0] * n_stages, [0] * n_stages
+  rows_f, rows_b = [], []
+  last = n_stages - 1
+  t = 0
+  while min(next_b) < m:
+    row_f, row_b = [-1] * n_stages, [-1] * n_stages
+    for p in range(n_stages):
+      j = next_b[p]
+      if p < last and j < m and b_done.get((p + 1, j), t) < t:
+        row_b[p] = j
+      j = next_f[p]
+      in_flight = next_f[p] - next_b[p] - (row_b[p] >= 0)
+      if j < m and in_flight < n_stages - p and (p == 0 or f_done.get((p - 1, j), t) < t):
+        row_f[p] = j
+      if p == last and row_f[p] >= 0:
+        row_b[p] = row_f[p]           # the last stage turns a microbatch round in one tick
+    for p in range(n_stages):
+      if row_f[p] >= 0:
+        f_done[(p, row_f[p])] = t
+        next_f[p] += 1
+      if row_b[p] >= 0:
+        b_done[(p, row_b[p])] = t
+        next_b[p] += 1
+      assert next_f[p] - next_b[p] <= n_stages
+    rows_f.append(row_f)
+    rows_b.append(row_b)
+    t += 1
+  fwd, bwd = np.asarray(rows_f, np.int32), np.asarray(rows_b, np.int32)
+  _check_inboxes(fwd, bwd, n_stages)
+  return fwd, bwd
+
+
+def _check_inboxes(fwd, bwd, n_stages):
+  """Asserts no inbox slot is overwritten before it is read (activations arriving from
+  stage p - 1, cotangents from stage p + 1; slot ``j % n_stages``)."""
+  for p in range(n_stages):
+    for sender, table, reader in ((p - 1, fwd, fwd), (p + 1, bwd, bwd)):
+      if not 0 <= sender < n_stages:
+        continue
+      held = {}
+      for t in range(fwd.shape[0]):
+        j = reader[t, p]
+        if j >= 0:
+          assert held.pop(j % n_stages, None) == j, (p, t, j)
+        j = table[t, sender]
+        if j >= 0:
+          assert j % n_stages not in held, (p, t, j)
+          held[j % n_stages] = j
+
+
+def schedule_text(n_stages: int, m: int) -> str:
+  """The 1F1B schedule as text, one line per stage (``F3``: forward of microbatch 3)."""
+  fwd, bwd = schedule_1f1b(n_stages, m)
+  lines = []
+  for p in range(n_stages):
+    cells = []
+    for t in range(fwd.shape[0]):
+      c = (f"F{fwd[t, p]}" if fwd[t, p] >= 0 else "") + (f"B{bwd[t, p]}" if bwd[t, p] >= 0
+                                                           else "")
+      cells.append(f"{c or '.':>5}")
+    lines.append(f"stage {p}:" + "".join(cells))
+  return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------
+# Shared pieces
+# ------------------------------------------------------------------------------------------
+
+def _check_shapes(n_stages, m, unit_params, x):
+  units = jax.tree.leaves(unit_params)[0].shape[0]
+  if units % n_stages:
+    raise ValueError(f"pipeline={n_stages} stages need the backbone's {units} units (layers / "
+                     f"moe.every) to split evenly; choose mesh.pipeline dividing {units}")
+  b = x.shape[0]
+  if b % m:
+    raise ValueError(f"batch of {b} rows does not split into parallel.pipeline_microbatches="
+                     f"{m}")
+
+
+def _split(a, m):
+  """``[B, ...] -> [M, B/M, ...]``; microbatch j holds rows j, j + M, ..."""
+  return a.reshape(a.shape[0] // m, m, *a.shape[1:]).swapaxes(0, 1)
+
+
+def _merge(a):
+  return a.swapaxes(0, 1).reshape(-1, *a.shape[2:])
+
+
+def _stage_fn(apply_unit, acc_shapes):
+  """``(stage_params, h, pos) -> (h, aux)``: the stage's units in order; ``aux`` holds each
+  unit's own MoE aux, stacked ``[units_per_stage, ...]``."""
+  def run(params, h, pos):
+    def one(h, p):
+      zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), acc_shapes)
+      return apply_unit(p, vary((h, zero)), pos)
+    return jax.lax.scan(one, vary(h), params)
+  return run
+
+
+def _finish_aux(sums, m):
+  """Per-unit aux summed over the M microbatches ``[units, ...]`` -> the stage's share of the
+  backbone aux: token means for every term; ``lb_loss`` and ``load_imbalance`` rebuilt from
+  the whole batch's ``expert_load`` and ``mean_prob`` per unit (exactly the unpipelined
+  values)."""
+  mean = {k: v / m for k, v in sums.items()}
+  out = {k: v.sum(0) for k, v in mean.items()}
+  if "mean_prob" in mean:
+    f = jax.lax.stop_gradient(mean["expert_load"])
+    e = f.shape[-1]
+    out["lb_loss"] = e * jnp.sum(f * mean["mean_prob"])
+    out["load_imbalance"] = e * jnp.sum(jnp.max(f, axis=-1))
+  return out
+
+
+def _aux_cotangent(d_acc, f_bar, m, units):
+  """The cotangent of one microbatch's per-unit aux ``[units, ...]`` given the cotangent
+  ``d_acc`` of the finished aux (:func:`_finish_aux`) and the whole-batch load ``f_bar``."""
+  ct = {k: jnp.broadcast_to(v / m, (units, *v.shape)) for k, v in d_acc.items()}
+  for k in ("lb_loss", "load_imbalance"):
+    ct[k] = jnp.zeros_like(ct[k])
+  if "mean_prob" in ct:
+    e = f_bar.shape[-1]
+    ct["mean_prob"] = ct["mean_prob"] + d_acc["lb_loss"] * e * f_bar / m
+  return ct
+
+
+def _forward(apply_unit, acc_shapes, n_stages, m):
+  """The shard_map body of the pipelined forward (GPipe ticks): ``(params, xs, ps) ->
+  (outs [M, ...] (every stage), aux (summed over stages), f_bar [units, E])``."""
+  def body(params, xs, ps):
+    stage = jax.lax.axis_index(PIPE)
+    last = stage == n_stages - 1
+    shift = [(i, (i + 1) % n_stages) for i in range(n_stages)]
+    run_stage = _stage_fn(apply_unit, acc_shapes)
+    units = jax.tree.leaves(params)[0].shape[0]
+    aux0 = jax.tree.map(lambda s: jnp.zeros((units, *s.shape), s.dtype), acc_shapes)
+
+    def tick(state, t):
+      inbox, outs, sums = state
+      mb = t - stage                                     # microbatch this stage works on
+      valid = (mb >= 0) & (mb < m)
+      mb_c = jnp.clip(mb, 0, m - 1)
+      h_in = jnp.where(stage == 0, xs[jnp.clip(t, 0, m - 1)], inbox)
+      h, aux = run_stage(params, h_in, jax.tree.map(lambda a: a[mb_c], ps))
+      sums = jax.tree.map(lambda s, v: s + jnp.where(valid, v, 0), sums, aux)
+      outs = outs.at[mb_c].set(jnp.where(last & valid, h, outs[mb_c]))
+      return (jax.lax.ppermute(h, PIPE, shift), outs, sums), None
+
+    init = vary((jnp.zeros_like(xs[0]), jnp.zeros_like(xs), aux0))
+    (_, outs, sums), _ = jax.lax.scan(tick, init, jnp.arange(m + n_stages - 1))
+    acc = jax.tree.map(lambda v: jax.lax.psum(v, PIPE), _finish_aux(sums, m))  # scalars / [E]
+    f_bar = jax.lax.stop_gradient(sums["expert_load"] / m)
+    return broadcast_from(n_stages - 1, outs, n_stages), acc, f_bar
+  return body
+
+
+def broadcast_from(src: int, value, n_stages: int):
+  """``value`` of stage ``src`` on every stage: a ``psum`` of the value masked to ``src``.
+
+  A reduction-free broadcast (``ppermute`` one chunk per stage, then an invariant
+  ``all_gather``) was tried: XLA then also gathered the batch axes inside the stages and
+  moved 3.5x the bytes of this ``psum`` on the micro model (pipeline=2, fsdp=4), so the psum
+  stays (for P = 2 its wire bytes equal a broadcast's)."""
+  del n_stages
+  stage = jax.lax.axis_index(PIPE)
+  return jax.lax.psum(jnp.where(stage == src, value, 0), PIPE)
+
+
+def _prepare(mesh, m, unit_params, carry, positions):
+  n_stages = mesh.shape[PIPE]
+  x, acc0 = carry
+  _check_shapes(n_stages, m, unit_params, x)
+  acc_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), acc0)
+  xs, ps = _split(x, m), jax.tree.map(lambda a: _split(a, m), positions)
+  param_specs = jax.tree.map(lambda _: P(PIPE), unit_params)
+  return n_stages, acc0, acc_shapes, xs, ps, param_specs
+
+
+def _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, unit_params, xs, ps):
+  return jax.shard_map(_forward(apply_unit, acc_shapes, n_stages, m), mesh=context_mesh(mesh),
+                       in_specs=(param_specs, P(), P()), out_specs=(P(), P(), P(PIPE)),
+                       axis_names=frozenset({PIPE}))(unit_params, xs, ps)
+
+
+# ------------------------------------------------------------------------------------------
+# GPipe
+# ------------------------------------------------------------------------------------------
+
 def gpipe(mesh, microbatches: int) -> Callable:
   """A ``layer_stack`` implementation: GPipe over ``pipeline`` with ``microbatches``."""
-  n_stages = mesh.shape[PIPE]
   m = microbatches
 
   def impl(apply_unit, unit_params, carry, positions):
-    x, acc0 = carry
-    units = jax.tree.leaves(unit_params)[0].shape[0]
-    if units % n_stages:
-      raise ValueError(f"pipeline={n_stages} stages need the backbone's {units} units (layers / "
-                       f"moe.every) to split evenly; choose mesh.pipeline dividing {units}")
-    b = x.shape[0]
-    if b % m:
-      raise ValueError(f"batch of {b} rows does not split into parallel.pipeline_microbatches="
-                       f"{m}")
-    split = lambda a: a.reshape(b // m, m, *a.shape[1:]).swapaxes(0, 1)   # [M, b/M, ...]
-    xs, ps = split(x), jax.tree.map(split, positions)
+    n_stages, acc0, acc_shapes, xs, ps, param_specs = _prepare(mesh, m, unit_params, carry,
+                                                               positions)
+    outs, acc, _ = _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs,
+                                unit_params, xs, ps)
+    return _merge(outs), jax.tree.map(jnp.add, acc0, acc)
+  return impl
 
-    def body(params, xs, ps):
-      stage = jax.lax.axis_index(PIPE)
-      last = stage == n_stages - 1
-      shift = [(i, (i + 1) % n_stages) for i in range(n_stages)]
 
-      def run_stage(h, pos):
-        return jax.lax.scan(lambda c, p: (apply_unit(p, c, pos), None),
-                            vary((h, jax.tree.map(jnp.zeros_like, acc0))), params)[0]
+# ------------------------------------------------------------------------------------------
+# 1F1B
+# ------------------------------------------------------------------------------------------
 
-      def tick(state, t):
-        inbox, outs, acc = state
-        mb = t - stage                                     # microbatch this stage works on
-        valid = (mb >= 0) & (mb < m)
-        mb_c = jnp.clip(mb, 0, m - 1)
-        h_in = jnp.where(stage == 0, xs[jnp.clip(t, 0, m - 1)], inbox)
-        h, a = run_stage(h_in, jax.tree.map(lambda a: a[mb_c], ps))
-        acc = jax.tree.map(lambda s, v: s + jnp.where(valid, v, 0), acc, a)
-        outs = jnp.where(last & valid, outs.at[mb_c].set(h), outs)
-        return (jax.lax.ppermute(h, PIPE, shift), outs, acc), None
+def _split_residuals(pullback, param_leaves):
+  """A ``jax.vjp`` pullback -> (its treedef, the residual leaves that are not stage
+  parameters, where each parameter residual sits). Parameters are read again at the
+  backward instead of being copied into every ring slot."""
+  leaves, treedef = jax.tree.flatten(pullback)
+  ids = {id(p): i for i, p in enumerate(param_leaves)}
+  where = [ids.get(id(leaf), -1) for leaf in leaves]
+  kept = [leaf for leaf, w in zip(leaves, where, strict=True) if w < 0]
+  return treedef, kept, where
 
-      init = vary((jnp.zeros_like(xs[0]), jnp.zeros_like(xs), jax.tree.map(jnp.zeros_like, acc0)))
-      (_, outs, acc), _ = jax.lax.scan(tick, init, jnp.arange(m + n_stages - 1))
-      outs = jax.lax.psum(jnp.where(last, outs, 0), PIPE)           # from the last stage
-      acc = jax.tree.map(lambda v: jax.lax.psum(v, PIPE) / m, acc)  # all stages' layers
+
+def _join_residuals(treedef, kept, where, param_leaves):
+  it = iter(kept)
+  leaves = [next(it) if w < 0 else param_leaves[w] for w in where]
+  return jax.tree.unflatten(treedef, leaves)
+
+
+def _backward_1f1b(apply_unit, acc_shapes, n_stages, m):
+  """The shard_map body of the 1F1B backward: ``(params, xs, ps, d_outs [M, ...], d_acc,
+  f_bar [units, E]) -> (d_params, d_xs [M, ...] (every stage))``."""
+  fwd_tab, bwd_tab = schedule_1f1b(n_stages, m)
+  n_ticks = fwd_tab.shape[0]
+  # Inbox tables: what a stage receives at the end of tick t (sent by its neighbours).
+  recv_f = np.full_like(fwd_tab, -1)
+  recv_f[:, 1:] = fwd_tab[:, :-1]
+  recv_b = np.full_like(bwd_tab, -1)
+  recv_b[:, :-1] = bwd_tab[:, 1:]
+  slots = n_stages            # inbox slots
+  ring_slots = n_stages + 1   # <= P in flight + the one being written: no slot is read and
+  # written in one tick, so the forward writes before the backward reads, with no select.
+  write_slot = np.zeros_like(fwd_tab)  # a tick without forward writes to a free slot
+  for p in range(n_stages):
+    next_f = 0
+    for t in range(n_ticks):
+      write_slot[t, p] = next_f % ring_slots
+      next_f += fwd_tab[t, p] >= 0
+
+  def body(params, xs, ps, d_outs, d_acc, f_bar):
+    stage = jax.lax.axis_index(PIPE)
+    last = stage == n_stages - 1
+    fwd_shift = [(i, (i + 1) % n_stages) for i in range(n_stages)]
+    bwd_shift = [(i, (i - 1) % n_stages) for i in range(n_stages)]
+    run_stage = _stage_fn(apply_unit, acc_shapes)
+    units = jax.tree.leaves(params)[0].shape[0]
+    ct_aux = _aux_cotangent(d_acc, f_bar, m, units)
+    param_leaves_of = lambda prm: jax.tree.leaves(prm)
+
+    def stage_vjp(prm, h, j):
+      pos = jax.tree.map(lambda a: a[j], ps)
+      (h_out, _), pull = jax.vjp(lambda q, hh: run_stage(q, hh, pos), prm, h)
+      return h_out, _split_residuals(pull, param_leaves_of(prm))
+
+    def probe(prm, h, j):  # traced like a tick (input and index vary per stage)
+      h_out, (treedef, kept, where) = stage_vjp(prm, vary(h), vary(j))
+      return kept
+    kept_shapes = jax.eval_shape(probe, params, xs[0], jnp.int32(0))
+    ring0 = [jnp.zeros((ring_slots, *s.shape), s.dtype) for s in kept_shapes]
+    tabs = jnp.asarray(np.stack([fwd_tab, bwd_tab, recv_f, recv_b, write_slot], -1))  # [T, P, 5]
+
+    def tick(state, row):
+      params, ring, inbox_f, inbox_b, grads, d_xs = state  # params: carried, never changed
+      jf, jb, rf, rb, ws = (row[stage, i] for i in range(5))
+      do_b = jb >= 0
+      jf_c, jb_c = jnp.maximum(jf, 0), jnp.maximum(jb, 0)
+      # Forward of microbatch jf; its residuals go to ring slot jf % (P + 1).
+      h_f = jnp.where(stage == 0, xs[jf_c], inbox_f[jf_c % slots])
+      h_out, (treedef, kept, where) = stage_vjp(params, h_f, jf_c)
+      ring = [r.at[ws].set(k) for r, k in zip(ring, kept, strict=True)]
+      # Backward of microbatch jb from its slot (the last stage: the one just written).
+      ct_h = jnp.where(last, d_outs[jb_c], inbox_b[jb_c % slots])
+      res = [r[jb_c % ring_slots] for r in ring]
+      pull = _join_residuals(treedef, res, where, param_leaves_of(params))
+      d_prm, d_h = pull(vary((ct_h, ct_aux)))
+      grads = jax.tree.map(lambda g, d: g + jnp.where(do_b, d, 0), grads, d_prm)
+      d_xs = d_xs.at[jb_c].set(jnp.where(do_b & (stage == 0), d_h, d_xs[jb_c]))
+      # Neighbours' sends land in the inboxes.
+      got_h = jax.lax.ppermute(h_out, PIPE, fwd_shift)
+      got_d = jax.lax.ppermute(d_h, PIPE, bwd_shift)
+      rf_s, rb_s = jnp.maximum(rf, 0) % slots, jnp.maximum(rb, 0) % slots
+      inbox_f = inbox_f.at[rf_s].set(jnp.where(rf >= 0, got_h, inbox_f[rf_s]))
+      inbox_b = inbox_b.at[rb_s].set(jnp.where(rb >= 0, got_d, inbox_b[rb_s]))
+      return (params, ring, inbox_f, inbox_b, grads, d_xs), None
+
+    box = jnp.zeros((slots, *xs.shape[1:]), xs.dtype)
+    init = vary((params, ring0, box, box, jax.tree.map(jnp.zeros_like, params),
+                 jnp.zeros_like(xs)))
+    (_, _, _, _, grads, d_xs), _ = jax.lax.scan(tick, init, tabs, length=n_ticks)
+    return grads, broadcast_from(0, d_xs, n_stages)
+  return body
+
+
+def one_f_one_b(mesh, microbatches: int) -> Callable:
+  """A ``layer_stack`` implementation: the GPipe forward with a 1F1B backward (module doc)."""
+  m = microbatches
+
+  def impl(apply_unit, unit_params, carry, positions):
+    n_stages, acc0, acc_shapes, xs, ps, param_specs = _prepare(mesh, m, unit_params, carry,
+                                                               positions)
+    cmesh = context_mesh(mesh)
+
+    def forward(params, xs):
+      return _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, params, xs,
+                          ps)
+
+    @jax.custom_vjp
+    def pipelined(params, xs):
+      outs, acc, _ = forward(params, xs)
       return outs, acc
 
-    param_specs = jax.tree.map(lambda _: P(PIPE), unit_params)
-    outs, acc = jax.shard_map(body, mesh=context_mesh(mesh),
-                              in_specs=(param_specs, P(), P()), out_specs=(P(), P()),
-                              axis_names=frozenset({PIPE}))(unit_params, xs, ps)
-    y = outs.swapaxes(0, 1).reshape(x.shape)
-    return y, jax.tree.map(lambda a, v: a + v, acc0, acc)
+    def fwd(params, xs):
+      outs, acc, f_bar = forward(params, xs)
+      return (outs, acc), (params, xs, f_bar)
+
+    def bwd(res, ct):
+      params, xs, f_bar = res
+      d_outs, d_acc = ct
+      body = _backward_1f1b(apply_unit, acc_shapes, n_stages, m)
+      grads, d_xs = jax.shard_map(
+          body, mesh=cmesh, in_specs=(param_specs, P(), P(), P(), P(), P(PIPE)),
+          out_specs=(param_specs, P()), axis_names=frozenset({PIPE}))(
+              params, xs, ps, d_outs, d_acc, f_bar)
+      return grads, d_xs
+
+    pipelined.defvjp(fwd, bwd)
+    outs, acc = pipelined(unit_params, xs)
+    return _merge(outs), jax.tree.map(jnp.add, acc0, acc)
   return impl
+
+
+def pipeline_op(name: str, mesh, microbatches: int) -> Callable:
+  """The ``layer_stack`` implementation named ``name`` (one of :data:`SCHEDULES`)."""
+  if name not in SCHEDULES:
+    raise ValueError(f"pipeline schedule {name!r} is not available; allowed: {list(SCHEDULES)}")
+  return (gpipe if name == "gpipe" else one_f_one_b)(mesh, microbatches)

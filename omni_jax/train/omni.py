@@ -33,7 +33,7 @@ from omni_jax.train.optim import make_optimizer
 from omni_jax.train.perf import measure_matmul_flops
 
 TOP_KEYS = ("model", "data", "optim", "train", "mesh", "parallel")
-PARALLEL_KEYS = ("recipe", "sequence_attention", "pipeline_microbatches")
+PARALLEL_KEYS = ("recipe", "sequence_attention", "pipeline", "pipeline_microbatches")
 REQUIRED_KEYS = ("model", "data", "optim", "train")
 
 

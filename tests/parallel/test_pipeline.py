@@ -1,6 +1,8 @@
-"""GPipe over the pipeline axis gives the 1-device loss and gradients."""
+"""GPipe and 1F1B over the pipeline axis give the 1-device loss and gradients, MoE
+load-balancing loss included; the 1F1B tick tables keep at most P - p microbatches in flight."""
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -8,30 +10,63 @@ from omni_jax.config import ConfigError
 from omni_jax.data.stream import OmniStream
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.train.omni import check_batch_fits_mesh
+from omni_jax.parallel.pipeline import SCHEDULES, schedule_1f1b
+from omni_jax.train.omni import check_batch_fits_mesh, parallel_op_names
 
 
-# Two stages of one unit each in the default suite (each stage count is a compile of the whole
-# 8-device step: four stages took 5 min under load); four stages and the data split run slow.
+def _max_rel(a_tree, b_tree):
+  return max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) / max(float(np.abs(b).max()),
+                                                                      1e-30)
+             for a, b in zip(jax.tree.leaves(a_tree), jax.tree.leaves(b_tree), strict=True))
+
+
+# Two stages of one unit each in the default suite (each case compiles the 8-device step once
+# per schedule); four stages and the data split run slow. The load-balancing loss is on with
+# a large coefficient: the pipeline rebuilds the whole batch's E * sum_e f_e P_e per unit, so
+# it must match one device as exactly as the cross-entropy does (f32).
 @pytest.mark.parametrize("mesh_cfg,n_micro", [
-    (dict(pipeline=2, fsdp=4), 2),
+    (dict(pipeline=2, fsdp=4), 4),
     pytest.param(dict(pipeline=4, fsdp=2), 4, marks=pytest.mark.slow),
-    pytest.param(dict(pipeline=2, data=4), 2, marks=pytest.mark.slow),
+    pytest.param(dict(pipeline=2, data=4), 4, marks=pytest.mark.slow),
 ])
-def test_gpipe_matches_one_device(mesh_cfg, n_micro, micro):
-  # The load-balancing loss is a product of per-batch means, so it is per-microbatch under
-  # a pipeline; with it off, loss and gradients must match the 1-device run exactly (f32).
-  _, _, loss, params, batch = micro(lb_coef=0.0, num_layers=mesh_cfg["pipeline"])
+def test_schedules_match_one_device(mesh_cfg, n_micro, micro):
+  _, _, loss, params, batch = micro(lb_coef=1.0, num_layers=mesh_cfg["pipeline"])
   l1, g1 = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, {})))(params, batch)
   mesh = mesh_lib.make_mesh(mesh_cfg)
   sh, _ = recipes.resolve(recipes.RECIPES.get("omni"), params, mesh)
   assert sh["backbone"]["units"]["layer_0"]["attn"]["q"]["kernel"].spec[0] == "pipeline"
-  ops = layout.ops(mesh, None, n_micro)
-  f = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, ops)), out_shardings=(None, sh))
-  lp, gp = f(jax.device_put(params, sh), mesh_lib.put_batch(mesh, batch))
-  assert abs(float(lp) - float(l1)) <= 1e-5 * abs(float(l1))
-  for a, b in zip(jax.tree.leaves(gp), jax.tree.leaves(g1), strict=True):
-    assert float(np.abs(np.asarray(a) - np.asarray(b)).max()) <= 1e-5 * float(np.abs(b).max())
+  grads = {}
+  for schedule in SCHEDULES:
+    ops = layout.ops(mesh, {"pipeline": schedule}, n_micro)
+    f = jax.jit(jax.value_and_grad(lambda p, b, ops=ops: loss(p, b, ops)),
+                out_shardings=(None, sh))
+    lp, grads[schedule] = f(jax.device_put(params, sh), mesh_lib.put_batch(mesh, batch))
+    assert abs(float(lp) - float(l1)) <= 1e-5 * abs(float(l1)), schedule
+    assert _max_rel(grads[schedule], g1) <= 1e-5, schedule
+  assert _max_rel(grads["1f1b"], grads["gpipe"]) <= 1e-5
+
+
+@pytest.mark.parametrize("n_stages,m", [(2, 1), (2, 4), (2, 8), (3, 5), (4, 8), (4, 16)])
+def test_1f1b_schedule(n_stages, m):
+  fwd, bwd = schedule_1f1b(n_stages, m)
+  ticks = fwd.shape[0]
+  at = lambda tab, p, j: int(np.flatnonzero(tab[:, p] == j)[0])
+  for p in range(n_stages):
+    for tab in (fwd, bwd):  # every microbatch once per stage, in order
+      order = tab[:, p][tab[:, p] >= 0]
+      np.testing.assert_array_equal(order, np.arange(m))
+    for j in range(m):
+      if p > 0:
+        assert at(fwd, p - 1, j) < at(fwd, p, j)     # input sent one tick earlier
+      if p < n_stages - 1:
+        assert at(bwd, p + 1, j) < at(bwd, p, j)     # cotangent sent one tick earlier
+        assert at(fwd, p, j) < at(bwd, p, j)
+      else:
+        assert at(fwd, p, j) == at(bwd, p, j)        # the last stage turns round in one tick
+    in_flight = np.cumsum(fwd[:, p] >= 0) - np.cumsum(bwd[:, p] >= 0)
+    assert in_flight.max() <= n_stages - p            # the 1F1B memory bound (GPipe: m)
+  if n_stages == 2:
+    assert ticks == m + 2 * (n_stages - 1)
 
 
 def test_pipeline_config_errors(micro):
@@ -43,3 +78,51 @@ def test_pipeline_config_errors(micro):
     check_batch_fits_mesh(stream, mesh_lib.make_mesh(dict(pipeline=2, fsdp=4)), 8)
   with pytest.raises(ValueError, match="composes with data and fsdp only"):
     layout.ops(mesh_lib.make_mesh(dict(pipeline=2, expert=4)))
+  bad = ml_collections.ConfigDict({"parallel": {"pipeline": "zero_bubble"}})
+  with pytest.raises(ConfigError, match=r"pipeline='zero_bubble'.*allowed: \['gpipe', '1f1b'\]"):
+    parallel_op_names(bad)
+  assert parallel_op_names(ml_collections.ConfigDict(
+      {"parallel": {"pipeline": "1f1b"}}))["pipeline"] == "1f1b"
+  assert layout.parse_layout("pipeline=2+fsdp=4@1f1b") == ({"pipeline": 2, "fsdp": 4},
+                                                           {"pipeline": "1f1b"})
+
+
+@pytest.mark.slow  # two backbone compiles, ~1 min on a loaded 2-core machine
+def test_1f1b_holds_less_than_gpipe(micro):
+  # The point of 1F1B, measured on the compiled executables (per-stage temp bytes of the
+  # backbone's value_and_grad): GPipe keeps the residuals of M + P - 1 = 9 ticks, 1F1B a ring
+  # of P + 1 = 3 slots plus one tick's working set (0.59 of GPipe's on the tiny config).
+  from omni_jax.parallel.pipeline_memory import schedule_memory
+  spec, cfg, *_ = micro(num_layers=2)
+  mem = schedule_memory(spec.backbone, cfg.data.batch_size, cfg.data.seq_len, 2, 8)
+  assert mem["1f1b"]["temp_bytes"] < 0.75 * mem["gpipe"]["temp_bytes"], mem
+
+
+def test_1f1b_aux_cotangent_is_the_gradient_of_the_whole_batch_aux():
+  # The 1F1B backward feeds each microbatch's per-unit aux a hand-written cotangent; it must be
+  # what autodiff of the exact whole-batch aux (GPipe's path) gives, lb_loss's E f_bar / M
+  # included, for every microbatch.
+  from omni_jax.parallel.pipeline import _aux_cotangent, _finish_aux
+  m, units, e = 4, 3, 5
+  rng = np.random.default_rng(0)
+  probs = rng.dirichlet(np.ones(e), size=(m, units)).astype(np.float32)
+  loads = rng.dirichlet(np.ones(e), size=(m, units)).astype(np.float32)
+  aux = {"lb_loss": rng.random((m, units), np.float32), "z_loss": rng.random((m, units),
+                                                                             np.float32),
+         "expert_load": loads, "mean_prob": probs,
+         "load_imbalance": rng.random((m, units), np.float32)}
+  d_acc = {"lb_loss": np.float32(0.7), "z_loss": np.float32(1e-3),
+           "expert_load": rng.random(e, np.float32), "mean_prob": np.zeros(e, np.float32),
+           "load_imbalance": np.float32(0.3)}
+
+  def total(a):
+    out = _finish_aux(jax.tree.map(lambda v: v.sum(0), a), m)
+    return sum(jax.numpy.sum(d_acc[k] * out[k]) for k in out)
+  grad = jax.grad(total)(aux)
+  ct = _aux_cotangent(d_acc, loads.mean(0), m, units)
+  for k in aux:
+    for j in range(m):
+      np.testing.assert_allclose(ct[k], grad[k][j], rtol=1e-6, atol=1e-7, err_msg=k)
+  out = _finish_aux(jax.tree.map(lambda v: v.sum(0), aux), m)  # the whole batch's E sum f P
+  np.testing.assert_allclose(out["lb_loss"], e * np.sum(loads.mean(0) * probs.mean(0)),
+                             rtol=1e-6)

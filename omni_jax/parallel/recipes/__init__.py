@@ -46,7 +46,7 @@ OP_CHOICES = {
     "sequence_attention": ("ulysses", "ring", "ring_zigzag"),
     "moe_dispatch": ("all_to_all",),
     "tensor": ("megatron",),
-    "pipeline": ("gpipe",),
+    "pipeline": ("gpipe", "1f1b"),
 }
 
 

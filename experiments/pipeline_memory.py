@@ -1,0 +1,53 @@
+r"""Per-stage compiled memory of the pipeline schedules: 1F1B against GPipe.
+
+  python -m experiments.pipeline_memory --config=configs/omni_moe.py:tiny --workdir=/tmp/pmem
+
+Compiles the backbone's value_and_grad of ``--config``'s model with --stages stages and
+--microbatches microbatches of --batch rows of --seq_len tokens, once per schedule, and writes
+summary.json: per schedule the compiled temp / argument / output bytes per stage, and
+``f1b_over_gpipe_activation_memory`` (1F1B temp bytes / GPipe temp bytes) beside its goal
+``(P / M) * 1.1``. Logic: omni_jax/parallel/pipeline_memory.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import app, flags, logging
+
+from experiments import common
+
+_CONFIG = common.define_config("configs/omni_moe.py:<variant>", lock_config=True)
+_WORKDIR = common.define_workdir("where summary.json goes")
+_STAGES = flags.DEFINE_integer("stages", 2, "pipeline stages P")
+_MICRO = flags.DEFINE_integer("microbatches", 8, "microbatches M")
+_BATCH = flags.DEFINE_integer("batch", 0, "rows per step (0: config.data.batch_size)")
+_SEQ = flags.DEFINE_integer("seq_len", 0, "tokens per row (0: config.data.seq_len)")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  del argv
+  common.setup_devices()
+  from omni_jax.models.omni import build_spec
+  from omni_jax.parallel.pipeline_memory import schedule_memory
+  from omni_jax.train.metrics import write_json_atomic
+
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  os.makedirs(workdir, exist_ok=True)
+  spec = build_spec(config.model).backbone
+  batch, seq = _BATCH.value or config.data.batch_size, _SEQ.value or config.data.seq_len
+  p, m = _STAGES.value, _MICRO.value
+  mem = schedule_memory(spec, batch, seq, p, m)
+  ratio = mem["1f1b"]["temp_bytes"] / mem["gpipe"]["temp_bytes"]
+  summary = {"stages": p, "microbatches": m, "batch": batch, "seq_len": seq,
+             "num_units": spec.num_units, "d_model": spec.d_model, "schedules": mem,
+             "f1b_over_gpipe_activation_memory": ratio, "goal": p / m * 1.1}
+  for name, row in mem.items():
+    logging.info("%s: temp %.2f MB per stage", name, row["temp_bytes"] / 2**20)
+  logging.info("1F1B / GPipe temp memory %.3f (goal <= %.3f)", ratio, p / m * 1.1)
+  write_json_atomic(os.path.join(workdir, "summary.json"), summary)
+
+
+if __name__ == "__main__":
+  app.run(main)

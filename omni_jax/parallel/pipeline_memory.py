@@ -1,0 +1,62 @@
+"""Compiled per-stage memory of the pipeline schedules (GPipe vs 1F1B), from XLA itself.
+
+:func:`schedule_memory` compiles ``value_and_grad`` of the omni backbone alone (the part the
+pipeline runs; embedding, encoders and heads are the same for every schedule) on a mesh of
+P devices, one per stage, once per schedule, and reads each executable's
+``memory_analysis()``: ``temp_size_in_bytes`` is the stage's scratch memory over the step
+— the saved activations (GPipe: all M + P - 1 ticks' residuals; 1F1B: the ring of P slots)
+plus the working set of one tick, the inboxes and the gradient accumulators. Every figure
+is per device (= per stage), measured, not modelled.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from omni_jax.models import named_ops
+from omni_jax.models.transformer import Backbone, BackboneSpec
+from omni_jax.parallel import layout
+from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.parallel.pipeline import PIPE, SCHEDULES
+
+
+def schedule_memory(spec: BackboneSpec, batch: int, seq_len: int, n_stages: int,
+                    microbatches: int, schedules=SCHEDULES) -> dict[str, dict[str, int]]:
+  """``{schedule: {temp_bytes, argument_bytes, output_bytes}}`` of the compiled backbone
+  ``value_and_grad`` (loss: a fixed projection of the hidden states plus the MoE aux) with
+  ``n_stages`` stages and ``microbatches`` microbatches of ``batch`` rows of ``seq_len``."""
+  if len(jax.devices()) < n_stages:
+    raise ValueError(f"{n_stages} stages need {n_stages} devices; {len(jax.devices())} present")
+  mesh = mesh_lib.make_mesh({PIPE: n_stages}, devices=jax.devices()[:n_stages])
+  model = Backbone(spec)
+  x = jax.ShapeDtypeStruct((batch, seq_len, spec.d_model), jnp.float32)
+  pos = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
+  abstract = jax.eval_shape(lambda k: model.init(k, jnp.zeros(x.shape), jnp.zeros(pos.shape,
+                                                                                   jnp.int32)),
+                            jax.random.PRNGKey(0))["params"]
+  stage_split = NamedSharding(mesh, P(PIPE))
+  shard = {k: jax.tree.map(lambda _: stage_split if k == "units" else NamedSharding(mesh, P()),
+                           v) for k, v in abstract.items()}
+  params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, shard)
+  rep = NamedSharding(mesh, P())
+  x, pos = (jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep) for a in (x, pos))
+  out = {}
+  for schedule in schedules:
+    ops = layout.ops(mesh, {"pipeline": schedule}, microbatches)
+
+    def loss(p, h, positions, ops=ops):
+      with named_ops.override(**ops):
+        y, aux = model.apply({"params": p}, h, positions)
+      proj = jnp.cos(jnp.arange(y.shape[-1], dtype=y.dtype))
+      return jnp.mean(y @ proj) + aux["lb_loss"] + aux["z_loss"]
+
+    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(params, x, pos).compile()
+    mem = compiled.memory_analysis()
+    out[schedule] = {"temp_bytes": int(mem.temp_size_in_bytes),
+                     "argument_bytes": int(mem.argument_size_in_bytes),
+                     "output_bytes": int(mem.output_size_in_bytes)}
+  return out
