@@ -49,6 +49,7 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
       names=("faiss_ivf_ondisk", "usearch_view"),
       dir="",                    # empty = <workdir>/peers (indexes reused when unchanged)
       target_recall=0.95,        # each peer tuned to the smallest parameter reaching this
+      target_confidence=0.95,    # ... with this one-sided confidence (lower bound over queries)
       tune_queries=100,          # tuning queries, drawn apart from the reported ones
       faiss_nlist=1024, faiss_train=65536, faiss_grid=(1, 2, 4, 8, 16, 32, 64, 128, 256),
       usearch_connectivity=16, usearch_expansion_add=64,

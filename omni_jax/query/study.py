@@ -43,6 +43,9 @@ def validate(cfg) -> None:
                        f"{list(ondisk_peers.PEERS)}")
   if not 0 < cfg.peers.target_recall <= 1:
     raise ValueError(f"config.peers.target_recall = {cfg.peers.target_recall} must be in (0, 1]")
+  if not 0 <= cfg.peers.get("target_confidence", 0.0) < 1:
+    raise ValueError(f"config.peers.target_confidence = {cfg.peers.target_confidence} must be "
+                     "in [0, 1) (0 = the tuning set's mean recall must reach target_recall)")
   for key in ("channels", "block_rows", "shortlist", "k", "queries", "memory_queries"):
     if int(cfg[key]) < 1:
       raise ValueError(f"config.{key} = {cfg[key]} must be >= 1")
@@ -259,7 +262,8 @@ def time_disk_peers(cfg, workdir: Path, reader, mem: engines.MemoryEngine, qs, t
     peer = ondisk_peers.make_peer(name, folder / name, options[name])
     t0 = time.perf_counter()
     out[name] = ondisk_peers.run_peer(peer, mem.ids, x, tune_qs, tune_truth, qs, truth,
-                                      grids[name], pc.target_recall, cfg.k)
+                                      grids[name], pc.target_recall, cfg.k,
+                                      pc.get("target_confidence", 0.0))
     out[name]["version"] = note
     logging.info("%s (%s=%s, %.0f s with build): cold p50 %.2f ms, warm p50 %.3f ms, "
                  "recall@10 %.3f", name, peer.param, peer.value, time.perf_counter() - t0,

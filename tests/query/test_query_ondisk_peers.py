@@ -124,3 +124,31 @@ def test_study_records_a_missing_peer_as_null_and_names_it(tmp_path, monkeypatch
   assert out == {"usearch_view": None}
   assert "peer usearch is not installed" in notes["usearch_view"] and "[peers]" in notes[
       "usearch_view"]
+
+
+def test_tune_with_confidence_needs_the_lower_bound_to_reach_the_target():
+  # 40 queries: at p = 9 every query's recall is 0.9 (sd 0); make the recall uneven instead so
+  # the bound matters: the fake peer answers query i with min(p, 10) ids, except that every
+  # 4th query loses one more id.
+  truth = np.arange(400).reshape(40, 10)
+
+  class Uneven(_FakePeer):
+    def _search(self, q, k):
+      out = super()._search(q, k)
+      out[::4, max(min(self.value, k) - 1, 0)] = -1
+      return out
+  peer = Uneven(truth)
+  plain = ondisk_peers.tune(peer, np.zeros((40, 3)), truth, grid=[8, 16], target=0.97)
+  # p = 10: recall 0.975 (30 queries 1.0, 10 queries 0.9): mean reaches 0.97.
+  assert plain["value"] == 10 and plain["recall_at_10"] == pytest.approx(0.975)
+  r = np.r_[np.ones(30), np.full(10, 0.9)]
+  lb = 0.975 - 1.6448536 * r.std(ddof=1) / np.sqrt(40)
+  assert ondisk_peers.recall_lower_bound(r, 0.95) == pytest.approx(lb, rel=1e-6)
+  strict = ondisk_peers.tune(peer, np.zeros((40, 3)), truth, grid=[8, 16], target=0.97,
+                             confidence=0.95)
+  # the bound (0.9636) misses 0.97 at every p (the 4th queries always lose one id): flagged
+  assert lb < 0.97 and not strict["reached"] and strict["recall_lower_bound"] == pytest.approx(lb)
+  assert ondisk_peers.tune(peer, np.zeros((40, 3)), truth, grid=[8, 16], target=0.96,
+                           confidence=0.95)["value"] == 10     # 0.9636 >= 0.96
+  with pytest.raises(ValueError, match="confidence"):
+    ondisk_peers.recall_lower_bound(r, 1.0)
