@@ -1,0 +1,107 @@
+"""The scale plan's cost model: compiled-HLO costs with loops counted, and the roofline."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from omni_jax.parallel import hlo_cost
+from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.parallel.scale_plan import H100, roofline
+
+
+def test_roofline_closed_form():
+  hw = dict(H100)
+  cost = {"flops": 989e12 * 2.0, "hbm_bytes": 3.35e12 * 1.5, "network": [
+      {"kind": "all-gather", "inter_node": True, "wire_bytes": 40e9 * 3.0},      # 3 s, hidden
+      {"kind": "reduce-scatter", "inter_node": False, "wire_bytes": 360e9 * 0.5},  # 0.5 s
+      {"kind": "all-to-all", "inter_node": True, "wire_bytes": 40e9 * 0.25},      # exposed
+      {"kind": "all-reduce", "inter_node": False, "wire_bytes": 360e9 * 0.5},     # exposed
+  ]}
+  r = roofline(cost, hw)
+  assert r["compute_s"] == pytest.approx(2.0)
+  assert r["memory_s"] == pytest.approx(1.5)
+  assert r["network_overlapped_s"] == pytest.approx(3.5)
+  assert r["network_exposed_s"] == pytest.approx(0.75)
+  assert r["network_s"] == pytest.approx(4.25)
+  assert r["step_s"] == pytest.approx(3.5 + 0.75)       # the gathers outlast the compute
+  assert r["bound_by"] == "network"
+  cost["network"] = cost["network"][2:]
+  r = roofline(cost, hw)
+  assert r["step_s"] == pytest.approx(2.0 + 0.75) and r["bound_by"] == "compute"
+  r = roofline({"flops": 0.0, "hbm_bytes": 3.35e12, "network": []}, hw)
+  assert r["step_s"] == pytest.approx(1.0) and r["bound_by"] == "memory"
+
+
+def test_loop_free_costs_equal_xla_cost_analysis():
+  a, b = jnp.ones((64, 256)), jnp.ones((256, 512))
+  c = jax.jit(lambda x, y: x @ y).lower(a, b).compile()
+  got, xla = hlo_cost.analyze(c.as_text()), c.cost_analysis()
+  assert got["flops"] == xla["flops"] == 2 * 64 * 256 * 512
+  assert got["hbm_bytes"] == xla["bytes accessed"] == 4 * (64 * 256 + 256 * 512 + 64 * 512)
+
+
+def test_scan_is_counted_trip_count_times():
+  """XLA counts a while body once; the analysis counts it per iteration."""
+  layers, n, d = 12, 64, 128
+
+  def f(w, x):
+    return jax.lax.scan(lambda c, wi: (jnp.tanh(c @ wi), None), x, w)[0]
+  c = jax.jit(f).lower(jnp.ones((layers, d, d)), jnp.ones((n, d))).compile()
+  got = hlo_cost.analyze(c.as_text())
+  assert got["flops"] == layers * 2 * n * d * d
+  assert c.cost_analysis()["flops"] < got["flops"] / (layers - 1)
+  assert got["while_loops"] == 1 and got["loops_without_trip_count"] == 0
+  # per layer at least its weight slice is read: all layers' weights are, once each
+  assert got["hbm_bytes"] >= layers * d * d * 4
+
+
+def test_collectives_in_a_loop_and_their_link():
+  mesh = mesh_lib.make_mesh({"data": 8})
+  steps, size = 5, 1024
+
+  def body(x):
+    def step(c, _):
+      return c + jax.lax.psum(c, "data") * 0.5, None
+    return jax.lax.scan(step, x, None, length=steps)[0]
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
+  text = f.lower(jnp.ones((8 * size,), jnp.float32)).compile().as_text()
+  expect = steps * 2 * 7 / 8 * size * 4               # ring all-reduce of 4 KB, 5 times
+  one_node = hlo_cost.analyze(text, devices_per_node=8)["network"]
+  assert one_node == [{"kind": "all-reduce", "inter_node": False, "count": steps,
+                       "wire_bytes": expect}]
+  two_nodes = hlo_cost.analyze(text, devices_per_node=4)["network"]
+  assert two_nodes[0]["inter_node"] and two_nodes[0]["wire_bytes"] == expect
+
+
+@pytest.mark.parametrize("line,group", [
+    ("x = f32[8] all-reduce(y), replica_groups={{0,4},{1,5}}", [0, 4]),
+    ("x = f32[8] all-gather(y), replica_groups=[2,4]<=[8]", [0, 1, 2, 3]),
+    ("x = f32[8] all-gather(y), replica_groups=[4,2]<=[2,4]T(1,0)", [0, 4]),
+    ("x = f32[8] collective-permute(y), source_target_pairs={{0,8},{8,0}}", [0, 8]),
+])
+def test_replica_group_forms(line, group):
+  assert hlo_cost._first_group(line) == group
+
+
+def test_attention_block_loop_counts_as_one_kernel():
+  """A loop named like the attention's, streaming k blocks: as a fused kernel it reads its
+  inputs once and writes only what it changes."""
+  nb, blk, d = 8, 32, 16
+  q, k = jnp.ones((blk, d)), jnp.ones((nb, blk, d))
+
+  def f(q, k):
+    with jax.named_scope("attn"):
+      def step(acc, i):
+        return acc + jnp.exp(q @ k[i].T) @ k[i], None
+      return jax.lax.scan(step, jnp.zeros_like(q), jnp.arange(nb))[0]
+  text = jax.jit(f).lower(q, k).compile().as_text()
+  plain = hlo_cost.analyze(text)
+  fused = hlo_cost.analyze(text, fused_loop_scope="attn/")
+  assert fused["fused_loops"] == 1 and plain["fused_loops"] == 0
+  assert fused["flops"] == plain["flops"] == nb * 2 * (2 * blk * blk * d)
+  carried = 4 * (blk * d + nb * blk * d) + 4 * blk * d + 4   # read q, k, acc, i; write acc, i
+  assert fused["hbm_bytes"] - plain["hbm_bytes"] < 0          # the score tiles stay on chip
+  assert carried <= fused["hbm_bytes"] <= carried + 8 * 4 * (blk * d + nb * blk * d)
+  assert np.isfinite(fused["hbm_bytes"])
