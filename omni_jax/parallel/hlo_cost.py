@@ -285,9 +285,13 @@ def _loop_as_kernel_bytes(ins: Instr, comps, types) -> float:
   return float(sum(sizes) + sum(sizes[i] for i in written if i < len(sizes)))
 
 
-def analyze(hlo_text: str, devices_per_node: int = 8, fused_loop_scope: str | None = None
-            ) -> dict:
+def analyze(hlo_text: str, devices_per_node: int = 8, fused_loop_scope: str | None = None,
+            device_ids: list[int] | None = None) -> dict:
   """Per-device cost of one execution of a compiled module (loops counted).
+
+  A collective is ``inter_node`` when its first group holds devices of more than one node
+  (node = device id // ``devices_per_node``); ``device_ids[i]`` is the device of partition
+  ``i`` (the mesh's devices, flattened; default: partition i is device i).
 
   ``fused_loop_scope``: innermost while loops whose ``op_name`` contains this string (e.g.
   ``"/attn/"``: the blockwise-attention block loops) count as one fused kernel per run
@@ -334,6 +338,8 @@ def analyze(hlo_text: str, devices_per_node: int = 8, fused_loop_scope: str | No
       if ins.op in _COLLECTIVE_OPS:
         for c in hlo_report.collectives(ins.line):
           group = _first_group(ins.line)
+          if group is not None and device_ids is not None:
+            group = [device_ids[i] for i in group]
           inter = group is not None and len({d // devices_per_node for d in group}) > 1
           acc = net[(c.kind, inter)]
           acc[0] += count

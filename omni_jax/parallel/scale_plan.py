@@ -72,6 +72,34 @@ def split_recipe(text: str, default: str = "omni") -> tuple[str, str]:
   return recipe, body
 
 
+def node_axes(mesh_cfg: dict[str, int], per_node: int) -> list[str]:
+  """The axes (size > 1) whose groups lie inside one node under :func:`placed_mesh`."""
+  out, inner = [], 1
+  for a in reversed([a for a, n in mesh_cfg.items() if n > 1]):
+    inner *= mesh_cfg[a]
+    if inner > per_node or per_node % inner:
+      break
+    out.append(a)
+  return out[::-1]
+
+
+def placed_mesh(mesh_cfg: dict[str, int], devices):
+  """The mesh of ``mesh_cfg`` whose devices are placed in the order the layout names its
+  axes, outermost first: the last-named axes take consecutive device ids, i.e. fill a node
+  ('fsdp=2+sequence=8+expert=8': each expert group is 8 GPUs of one node, each sequence
+  group spans 8 nodes). Axes keep the mesh's own order (``MESH_AXES``)."""
+  import numpy as np
+  from jax.sharding import AxisType, Mesh
+
+  from omni_jax.parallel import mesh as mesh_lib
+  sizes = mesh_lib.mesh_shape(mesh_cfg, len(devices))
+  physical = [a for a in mesh_cfg] + [a for a in mesh_lib.MESH_AXES if a not in mesh_cfg]
+  ids = np.arange(len(devices)).reshape([sizes[a] for a in physical])
+  ids = ids.transpose([physical.index(a) for a in mesh_lib.MESH_AXES])
+  return Mesh(np.asarray(devices, dtype=object)[ids], mesh_lib.MESH_AXES,
+              axis_types=(AxisType.Auto,) * len(mesh_lib.MESH_AXES))
+
+
 def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | None = None
                 ) -> dict:
   """Compiles the train step for one layout; returns its row of the report. ``text``:
@@ -90,7 +118,7 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | 
   mesh_cfg, op_override = layout.parse_layout(body)
   op_names = {**parallel_op_names(config), **op_override}
   layout.op_names("omni", op_names)
-  mesh = mesh_lib.make_mesh(mesh_cfg)
+  mesh = placed_mesh(mesh_cfg, jax.devices())
   seq_len = config.data.seq_len
   batch_size = mesh_lib.batch_divisor(mesh)        # one sequence per batch shard
   shapes = batch_shapes(spec, batch_size, seq_len)
@@ -115,7 +143,8 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | 
     with open(hlo_path, "w") as f:
       f.write(compiled.as_text())
   from omni_jax.parallel import hlo_cost
-  cost = hlo_cost.analyze(compiled.as_text(), H100["gpus_per_node"], ATTENTION_LOOP_SCOPE)
+  cost = hlo_cost.analyze(compiled.as_text(), H100["gpus_per_node"], ATTENTION_LOOP_SCOPE,
+                         [d.id for d in mesh.devices.flat])
   roof = roofline(cost)
   mem = compiled.memory_analysis()
   per_device = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
@@ -129,6 +158,7 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | 
   causal_saving = 0.5 * 3 * 2 * 2 * seq_len * bb.num_heads * bb.head_dim * bb.num_layers
   return {
       "name": text, "recipe": recipe, "mesh": {a: mesh.shape[a] for a in mesh_lib.MESH_AXES},
+      "node_axes": node_axes(mesh_cfg, H100["gpus_per_node"]),
       "ops": op_names, "global_batch_sequences": batch_size, "tokens_per_step": tokens,
       "per_device_bytes": int(per_device),
       "argument_bytes": int(mem.argument_size_in_bytes),
