@@ -72,6 +72,19 @@ def split_recipe(text: str, default: str = "omni") -> tuple[str, str]:
   return recipe, body
 
 
+def prediction(cost: dict, tokens_per_step: int, devices: int, flops_per_token: float,
+               hw: dict = H100) -> dict:
+  """A layout's modelled throughput from its per-device compiled ``cost``: the summary keys
+  ``compiled``, ``roofline``, ``predicted_tokens_per_sec_per_gpu`` (modelled) and
+  ``roofline_mfu`` (model FLOPs at that speed over the peak)."""
+  roof = roofline(cost, hw)
+  tps = tokens_per_step / devices / roof["step_s"]
+  return {"compiled": {k: cost[k] for k in ("flops", "hbm_bytes", "network", "while_loops",
+                                            "loops_without_trip_count") if k in cost},
+          "roofline": roof, "predicted_tokens_per_sec_per_gpu": tps,
+          "roofline_mfu": flops_per_token * tps / hw["peak_flops_per_s"]}
+
+
 def node_axes(mesh_cfg: dict[str, int], per_node: int) -> list[str]:
   """The axes (size > 1) whose groups lie inside one node under :func:`placed_mesh`."""
   out, inner = [], 1
@@ -145,7 +158,6 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | 
   from omni_jax.parallel import hlo_cost
   cost = hlo_cost.analyze(compiled.as_text(), H100["gpus_per_node"], ATTENTION_LOOP_SCOPE,
                          [d.id for d in mesh.devices.flat])
-  roof = roofline(cost)
   mem = compiled.memory_analysis()
   per_device = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
                 - mem.alias_size_in_bytes)
@@ -165,13 +177,7 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | 
       "temp_bytes": int(mem.temp_size_in_bytes),
       "fits_80gb": per_device <= 80 * GB, "fits_141gb": per_device <= 141 * GB,
       "flops_per_token": flops_per_token,
-      "compiled": {"flops": cost["flops"], "hbm_bytes": cost["hbm_bytes"],
-                   "network": cost["network"], "while_loops": cost["while_loops"],
-                   "loops_without_trip_count": cost["loops_without_trip_count"]},
-      "roofline": roof,
-      # modelled: the roofline step time on H100 numbers
-      "predicted_tokens_per_sec_per_gpu": tokens / mesh.size / roof["step_s"],
-      "roofline_mfu": flops_per_token * tokens / mesh.size / roof["step_s"] / peak,
+      **prediction(cost, tokens, mesh.size, flops_per_token),
       # the previous estimate, for comparison: an assumed MFU of the model FLOPs
       "tokens_per_sec_per_gpu_at_mfu": mfu * peak / flops_per_token,
       "flops_per_token_causal": flops_per_token - causal_saving,

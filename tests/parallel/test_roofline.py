@@ -105,3 +105,59 @@ def test_attention_block_loop_counts_as_one_kernel():
   assert fused["hbm_bytes"] - plain["hbm_bytes"] < 0          # the score tiles stay on chip
   assert carried <= fused["hbm_bytes"] <= carried + 8 * 4 * (blk * d + nb * blk * d)
   assert np.isfinite(fused["hbm_bytes"])
+
+
+def test_layout_order_places_the_last_axes_in_a_node():
+  from omni_jax.parallel.scale_plan import node_axes, placed_mesh
+  devices = jax.devices()[:8]
+  mesh = placed_mesh({"fsdp": 2, "expert": 2, "sequence": 2}, devices)
+  ids = np.vectorize(lambda d: d.id)(mesh.devices)         # MESH_AXES order
+  # [fsdp, expert] at sequence 0: id = 4 fsdp + 2 expert + sequence (sequence innermost)
+  assert ids[0, :, :, 0, 0, 0].tolist() == [[0, 2], [4, 6]]
+  mesh = placed_mesh({"fsdp": 2, "sequence": 2, "expert": 2}, devices)
+  ids = np.vectorize(lambda d: d.id)(mesh.devices)
+  assert ids[0, :, :, 0, 0, 0].tolist() == [[0, 1], [4, 5]]  # id = 4 fsdp + 2 seq + expert
+  assert node_axes({"fsdp": 16, "sequence": 8}, 8) == ["sequence"]
+  assert node_axes({"fsdp": 2, "sequence": 8, "expert": 8}, 8) == ["expert"]
+  assert node_axes({"fsdp": 4, "sequence": 2, "expert": 4}, 8) == ["sequence", "expert"]
+  assert node_axes({"tensor": 4, "sequence": 8}, 8) == ["sequence"]
+  assert node_axes({"fsdp": 8, "sequence": 16}, 8) == []
+
+
+def test_prediction_keys_and_arithmetic():
+  from omni_jax.parallel.scale_plan import prediction
+  cost = {"flops": 989e12 * 4.0, "hbm_bytes": 3.35e12 * 2.0, "while_loops": 3,
+          "loops_without_trip_count": 0,
+          "network": [{"kind": "all-to-all", "inter_node": True, "wire_bytes": 40e9}]}
+  p = prediction(cost, tokens_per_step=128 * 10_000, devices=128, flops_per_token=1e11)
+  assert set(p) == {"compiled", "roofline", "predicted_tokens_per_sec_per_gpu", "roofline_mfu"}
+  assert {"compute_s", "memory_s", "network_s", "step_s"} <= set(p["roofline"])
+  assert p["roofline"]["step_s"] == pytest.approx(5.0)                 # 4 s compute + 1 s a2a
+  assert p["predicted_tokens_per_sec_per_gpu"] == pytest.approx(2000.0)
+  assert p["roofline_mfu"] == pytest.approx(1e11 * 2000 / 989e12)
+  assert p["compiled"]["flops"] == cost["flops"]
+
+
+@pytest.mark.slow  # one compile of the micro train step on 8 devices (~30-90 s here)
+def test_plan_row_carries_the_roofline_and_its_prediction():
+  """One compile of the micro model's train step on 8 devices, as the scale plan does."""
+  from configs.omni_moe import get_config
+  from omni_jax.models.omni import OmniModel, build_spec
+  from omni_jax.parallel.scale_plan import plan_layout
+  from omni_jax.train.optim import make_optimizer
+  cfg = get_config("micro")
+  cfg.train.peak_flops = 989e12
+  spec = build_spec(cfg.model)
+  row = plan_layout(cfg, "omni_zero3:fsdp=2+sequence=2+expert=2", spec, OmniModel(spec),
+                    make_optimizer(cfg.optim, 10), 0.35)
+  roof = row["roofline"]
+  assert {"compute_s", "memory_s", "network_s", "step_s"} <= set(roof)
+  assert row["recipe"] == "omni_zero3" and row["node_axes"] == ["fsdp", "sequence", "expert"]
+  assert roof["compute_s"] == pytest.approx(row["compiled"]["flops"] / H100["peak_flops_per_s"])
+  assert roof["step_s"] >= max(roof["compute_s"], roof["memory_s"])
+  assert row["predicted_tokens_per_sec_per_gpu"] == pytest.approx(
+      row["tokens_per_step"] / 8 / roof["step_s"])
+  # the compiled step does at least the model's forward + backward FLOPs (per device)
+  assert row["compiled"]["flops"] >= row["flops_per_token"] * row["tokens_per_step"] / 8 * 0.9
+  assert all(not n["inter_node"] for n in row["compiled"]["network"])   # 8 devices: one node
+  assert row["compiled"]["loops_without_trip_count"] == 0
