@@ -231,6 +231,7 @@ def _flash_fwd_pairs(q, k, v, segment_ids, block):
   def pair(args):
     qa, qb, pa, pb, sa, sb, first_p, key_p = args
 
+    @jax.checkpoint  # as in attend_blocks: remat of the layer must not keep each tile's mask
     def step(carry, x):
       f, i = x
       pick = lambda u, w: jax.tree.map(lambda a, c: jnp.where(f, a, c), u, w)
