@@ -24,6 +24,7 @@ estimates (the collectives and parameter shards are exact). summary.json: ``layo
 from __future__ import annotations
 
 import os
+import re
 
 from absl import app, flags, logging
 
@@ -49,6 +50,8 @@ _LAYOUTS = flags.DEFINE_list(
     "ones fill a node), optional '@ring'; comma-separated")
 _MFU = flags.DEFINE_float("mfu", 0.35, "an assumed MFU, for the comparison figures "
                           "tokens_per_sec_per_gpu_at_mfu (the prediction is the roofline's)")
+_SAVE_HLO = flags.DEFINE_bool("save_hlo", False, "also write each layout's compiled HLO text "
+                              "into the workdir (to rerun the cost analysis without compiling)")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -78,7 +81,9 @@ def main(argv):
   for text in _LAYOUTS.value:
     logging.info("compiling %s on %d devices ...", text, jax.device_count())
     try:
-      row = plan_layout(config, text, spec, model, tx, _MFU.value)
+      hlo = os.path.join(workdir, re.sub(r"[^\w=+@.-]", "_", text) + ".hlo.txt")
+      row = plan_layout(config, text, spec, model, tx, _MFU.value,
+                        hlo if _SAVE_HLO.value else None)
     except ValueError as e:  # a layout this model cannot take: say why, keep the others
       row = {"name": text, "error": str(e)}
       logging.warning("%s: %s", text, e)

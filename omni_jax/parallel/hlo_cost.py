@@ -238,6 +238,12 @@ def _first_group(line: str) -> list[int] | None:
   m = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
   if m:
     return [int(x) for x in m.group(1).split(",") if x]
+  m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+  if m:  # mesh['axis_0'=16,'axis_1'=8] {'axis_0'}: ids iota over the shape, vary those axes
+    dims = [(k.strip("' "), int(v)) for k, v in (kv.split("=") for kv in m.group(1).split(","))]
+    axes = {a.strip("' ") for a in m.group(2).split(",") if a.strip()}
+    ids = np.arange(math.prod(n for _, n in dims)).reshape([n for _, n in dims])
+    return ids[tuple(slice(None) if k in axes else 0 for k, _ in dims)].reshape(-1).tolist()
   m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
   if m:
     shape = [int(x) for x in m.group(1).split(",")]
@@ -301,7 +307,9 @@ def analyze(hlo_text: str, devices_per_node: int = 8, fused_loop_scope: str | No
 
   Returns ``flops``, ``hbm_bytes``, ``network`` (one entry per collective kind and link:
   ``kind``, ``inter_node``, ``count``, ``wire_bytes``), ``while_loops``,
-  ``fused_loops`` and ``loops_without_trip_count`` (counted once: a lower bound)."""
+  ``fused_loops``, ``loops_without_trip_count`` (counted once: a lower bound) and
+  ``unparsed_groups`` (collectives whose device group could not be read: counted as
+  crossing nodes)."""
   comps, entry, types = parse(hlo_text)
   counts = execution_counts(comps, entry)
   on_chip: set[str] = set()     # computations inside a loop counted as one kernel
@@ -321,7 +329,7 @@ def analyze(hlo_text: str, devices_per_node: int = 8, fused_loop_scope: str | No
               on_chip.add(c)
               stack += [x for i in comps[c] for x in _callee_names(i)]
   flops = hbm = 0.0
-  loops = unknown = 0
+  loops = unknown = unparsed = 0
   net: dict[tuple[str, bool], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
   for name, (count, role) in counts.items():
     if role == "reducer":
@@ -340,7 +348,8 @@ def analyze(hlo_text: str, devices_per_node: int = 8, fused_loop_scope: str | No
           group = _first_group(ins.line)
           if group is not None and device_ids is not None:
             group = [device_ids[i] for i in group]
-          inter = group is not None and len({d // devices_per_node for d in group}) > 1
+          unparsed += group is None     # counted as crossing nodes (the slower link)
+          inter = group is None or len({d // devices_per_node for d in group}) > 1
           acc = net[(c.kind, inter)]
           acc[0] += count
           acc[1] += count * c.wire_bytes
@@ -352,4 +361,4 @@ def analyze(hlo_text: str, devices_per_node: int = 8, fused_loop_scope: str | No
           "network": [{"kind": k, "inter_node": inter, "count": v[0], "wire_bytes": v[1]}
                       for (k, inter), v in sorted(net.items())],
           "while_loops": loops, "fused_loops": len(fused_loops),
-          "loops_without_trip_count": unknown}
+          "loops_without_trip_count": unknown, "unparsed_groups": unparsed}

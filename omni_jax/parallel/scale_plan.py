@@ -79,8 +79,9 @@ def prediction(cost: dict, tokens_per_step: int, devices: int, flops_per_token: 
   ``roofline_mfu`` (model FLOPs at that speed over the peak)."""
   roof = roofline(cost, hw)
   tps = tokens_per_step / devices / roof["step_s"]
-  return {"compiled": {k: cost[k] for k in ("flops", "hbm_bytes", "network", "while_loops",
-                                            "loops_without_trip_count") if k in cost},
+  keys = ("flops", "hbm_bytes", "network", "while_loops", "loops_without_trip_count",
+          "unparsed_groups")
+  return {"compiled": {k: cost[k] for k in keys if k in cost},
           "roofline": roof, "predicted_tokens_per_sec_per_gpu": tps,
           "roofline_mfu": flops_per_token * tps / hw["peak_flops_per_s"]}
 

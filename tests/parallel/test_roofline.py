@@ -80,6 +80,12 @@ def test_collectives_in_a_loop_and_their_link():
     ("x = f32[8] all-gather(y), replica_groups=[2,4]<=[8]", [0, 1, 2, 3]),
     ("x = f32[8] all-gather(y), replica_groups=[4,2]<=[2,4]T(1,0)", [0, 4]),
     ("x = f32[8] collective-permute(y), source_target_pairs={{0,8},{8,0}}", [0, 8]),
+    ("x = f32[8] all-gather(y), replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2] "
+     "{'axis_0'}, dimensions={0}", [0, 2, 4, 6]),
+    ("x = f32[8] all-gather(y), replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}",
+     [0, 1]),
+    ("x = f32[8] all-reduce(y), replica_groups=mesh['axis_0'=2,'axis_1'=2,'axis_2'=2] "
+     "{'axis_0','axis_2'}", [0, 1, 4, 5]),
 ])
 def test_replica_group_forms(line, group):
   assert hlo_cost._first_group(line) == group
@@ -161,3 +167,4 @@ def test_plan_row_carries_the_roofline_and_its_prediction():
   assert row["compiled"]["flops"] >= row["flops_per_token"] * row["tokens_per_step"] / 8 * 0.9
   assert all(not n["inter_node"] for n in row["compiled"]["network"])   # 8 devices: one node
   assert row["compiled"]["loops_without_trip_count"] == 0
+  assert row["compiled"]["unparsed_groups"] == 0
