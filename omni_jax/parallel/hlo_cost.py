@@ -238,11 +238,19 @@ def _first_group(line: str) -> list[int] | None:
   m = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
   if m:
     return [int(x) for x in m.group(1).split(",") if x]
-  m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
-  if m:  # mesh['axis_0'=16,'axis_1'=8] {'axis_0'}: ids iota over the shape, vary those axes
+  m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*(?:,\s*device_ids=\(\[([\d,]+)\]"
+                r"(?:T\(([\d,]+)\))?\)\s*)?\{([^}]*)\}", line)
+  if m:  # mesh['axis_0'=16,'axis_1'=8][, device_ids=([a,b]T(1,0))] {'axis_0'}: the device
+    # ids laid over the mesh (iota, or the given transposed iota); vary the named axes
     dims = [(k.strip("' "), int(v)) for k, v in (kv.split("=") for kv in m.group(1).split(","))]
-    axes = {a.strip("' ") for a in m.group(2).split(",") if a.strip()}
-    ids = np.arange(math.prod(n for _, n in dims)).reshape([n for _, n in dims])
+    axes = {a.strip("' ") for a in m.group(4).split(",") if a.strip()}
+    size = math.prod(n for _, n in dims)
+    ids = np.arange(size)
+    if m.group(2):
+      ids = ids.reshape([int(x) for x in m.group(2).split(",")])
+      if m.group(3):
+        ids = ids.transpose([int(x) for x in m.group(3).split(",")])
+    ids = ids.reshape([n for _, n in dims])
     return ids[tuple(slice(None) if k in axes else 0 for k, _ in dims)].reshape(-1).tolist()
   m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
   if m:

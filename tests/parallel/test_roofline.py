@@ -86,6 +86,8 @@ def test_collectives_in_a_loop_and_their_link():
      [0, 1]),
     ("x = f32[8] all-reduce(y), replica_groups=mesh['axis_0'=2,'axis_1'=2,'axis_2'=2] "
      "{'axis_0','axis_2'}", [0, 1, 4, 5]),
+    ("x = f32[] all-reduce(y), replica_groups=mesh['axis_0'=1,'axis_1'=4,'axis_2'=2], "
+     "device_ids=([2,4]T(1,0)) {'axis_1'}, to_apply=%r", [0, 1, 2, 3]),
 ])
 def test_replica_group_forms(line, group):
   assert hlo_cost._first_group(line) == group
