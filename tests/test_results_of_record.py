@@ -22,6 +22,8 @@ KEYS = {
               "speedup_p50_vs_best_host", "predicted"],
     "visage": ["images", "speedup", "uploaded_bytes", "baseline_uploaded_bytes",
                "time_to_first_insight_s", "time_to_all_insights_s", "baseline_time_s"],
+    "omni_moe": ["layouts", "hardware", "params_total", "params_active",
+                 "seed_tokens_per_sec_per_gpu"],
     "lsm": ["accuracy_test_voices", "accuracy", "accuracy_test_dir", "test_speakers",
             "tuning_speakers", "brian2_steps_per_sec", "brian2_steps_per_sec_by_target.numpy",
             "sim_steps_per_sec", "speedup_vs_brian2", "energy_saving_gating"],

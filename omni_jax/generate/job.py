@@ -190,8 +190,8 @@ def load_params(config, spec: OmniSpec, workdir: str, mesh=None):
                       f"--workdir={workdir}")
   abstract = abstract_train_state(config, spec)
   if mesh is not None:
-    from omni_jax.train.omni import state_sharding
-    shardings = state_sharding(mesh)(abstract)
+    from omni_jax.train.omni import recipe_name, state_sharding
+    shardings = state_sharding(mesh, recipe_name(config))(abstract)
   else:
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     shardings = jax.tree.map(lambda _: one, abstract)

@@ -19,6 +19,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 NEG_INF = -1e30
 
@@ -48,6 +49,30 @@ def softmax_init(qg: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   return row + NEG_INF, row, acc
 
 
+def _fold_block(carry, qg, kb_i, vb_i, vis):
+  """One key block [b, blk, kv, dh] folded into the online-softmax state of ``qg``."""
+  m, norm, acc = carry                                 # [b,kv,g,t], [b,kv,g,t], [b,t,kv,g,dh]
+  sc = jnp.einsum("btkgd,bskd->bkgts", qg, kb_i)
+  sc = jnp.where(vis, sc, NEG_INF)
+  m_new = jnp.maximum(m, sc.max(-1))
+  p = jnp.where(vis, jnp.exp(sc - m_new[..., None]), 0.0)
+  corr = jnp.exp(m - m_new)
+  norm = norm * corr + p.sum(-1)
+  acc = acc * jnp.moveaxis(corr, -1, 1)[..., None] + jnp.einsum("bkgts,bskd->btkgd", p, vb_i)
+  return m_new, norm, acc
+
+
+def _block_grad(qg, kb_i, vb_i, do_g, lse, delta, vis):
+  """(d qg, dk_i, dv_i) of one key block: p = exp(s - lse) recomputed, FlashAttention-2."""
+  sc = jnp.einsum("btkgd,bskd->bkgts", qg, kb_i)
+  p = jnp.where(vis, jnp.exp(jnp.minimum(sc - lse[..., None], 0.0)), 0.0)
+  dv = jnp.einsum("bkgts,btkgd->bskd", p, do_g)
+  dp = jnp.einsum("btkgd,bskd->bkgts", do_g, vb_i)
+  ds = p * (dp - delta[..., None])
+  return (jnp.einsum("bkgts,bskd->btkgd", ds, kb_i), jnp.einsum("bkgts,btkgd->bskd", ds, qg),
+          dv)
+
+
 def attend_blocks(state, qg: jax.Array, k: jax.Array, v: jax.Array, *, q_pos: jax.Array,
                   k_pos: jax.Array, causal: bool, block: int, q_seg: jax.Array | None = None,
                   k_seg: jax.Array | None = None):
@@ -70,17 +95,8 @@ def attend_blocks(state, qg: jax.Array, k: jax.Array, v: jax.Array, *, q_pos: ja
 
   @jax.checkpoint
   def step(carry, i):
-    m, norm, acc = carry                               # [b,kv,g,t], [b,kv,g,t], [b,t,kv,g,dh]
-    sc = jnp.einsum("btkgd,bskd->bkgts", qg, kb[:, i])
     vis = visible(q_pos, kp[i], q_seg, None if ks is None else ks[:, i], causal)[:, :, None]
-    sc = jnp.where(vis, sc, NEG_INF)
-    m_new = jnp.maximum(m, sc.max(-1))
-    p = jnp.where(vis, jnp.exp(sc - m_new[..., None]), 0.0)
-    corr = jnp.exp(m - m_new)
-    norm = norm * corr + p.sum(-1)
-    acc = acc * jnp.moveaxis(corr, -1, 1)[..., None] + jnp.einsum("bkgts,bskd->btkgd", p,
-                                                                  vb[:, i])
-    return (m_new, norm, acc), None
+    return _fold_block(carry, qg, kb[:, i], vb[:, i], vis), None
 
   state, _ = jax.lax.scan(step, state, jnp.arange(nb))
   return state
@@ -125,14 +141,8 @@ def attend_blocks_grad(qg, k, v, do_g, lse, delta, *, q_pos, k_pos, causal: bool
 
   def step(dq, i):
     vis = visible(q_pos, kp[i], q_seg, None if ks is None else ks[:, i], causal)[:, :, None]
-    sc = jnp.einsum("btkgd,bskd->bkgts", qg, kb[:, i])
-    p = jnp.where(vis, jnp.exp(jnp.minimum(sc - lse[..., None], 0.0)), 0.0)
-    dv = jnp.einsum("bkgts,btkgd->bskd", p, do_g)
-    dp = jnp.einsum("btkgd,bskd->bkgts", do_g, vb[:, i])
-    ds = p * (dp - delta[..., None])
-    dq = dq + jnp.einsum("bkgts,bskd->btkgd", ds, kb[:, i])
-    dk = jnp.einsum("bkgts,btkgd->bskd", ds, qg)
-    return dq, (dk, dv)
+    dq_i, dk, dv = _block_grad(qg, kb[:, i], vb[:, i], do_g, lse, delta, vis)
+    return dq + dq_i, (dk, dv)
 
   dq, (dk, dv) = jax.lax.scan(step, jnp.zeros_like(qg), jnp.arange(nb))
   unblock = lambda a: jnp.moveaxis(a, 0, 1).reshape(b, s, kv, dh)
@@ -177,10 +187,117 @@ def _flash(q, k, v, segment_ids, causal: bool, block: int):
   return _flash_fwd(q, k, v, segment_ids, causal, block)[0]
 
 
+def _paired(causal: bool, t: int, s: int, block: int) -> bool:
+  """Causal self-attention over an even number (>= 2) of blocks: the paired schedule."""
+  return causal and t == s and (t // block) % 2 == 0
+
+
+def _pair_schedule(nb: int):
+  """Static causal schedule: pair p holds query blocks p and nb-1-p, which see p+1 and nb-p
+  key blocks — nb+1 tiles for every pair, so a loop of nb+1 steps computes exactly the
+  nb(nb+1)/2 causal tiles (not nb^2). Returns (first [nb/2, nb+1] bool: the tile is query
+  block p's, key [nb/2, nb+1] int: its key block)."""
+  j = np.arange(nb + 1)[None, :]
+  p = np.arange(nb // 2)[:, None]
+  first = j <= p
+  return jnp.asarray(first), jnp.asarray(np.where(first, j, j - p - 1), jnp.int32)
+
+
+def _pair_args(nb: int, *blocked):
+  """(pair-major low halves, high halves) of arrays blocked along axis 0 (None passes)."""
+  lo, hi = np.arange(nb // 2), nb - 1 - np.arange(nb // 2)
+  return [None if a is None else (a[lo], a[hi]) for a in blocked]
+
+
+def _unpair(lo, hi):
+  """Blocks [nb/2] of the low queries and [nb/2] of the high ones -> blocks in order."""
+  return jnp.concatenate([lo, hi[::-1]], axis=0)
+
+
+def _flash_fwd_pairs(q, k, v, segment_ids, block):
+  """Causal forward on the paired schedule (:func:`_pair_schedule`): one loop of nb+1 key
+  tiles per pair of query blocks, each step folding one tile into the state it belongs to."""
+  b, t, kv, dh = k.shape
+  nb = t // block
+  qg = group_queries(q, kv)
+  kb = k.reshape(b, nb, block, kv, dh).astype(jnp.float32)
+  vb = v.reshape(b, nb, block, kv, dh).astype(jnp.float32)
+  kp = jnp.arange(t).reshape(nb, block)
+  ks = None if segment_ids is None else segment_ids.reshape(b, nb, block)
+  first, key = _pair_schedule(nb)
+  (qa, qb), (pa, pb), seg = _pair_args(nb, _query_blocks(qg, 1, block), kp,
+                                       _query_blocks(segment_ids, 1, block))
+
+  def pair(args):
+    qa, qb, pa, pb, sa, sb, first_p, key_p = args
+
+    @jax.checkpoint  # as in attend_blocks: remat of the layer must not keep each tile's mask
+    def step(carry, x):
+      f, i = x
+      pick = lambda u, w: jax.tree.map(lambda a, c: jnp.where(f, a, c), u, w)
+      vis = visible(pick(pa, pb), kp[i], None if sa is None else pick(sa, sb),
+                    None if ks is None else ks[:, i], True)[:, :, None]
+      new = _fold_block(pick(*carry), pick(qa, qb), kb[:, i], vb[:, i], vis)
+      return (pick(new, carry[0]), pick(carry[1], new)), None
+    (st_a, st_b), _ = jax.lax.scan(step, (softmax_init(qa), softmax_init(qb)),
+                                   (first_p, key_p))
+    return ((softmax_finish(st_a, q.dtype), softmax_lse(st_a)),
+            (softmax_finish(st_b, q.dtype), softmax_lse(st_b)))
+  sa, sb = seg if seg is not None else (None, None)
+  (oa, la), (ob, lb) = jax.lax.map(pair, (qa, qb, pa, pb, sa, sb, first, key))
+  out, lse = _join_blocks(_unpair(oa, ob), 1), _join_blocks(_unpair(la, lb), 3)
+  return out, (q, k, v, segment_ids, out, lse)
+
+
+def _flash_bwd_pairs(block, res, do):
+  """Causal backward on the paired schedule: per pair of query blocks one loop of nb+1 key
+  tiles accumulating both blocks' dq; each tile's dk, dv is added into its key block."""
+  q, k, v, segment_ids, out, lse = res
+  b, t, kv, dh = k.shape
+  nb = t // block
+  do_g, delta = grouped_cotangents(out, do, kv)
+  kb = k.reshape(b, nb, block, kv, dh).astype(jnp.float32)
+  vb = v.reshape(b, nb, block, kv, dh).astype(jnp.float32)
+  kp = jnp.arange(t).reshape(nb, block)
+  ks = None if segment_ids is None else segment_ids.reshape(b, nb, block)
+  first, key = _pair_schedule(nb)
+  qs, dos, lses, deltas, ps, seg = _pair_args(
+      nb, _query_blocks(group_queries(q, kv), 1, block), _query_blocks(do_g, 1, block),
+      _query_blocks(lse, 3, block), _query_blocks(delta, 3, block), kp,
+      _query_blocks(segment_ids, 1, block))
+
+  def pair(carry, args):
+    (qa, qb), (doa, dob), (la, lb), (da, db), (pa, pb), (sa, sb), first_p, key_p = args
+
+    def step(dqs, x):
+      f, i = x
+      pick = lambda u, w: jnp.where(f, u, w)
+      vis = visible(pick(pa, pb), kp[i], None if sa is None else pick(sa, sb),
+                    None if ks is None else ks[:, i], True)[:, :, None]
+      dq_i, dk_i, dv_i = _block_grad(pick(qa, qb), kb[:, i], vb[:, i], pick(doa, dob),
+                                     pick(la, lb), pick(da, db), vis)
+      return (dqs[0] + pick(dq_i, 0.0), dqs[1] + pick(0.0, dq_i)), (dk_i, dv_i)
+    (dqa, dqb), (dks, dvs) = jax.lax.scan(step, (jnp.zeros_like(qa), jnp.zeros_like(qb)),
+                                          (first_p, key_p))
+    dk_acc = carry[0].at[:, key_p].add(jnp.moveaxis(dks, 0, 1))
+    dv_acc = carry[1].at[:, key_p].add(jnp.moveaxis(dvs, 0, 1))
+    return (dk_acc, dv_acc), (dqa, dqb)
+  zeros = jnp.zeros_like(kb)
+  seg = seg if seg is not None else (None, None)
+  (dk, dv), (dqa, dqb) = jax.lax.scan(pair, (zeros, zeros),
+                                      (qs, dos, lses, deltas, ps, seg, first, key))
+  dq = ungroup_dq(_join_blocks(_unpair(dqa, dqb), 1), q)
+  return (dq, dk.reshape(k.shape).astype(k.dtype), dv.reshape(v.shape).astype(v.dtype), None)
+
+
 def _flash_fwd(q, k, v, segment_ids, causal, block):
   """Query blocks one at a time (``lax.map``), each folding every key block: the largest
-  temporary is one [block, block] score tile per head, not [T, block]."""
+  temporary is one [block, block] score tile per head, not [T, block]. Causal
+  self-attention over an even number of blocks takes the paired schedule instead, which
+  skips the fully masked tiles (:func:`_pair_schedule`)."""
   t, s = q.shape[1], k.shape[1]
+  if _paired(causal, t, s, block):
+    return _flash_fwd_pairs(q, k, v, segment_ids, block)
   qg = group_queries(q, k.shape[2])
 
   def one(args):
@@ -198,6 +315,8 @@ def _flash_fwd(q, k, v, segment_ids, causal, block):
 def _flash_bwd(causal, block, res, do):
   q, k, v, segment_ids, out, lse = res
   t, s = q.shape[1], k.shape[1]
+  if _paired(causal, t, s, block):
+    return _flash_bwd_pairs(block, res, do)
   do_g, delta = grouped_cotangents(out, do, k.shape[2])
 
   def one(carry, args):

@@ -222,6 +222,15 @@ def capacity_positions(expert_ids: jax.Array, num_experts: int) -> jax.Array:
   return position.reshape(k, n).T
 
 
+def swiglu_experts(buf: jax.Array, wi_gate: jax.Array, wi_up: jax.Array, wo: jax.Array
+                   ) -> jax.Array:
+  """Every expert's SwiGLU on its own slots: ``buf`` [E, C, D] -> [E, C, D] (batched matmuls,
+  exactly E*C rows of FLOPs; an all-zero slot gives zeros)."""
+  gate = jnp.einsum("ecd,edf->ecf", buf, wi_gate)
+  up = jnp.einsum("ecd,edf->ecf", buf, wi_up)
+  return jnp.einsum("ecf,efd->ecd", nn.silu(gate) * up, wo)
+
+
 def _dispatch_capacity(x, expert_ids, wi_gate, wi_up, wo, capacity: int
                        ) -> tuple[jax.Array, jax.Array]:
   """Per-assignment outputs ``[N, k, D]`` (zero where dropped) and the kept mask ``[N, k]``.
@@ -242,10 +251,7 @@ def _dispatch_capacity(x, expert_ids, wi_gate, wi_up, wo, capacity: int
   slot = jnp.where(keep, flat_ids * capacity + position, dropped_slot)
   token = jnp.tile(jnp.arange(n), k)
   buf = jnp.zeros((num_experts * capacity, d), x.dtype).at[slot].add(x[token], mode="drop")
-  buf = buf.reshape(num_experts, capacity, d)
-  gate = jnp.einsum("ecd,edf->ecf", buf, wi_gate)
-  up = jnp.einsum("ecd,edf->ecf", buf, wi_up)
-  out = jnp.einsum("ecf,efd->ecd", nn.silu(gate) * up, wo).reshape(-1, d)
+  out = swiglu_experts(buf.reshape(num_experts, capacity, d), wi_gate, wi_up, wo).reshape(-1, d)
   per_assign = jnp.where(keep[:, None], out[jnp.where(keep, slot, 0)], 0)
   per_assign = per_assign.reshape(k, n, d).transpose(1, 0, 2)
   return per_assign, keep.reshape(k, n).T

@@ -7,8 +7,10 @@ dense parts, as in VeOmni). Per MoE layer, inside ``jax.shard_map``:
 1. each (token, slot) assignment is given a slot in a send buffer ``[ep, C, D]`` keyed by
    the device owning its expert (stable order, so priority is token order);
 2. all-to-all over ``expert``: every device receives the tokens for its own experts;
-3. the plain dispatch runs on the received tokens with local expert ids (empty slots carry
-   zero weight);
+3. the experts run on the received tokens: ``dropless`` through the plain dispatch with
+   local expert ids (empty slots carry zero weight); ``capacity`` as batched matmuls over the
+   ``[E/ep, ep * c, D]`` slots, which arrive grouped by expert (exact FLOPs: no ragged
+   matmul, whose XLA:CPU lowering multiplies the FLOPs and the buffers by E/ep);
 4. all-to-all back, and each token combines its k expert outputs with its gates.
 
 ``C`` per (source, destination) pair: for ``dropless`` every assignment fits (C = local
@@ -31,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from omni_jax.models.moe import capacity_positions, moe_dispatch
+from omni_jax.models.moe import capacity_positions, moe_dispatch, swiglu_experts
 from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
 
 EXPERT = "expert"
@@ -84,10 +86,15 @@ def ep_moe_dispatch(mesh) -> Callable:
       a2a = lambda v: jax.lax.all_to_all(v.reshape(ep, cap, *v.shape[1:]), EXPERT, 0, 0,
                                          tiled=True).reshape(ep * cap, *v.shape[1:])
       recv, recv_e = a2a(send), a2a(send_e)
-      valid = recv_e >= 0
-      y, _ = moe_dispatch.default(recv, jnp.maximum(recv_e, 0)[:, None],
-                                  valid[:, None].astype(jnp.float32), wg, wu, wo_,
-                                  impl="dropless", capacity=None)
+      if impl == "dropless":
+        valid = recv_e >= 0
+        y, _ = moe_dispatch.default(recv, jnp.maximum(recv_e, 0)[:, None],
+                                    valid[:, None].astype(jnp.float32), wg, wu, wo_,
+                                    impl="dropless", capacity=None)
+      else:  # slots arrive grouped [source, local expert, c]: batched matmuls per expert
+        grouped = recv.reshape(ep, e_loc, c, d).transpose(1, 0, 2, 3).reshape(e_loc, ep * c, d)
+        y = swiglu_experts(grouped, wg, wu, wo_).reshape(e_loc, ep, c, d).transpose(
+            1, 0, 2, 3).reshape(ep * cap, d)
       back = a2a(y)                                         # outputs for what we sent
       out = jnp.where(keep[:, None], back[jnp.where(keep, where, 0)], 0).reshape(n, k, d)
       yt = jnp.einsum("nkd,nk->nd", out.astype(jnp.float32), gf.astype(jnp.float32))

@@ -39,7 +39,13 @@ def sequence_memory_check(config, seq_len: int, n: int = 8, block: int = 256) ->
   from omni_jax.parallel import mesh as mesh_lib
   from omni_jax.train.checkpoint import abstract_like
   from omni_jax.train.loop import create_state, make_train_step
-  from omni_jax.train.omni import make_loss_fn, parallel_op_names, state_sharding, validate
+  from omni_jax.train.omni import (
+    make_loss_fn,
+    parallel_op_names,
+    recipe_name,
+    state_sharding,
+    validate,
+  )
   from omni_jax.train.optim import make_optimizer
 
   cfg = config.copy_and_resolve_references()
@@ -60,7 +66,7 @@ def sequence_memory_check(config, seq_len: int, n: int = 8, block: int = 256) ->
                        (f"sequence_{n}", mesh_lib.make_mesh({"sequence": n},
                                                            jax.devices()[:n]))):
       state, shardings = create_state(lambda k: model.init(k, host_batch)["params"], tx, 0,
-                                      state_sharding(mesh))
+                                      state_sharding(mesh, recipe_name(cfg)))
       batch = mesh_lib.put_batch(mesh, host_batch)
       step = jax.jit(make_train_step(make_loss_fn(spec, model, mesh, parallel_op_names(cfg)),
                                      tx), donate_argnums=0,

@@ -1,6 +1,28 @@
 """What ``experiments.scale_plan`` computes per candidate layout, importable: compile the train
-step of a large config on emulated devices, read per-device memory, predict tokens/s/GPU at an
-assumed MFU (modelled, not measured), and plot the plan."""
+step of a large config on emulated devices, read per-device memory, and predict the step time
+from the compiled program with a roofline on H100 numbers (modelled, not measured), and plot
+the plan.
+
+Roofline (:func:`roofline`), per device and step, from :func:`omni_jax.parallel.hlo_cost.analyze`
+of the compiled HLO (loops counted):
+
+* ``compute_s`` = dot / convolution FLOPs / 989e12 (H100 SXM, bf16 dense peak);
+* ``memory_s`` = HBM bytes of the kernels / 3.35e12 (H100 SXM HBM3), the blockwise-attention
+  block loops counted as one fused flash kernel each;
+* ``network_s`` = ring-model wire bytes of each collective / the bandwidth of its link: 360 GB/s
+  when its group lies in one node of 8 GPUs (NVLink 4: 450 GB/s per direction, ~80% reached
+  by NCCL), 40 GB/s when it spans nodes (one 400 Gb/s NDR InfiniBand NIC per GPU = 50 GB/s,
+  ~80% reached). Device ids are partition ids, node = id // 8 (a mesh laid out with its last
+  axes inside a node, as ``jax.make_mesh`` does on GPUs);
+* overlap: compute and HBM traffic overlap (the slower one counts); all-gathers and
+  reduce-scatters (the ZeRO parameter gathers and gradient scatters, which do not depend on
+  the layer's own compute and are prefetched) overlap with them; all-reduces, all-to-alls
+  and collective-permutes (activations on the critical path: Ulysses, expert dispatch, ring,
+  Megatron) do not: ``step_s = max(compute_s, memory_s, overlapped network) + exposed
+  network``.
+
+``predicted_tokens_per_sec_per_gpu`` = tokens per step / devices / ``step_s``.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +30,94 @@ import time
 
 GB = 1e9
 SEED_TOKENS_PER_SEC_PER_GPU = 2800.0   # OmniScale / VeOmni: 30B omni MoE, 128 GPUs, 160K
+H100 = {
+    "peak_flops_per_s": 989e12,        # H100 SXM, dense bf16
+    "hbm_bytes_per_s": 3.35e12,        # H100 SXM, HBM3
+    "nvlink_bytes_per_s": 360e9,       # 450 GB/s per direction (NVLink 4) x ~0.8 reached
+    "network_bytes_per_s": 40e9,       # 400 Gb/s NDR IB per GPU = 50 GB/s x ~0.8 reached
+    "gpus_per_node": 8,
+}
+OVERLAPPED_KINDS = ("all-gather", "reduce-scatter")  # ZeRO traffic, prefetched
+ATTENTION_LOOP_SCOPE = "/attn/"   # op_name of the blockwise-attention block loops
 
 
-def plan_layout(config, text: str, spec, model, tx, mfu: float) -> dict:
-  """Compiles the train step for one layout; returns its row of the report."""
+def roofline(cost: dict, hw: dict = H100) -> dict:
+  """Step-time terms (seconds) of a per-device ``cost`` (``flops``, ``hbm_bytes``, ``network``:
+  entries with ``kind``, ``inter_node``, ``wire_bytes``) on hardware ``hw``; see the module
+  docstring for the overlap model."""
+  compute_s = cost["flops"] / hw["peak_flops_per_s"]
+  memory_s = cost["hbm_bytes"] / hw["hbm_bytes_per_s"]
+  overlapped = exposed = 0.0
+  for c in cost["network"]:
+    bw = hw["network_bytes_per_s"] if c["inter_node"] else hw["nvlink_bytes_per_s"]
+    if c["kind"] in OVERLAPPED_KINDS:
+      overlapped += c["wire_bytes"] / bw
+    else:
+      exposed += c["wire_bytes"] / bw
+  terms = {"compute": compute_s, "memory": memory_s, "network": overlapped}
+  return {"compute_s": compute_s, "memory_s": memory_s, "network_s": overlapped + exposed,
+          "network_overlapped_s": overlapped, "network_exposed_s": exposed,
+          "step_s": max(terms.values()) + exposed,
+          "bound_by": max(terms, key=terms.get)}
+
+
+def split_recipe(text: str, default: str = "omni") -> tuple[str, str]:
+  """'omni_zero3:expert=8+fsdp=2+sequence=8' -> ('omni_zero3', 'expert=8+...'); no prefix:
+  ``default`` (config.parallel.recipe). An unknown recipe is an error naming the known ones."""
+  from omni_jax.parallel.recipes import RECIPES
+  recipe, _, body = text.rpartition(":")
+  recipe = recipe or default
+  if recipe not in RECIPES:
+    raise ValueError(f"layout {text!r}: unknown recipe {recipe!r}; registered: {RECIPES.names()}")
+  return recipe, body
+
+
+def prediction(cost: dict, tokens_per_step: int, devices: int, flops_per_token: float,
+               hw: dict = H100) -> dict:
+  """A layout's modelled throughput from its per-device compiled ``cost``: the summary keys
+  ``compiled``, ``roofline``, ``predicted_tokens_per_sec_per_gpu`` (modelled) and
+  ``roofline_mfu`` (model FLOPs at that speed over the peak)."""
+  roof = roofline(cost, hw)
+  tps = tokens_per_step / devices / roof["step_s"]
+  keys = ("flops", "hbm_bytes", "network", "while_loops", "loops_without_trip_count",
+          "unparsed_groups")
+  return {"compiled": {k: cost[k] for k in keys if k in cost},
+          "roofline": roof, "predicted_tokens_per_sec_per_gpu": tps,
+          "roofline_mfu": flops_per_token * tps / hw["peak_flops_per_s"]}
+
+
+def node_axes(mesh_cfg: dict[str, int], per_node: int) -> list[str]:
+  """The axes (size > 1) whose groups lie inside one node under :func:`placed_mesh`."""
+  out, inner = [], 1
+  for a in reversed([a for a, n in mesh_cfg.items() if n > 1]):
+    inner *= mesh_cfg[a]
+    if inner > per_node or per_node % inner:
+      break
+    out.append(a)
+  return out[::-1]
+
+
+def placed_mesh(mesh_cfg: dict[str, int], devices):
+  """The mesh of ``mesh_cfg`` whose devices are placed in the order the layout names its
+  axes, outermost first: the last-named axes take consecutive device ids, i.e. fill a node
+  ('fsdp=2+sequence=8+expert=8': each expert group is 8 GPUs of one node, each sequence
+  group spans 8 nodes). Axes keep the mesh's own order (``MESH_AXES``)."""
+  import numpy as np
+  from jax.sharding import AxisType, Mesh
+
+  from omni_jax.parallel import mesh as mesh_lib
+  sizes = mesh_lib.mesh_shape(mesh_cfg, len(devices))
+  physical = [a for a in mesh_cfg] + [a for a in mesh_lib.MESH_AXES if a not in mesh_cfg]
+  ids = np.arange(len(devices)).reshape([sizes[a] for a in physical])
+  ids = ids.transpose([physical.index(a) for a in mesh_lib.MESH_AXES])
+  return Mesh(np.asarray(devices, dtype=object)[ids], mesh_lib.MESH_AXES,
+              axis_types=(AxisType.Auto,) * len(mesh_lib.MESH_AXES))
+
+
+def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | None = None
+                ) -> dict:
+  """Compiles the train step for one layout; returns its row of the report. ``text``:
+  ``[recipe:]axis=size+...[@op]``; ``hlo_path``: also write the compiled HLO text there."""
   import jax
   from jax.sharding import NamedSharding
 
@@ -20,12 +126,13 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float) -> dict:
   from omni_jax.parallel import layout
   from omni_jax.parallel import mesh as mesh_lib
   from omni_jax.train.loop import TrainState, make_train_step
-  from omni_jax.train.omni import make_loss_fn, parallel_op_names, state_sharding
+  from omni_jax.train.omni import make_loss_fn, parallel_op_names, recipe_name, state_sharding
 
-  mesh_cfg, op_override = layout.parse_layout(text)
+  recipe, body = split_recipe(text, recipe_name(config))
+  mesh_cfg, op_override = layout.parse_layout(body)
   op_names = {**parallel_op_names(config), **op_override}
   layout.op_names("omni", op_names)
-  mesh = mesh_lib.make_mesh(mesh_cfg)
+  mesh = placed_mesh(mesh_cfg, jax.devices())
   seq_len = config.data.seq_len
   batch_size = mesh_lib.batch_divisor(mesh)        # one sequence per batch shard
   shapes = batch_shapes(spec, batch_size, seq_len)
@@ -38,7 +145,7 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float) -> dict:
     params = model.init(key, host)["params"]
     return TrainState(jax.numpy.zeros((), jax.numpy.int32), params, tx.init(params))
   abstract = jax.eval_shape(init, jax.random.PRNGKey(0), host)
-  shardings = state_sharding(mesh)(abstract)
+  shardings = state_sharding(mesh, recipe)(abstract)
   state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                        abstract, shardings)
   step = jax.jit(make_train_step(make_loss_fn(spec, model, mesh, op_names), tx),
@@ -46,6 +153,12 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float) -> dict:
   t0 = time.perf_counter()
   compiled = step.lower(state, batch).compile()
   compile_s = time.perf_counter() - t0
+  if hlo_path:
+    with open(hlo_path, "w") as f:
+      f.write(compiled.as_text())
+  from omni_jax.parallel import hlo_cost
+  cost = hlo_cost.analyze(compiled.as_text(), H100["gpus_per_node"], ATTENTION_LOOP_SCOPE,
+                         [d.id for d in mesh.devices.flat])
   mem = compiled.memory_analysis()
   per_device = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
                 - mem.alias_size_in_bytes)
@@ -57,16 +170,19 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float) -> dict:
   # skips the masked half does half of that term.
   causal_saving = 0.5 * 3 * 2 * 2 * seq_len * bb.num_heads * bb.head_dim * bb.num_layers
   return {
-      "name": text, "mesh": {a: mesh.shape[a] for a in mesh_lib.MESH_AXES},
+      "name": text, "recipe": recipe, "mesh": {a: mesh.shape[a] for a in mesh_lib.MESH_AXES},
+      "node_axes": node_axes(mesh_cfg, H100["gpus_per_node"]),
       "ops": op_names, "global_batch_sequences": batch_size, "tokens_per_step": tokens,
       "per_device_bytes": int(per_device),
       "argument_bytes": int(mem.argument_size_in_bytes),
       "temp_bytes": int(mem.temp_size_in_bytes),
       "fits_80gb": per_device <= 80 * GB, "fits_141gb": per_device <= 141 * GB,
       "flops_per_token": flops_per_token,
-      "predicted_tokens_per_sec_per_gpu": mfu * peak / flops_per_token,
+      **prediction(cost, tokens, mesh.size, flops_per_token),
+      # the previous estimate, for comparison: an assumed MFU of the model FLOPs
+      "tokens_per_sec_per_gpu_at_mfu": mfu * peak / flops_per_token,
       "flops_per_token_causal": flops_per_token - causal_saving,
-      "predicted_tokens_per_sec_per_gpu_causal": mfu * peak / (flops_per_token - causal_saving),
+      "tokens_per_sec_per_gpu_at_mfu_causal": mfu * peak / (flops_per_token - causal_saving),
       "compile_s": compile_s,
   }
 
@@ -101,7 +217,7 @@ def plot_plan(rows, path, mfu: float):
   b.axhline(SEED_TOKENS_PER_SEC_PER_GPU, color="k", ls="--", lw=0.8)
   b.text(len(rows) - 0.5, SEED_TOKENS_PER_SEC_PER_GPU, "seed: 2,800", va="bottom", ha="right",
          fontsize=8)
-  b.set_ylabel(f"predicted tokens/s/GPU at MFU {mfu:.2f}")
+  b.set_ylabel("modelled tokens/s/GPU (roofline, H100)")
   for ax in (a, b):
     ax.set_xticks(x, [r["name"] for r in rows], rotation=25, ha="right", fontsize=7)
     ax.grid(alpha=0.3, axis="y")

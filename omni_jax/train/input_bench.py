@@ -17,7 +17,13 @@ import numpy as np
 from omni_jax.models.omni import OmniModel
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.train.loop import create_state, make_train_step
-from omni_jax.train.omni import make_layout_mesh, make_loss_fn, parallel_op_names, state_sharding
+from omni_jax.train.omni import (
+    make_layout_mesh,
+    make_loss_fn,
+    parallel_op_names,
+    recipe_name,
+    state_sharding,
+)
 from omni_jax.train.optim import make_optimizer
 
 
@@ -48,7 +54,7 @@ def measure_step(config, spec, stream, host_batch: dict[str, np.ndarray], steps:
   tx = make_optimizer(config.optim, config.train.steps)  # the run's own schedule
   loss_fn = make_loss_fn(spec, model, mesh, parallel_op_names(config))
   state, shardings = create_state(lambda k: model.init(k, host_batch)["params"], tx, 0,
-                                  state_sharding(mesh))
+                                  state_sharding(mesh, recipe_name(config)))
   step_fn = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0,
                     out_shardings=(shardings, mesh_lib.replicated(mesh, 0)))
   batch = mesh_lib.put_batch(mesh, host_batch)

@@ -158,6 +158,12 @@ def parallel_op_names(config) -> dict[str, str]:
     raise ConfigError(f"config.parallel: {e}") from None
 
 
+def recipe_name(config) -> str:
+  """``config.parallel.recipe`` (default ``omni``): places the state and names the ops."""
+  par = dict(config.parallel) if "parallel" in config else {}
+  return par.get("recipe", "omni") or "omni"
+
+
 def pipeline_microbatches(config) -> int:
   """``config.parallel.pipeline_microbatches`` (GPipe microbatches; default 4)."""
   par = dict(config.parallel) if "parallel" in config else {}
@@ -217,7 +223,7 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   op_names = parallel_op_names(config)
   layout_ops = layout.ops(mesh, op_names, micro)
   loss_fn = make_loss_fn(spec, model, mesh, op_names, micro)
-  param_sharding = state_sharding(mesh)
+  param_sharding = state_sharding(mesh, recipe_name(config))
   abstract_params = jax.eval_shape(init_params, jax.random.PRNGKey(0))
   params_total, params_active = count_params(spec, abstract_params)
   tokens_per_step = stream.batch_size * stream.seq_len

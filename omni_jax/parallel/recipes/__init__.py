@@ -6,10 +6,19 @@ A :class:`Recipe` (one per model family, in ``RECIPES``) holds an ordered list o
 ``tensor`` (``megatron``) and ``pipeline`` (``gpipe``); ``config.parallel`` may override
 an op by name. A rule gives, for every dimension of the matching parameter, the mesh axis
 it is split over (or ``None``), or one of two shorthands: ``FSDP`` (split the largest
-dimension divisible by the ``fsdp`` axis) and ``REPLICATE``. The same rules place the
+dimension divisible by the ZeRO group) and ``REPLICATE``. The same rules place the
 optimizer state (its moments mirror the parameter paths) — MaxText's logical-axis rules and
 VeOmni's parallel plans in one table. Switching layout is a change of ``config.mesh``: the
 rules stay, axes of size 1 drop out.
+
+ZeRO group (``Recipe.zero_axes``): the mesh axes that ``"fsdp"`` in a rule (and the ``FSDP``
+shorthand) stands for. ``("fsdp",)`` shards parameters, gradients and Adam moments over the
+``fsdp`` axis only; ``("fsdp", "expert", "sequence")`` (the ``omni_zero3`` recipe) shards
+them over the whole data-parallel group — VeOmni treats sequence-parallel ranks as FSDP
+ranks — and in a rule that already names one of those axes (routed experts over
+``expert``) the others stand in (experts over ``expert`` x ``fsdp`` x ``sequence``, VeOmni's
+EP x EP-FSDP). A dimension not divisible by the whole group is split over the longest
+leading part of it that divides, and a note says so.
 
 :func:`resolve` turns rules into ``NamedSharding``s for a pytree and reports every place a
 rule could not be applied as written (a dimension not divisible by its axis is kept whole),
@@ -19,6 +28,7 @@ so nothing is dropped silently.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -30,6 +40,7 @@ from omni_jax.registry import Registry
 
 FSDP = "fsdp-largest-dim"
 REPLICATE = "replicate"
+ZERO_AXES_ALLOWED = ("fsdp", "expert", "sequence")  # the data-parallel axes that may shard state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +65,13 @@ OP_CHOICES = {
 class Recipe:
   rules: tuple[Rule, ...]
   ops: tuple[tuple[str, str], ...]      # (seam, op name) pairs, see OP_CHOICES
+  zero_axes: tuple[str, ...] = ("fsdp",)  # what "fsdp" in a rule stands for (ZeRO group)
+
+  def __post_init__(self):
+    bad = [a for a in self.zero_axes if a not in ZERO_AXES_ALLOWED]
+    if bad or not self.zero_axes or "fsdp" not in self.zero_axes:
+      raise ValueError(f"Recipe.zero_axes = {self.zero_axes}: must include 'fsdp' and name only "
+                       f"{ZERO_AXES_ALLOWED}")
 
   def op_names(self, overrides: dict[str, str] | None = None) -> dict[str, str]:
     """The recipe's op per seam, with ``overrides`` (e.g. from config.parallel) applied."""
@@ -83,22 +101,55 @@ def path_str(path) -> str:
   return "/".join(parts)
 
 
-def _spec(rule: Rule, path: str, shape: tuple[int, ...], mesh, notes: list[str]) -> P:
+def _group(axes, dim: int, mesh) -> tuple[str, ...]:
+  """The longest leading part of ``axes`` (sizes > 1) whose product divides ``dim``."""
+  axes = tuple(a for a in axes if mesh.shape[a] > 1)
+  while axes and dim % math.prod(mesh.shape[a] for a in axes):
+    axes = axes[:-1]
+  return axes
+
+
+def _fmt(axes, mesh) -> str:
+  return "x".join(f"{a}={mesh.shape[a]}" for a in axes)
+
+
+def _entry(axes: tuple[str, ...]):
+  return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
+def _spec(rule: Rule, path: str, shape: tuple[int, ...], mesh, notes: list[str],
+          zero_axes: tuple[str, ...] = ("fsdp",)) -> P:
   if rule.placement == REPLICATE or not shape:
     return P()
   if rule.placement == FSDP:
-    n = mesh.shape["fsdp"]
+    want = tuple(a for a in zero_axes if mesh.shape[a] > 1)
+    if not want:
+      return P(*[None] * len(shape))
     dims = sorted(range(len(shape)), key=lambda i: -shape[i])
-    for i in dims:
-      if n == 1 or shape[i] % n == 0:
-        return P(*[("fsdp" if j == i and n > 1 else None) for j in range(len(shape))])
-    notes.append(f"{path} {shape}: no dimension divisible by fsdp={n}; replicated")
-    return P()
+    # the largest dimension the whole group divides; else the one the largest part divides
+    best = max(dims, key=lambda i: math.prod(mesh.shape[a] for a in _group(want, shape[i],
+                                                                            mesh)))
+    got = _group(want, shape[best], mesh)
+    if got != want:
+      notes.append(f"{path} {shape}: no dimension divisible by {_fmt(want, mesh)}; "
+                   + (f"split over {_fmt(got, mesh)} only" if got else "replicated"))
+    if not got:
+      return P()
+    return P(*[_entry(got) if j == best else None for j in range(len(shape))])
   if len(rule.placement) != len(shape):
     raise ValueError(f"recipe rule {rule.pattern!r} gives {len(rule.placement)} placements but "
                      f"{path} has shape {shape}")
+  named = {a for a in rule.placement if a and a != "fsdp"}
   out = []
   for dim, axis in zip(shape, rule.placement, strict=True):
+    if axis == "fsdp":  # the ZeRO group, less any axis the rule names elsewhere
+      want = tuple(a for a in zero_axes if a not in named and mesh.shape[a] > 1)
+      got = _group(want, dim, mesh)
+      if got != want:
+        notes.append(f"{path} {shape}: dim {dim} not divisible by {_fmt(want, mesh)}; "
+                     + (f"split over {_fmt(got, mesh)} only" if got else "kept whole"))
+      out.append(_entry(got))
+      continue
     size = mesh.shape[axis] if axis else 1
     if axis and size > 1 and dim % size:
       notes.append(f"{path} {shape}: dim {dim} not divisible by {axis}={size}; kept whole")
@@ -110,7 +161,9 @@ def _spec(rule: Rule, path: str, shape: tuple[int, ...], mesh, notes: list[str])
 def resolve(rules, tree: Any, mesh) -> tuple[Any, list[str]]:
   """``NamedSharding`` per leaf of ``tree`` (arrays or ShapeDtypeStructs) + notes.
 
-  ``rules`` is a :class:`Recipe` or a sequence of :class:`Rule`."""
+  ``rules`` is a :class:`Recipe` (its ``zero_axes`` apply) or a sequence of :class:`Rule`
+  (ZeRO over ``fsdp`` only)."""
+  zero_axes = rules.zero_axes if isinstance(rules, Recipe) else ("fsdp",)
   rules = rules.rules if isinstance(rules, Recipe) else rules
   notes: list[str] = []
 
@@ -118,7 +171,8 @@ def resolve(rules, tree: Any, mesh) -> tuple[Any, list[str]]:
     p = path_str(path)
     for rule in rules:
       if rule.matches(p):
-        return NamedSharding(mesh, _spec(rule, p, tuple(leaf.shape), mesh, notes))
+        return NamedSharding(mesh, _spec(rule, p, tuple(leaf.shape), mesh, notes,
+                                         zero_axes))
     raise ValueError(f"no recipe rule matches parameter {p}; add one (a final '.*' rule "
                      "catches everything)")
   return jax.tree_util.tree_map_with_path(place, tree), notes

@@ -12,6 +12,10 @@ Shapes (``U`` = scanned units): attention ``q/k/v`` kernels ``[U, D, H, Dh]``, `
 * the backbone's leading unit axis: over ``pipeline`` (each stage holds its units);
 * encoders, norms, the rest: FSDP on the largest divisible dimension.
 
+``omni_zero3``: the same rules and ops with parameters, gradients and Adam moments sharded
+over ``fsdp`` x ``expert`` x ``sequence`` wherever these rules say ``fsdp`` (VeOmni: SP ranks
+are FSDP ranks; experts over EP x EP-FSDP); select it with ``config.parallel.recipe``.
+
 Ops: Ulysses attention over ``sequence`` (``ring`` selectable), all-to-all expert
 dispatch over ``expert``, Megatron attention / MLP over ``tensor``, GPipe over
 ``pipeline``.
@@ -48,3 +52,7 @@ OMNI_OPS = (
 )
 
 RECIPES.add("omni", Recipe(tuple(OMNI_RULES), OMNI_OPS))
+# ZeRO-3 over the whole data-parallel group: what the rules put on ``fsdp`` goes over
+# fsdp x expert x sequence (experts: over expert on E, fsdp x sequence on the model dim).
+RECIPES.add("omni_zero3", Recipe(tuple(OMNI_RULES), OMNI_OPS,
+                                 zero_axes=("fsdp", "expert", "sequence")))
