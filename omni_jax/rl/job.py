@@ -3,6 +3,7 @@ chunks, the measured compute / aggregation split, the returns plot and the summa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -96,13 +97,20 @@ def measure(run: runner.Run) -> dict:
   n = min(one.chunk, run.cfg.timing_iterations or one.chunk)
   _, compute_s = runner.timed(runner.chunk_fn(one, n), runner.init_state(one))
   compute_s /= n
-  agg_s = 0.0
+  agg_s, out = 0.0, {}
+  size = run.algo.num_params * run.cfg.seeds
   if run.aggregator.method != "none":
-    agg_s = time_aggregation(run.aggregator, run.mesh, run.algo.num_params * run.cfg.seeds)
-    agg_s *= run.algo.updates_per_iteration
-  return {"compute_s_per_iteration": compute_s, "aggregation_s_per_iteration": agg_s,
+    agg_s = time_aggregation(run.aggregator, run.mesh, size)
+  if run.aggregator.method in ("switch", "async"):
+    # the emulated switch against an all-reduce of the same gradient (same codec), same run
+    ring = dataclasses.replace(run.aggregator, method="allreduce", threshold=None, staleness=0)
+    allreduce_s = time_aggregation(ring, run.mesh, size)
+    out = {"allreduce_s_per_aggregation": allreduce_s,
+           "switch_over_allreduce": agg_s / allreduce_s}
+  return {"compute_s_per_iteration": compute_s,
+          "aggregation_s_per_iteration": agg_s * run.algo.updates_per_iteration,
           "updates_per_iteration": run.algo.updates_per_iteration,
-          "gradient_bytes": run.algo.num_params * 4 * run.cfg.seeds}
+          "gradient_bytes": size * 4} | out
 
 
 def measure_or_reuse(run: runner.Run, workdir: str, trained: bool) -> dict:
@@ -155,4 +163,5 @@ def summarize(run: runner.Run, records: list[dict], timing: dict, evaluation: di
           "eval_return": evaluation["eval_return"],
           "env_steps_per_sec": steps / chunk_s if chunk_s else float("nan"),
           "comm_fraction_measured": agg / (compute + agg) if compute + agg else 0.0,
-          "predicted": predicted}
+          "predicted": predicted} | ({"switch_over_allreduce": timing["switch_over_allreduce"]}
+                                     if "switch_over_allreduce" in timing else {})
