@@ -8,8 +8,8 @@ the caller's received slices land at ``all_to_all(output_offsets)[i]`` with
 
 Why two: XLA:CPU in jax 0.10 lowers ``ragged_all_to_all`` but fails at run time with
 UNIMPLEMENTED, so tests on emulated CPU devices run the emulation, which moves a padded
-``[K, operand rows, ...]`` buffer by a plain ``all_to_all`` and gathers / scatters the
-slices. GPU and TPU run the real op, which sends only the ``send_sizes`` rows.
+``[K, min(operand rows, output rows), ...]`` buffer by a plain ``all_to_all`` and gathers /
+scatters the slices. GPU and TPU run the real op, which sends only the ``send_sizes`` rows.
 ``impl="auto"`` picks the emulation on CPU, the real op elsewhere.
 """
 
@@ -32,13 +32,16 @@ def resolve_impl(impl: str) -> str:
 
 def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
                                recv_sizes, *, axis_name):
-  """``jax.lax.ragged_all_to_all`` by a padded ``all_to_all`` (every slice padded to the
-  operand's row count) plus a gather on the sender and a scatter on the receiver."""
+  """``jax.lax.ragged_all_to_all`` by a padded ``all_to_all`` plus a gather on the sender and
+  a scatter on the receiver. Every slice is padded to ``min(operand rows, output rows)``, the
+  most a slice can hold (it must fit the receiver's ``output``, the same shape everywhere),
+  so e.g. the expert-parallel return of ``n*k`` rows moves ``[ep, n*k, D]``, not more."""
   k = input_offsets.shape[0]
-  rows, cap = operand.shape[0], jnp.arange(operand.shape[0])
+  rows = min(operand.shape[0], output.shape[0])
+  cap = jnp.arange(rows)
   src = input_offsets[:, None] + cap[None, :]                       # [K, rows]
   sent = (cap[None, :] < send_sizes[:, None]).reshape(k, rows, *([1] * (operand.ndim - 1)))
-  buf = jnp.where(sent, operand[jnp.clip(src, 0, rows - 1)], 0)    # [K, rows, ...]
+  buf = jnp.where(sent, operand[jnp.clip(src, 0, operand.shape[0] - 1)], 0)  # [K, rows, ...]
   a2a = lambda v: jax.lax.all_to_all(v, axis_name, 0, 0, tiled=True)
   recv, out_off = a2a(buf), a2a(output_offsets)
   dst = out_off[:, None] + cap[None, :]

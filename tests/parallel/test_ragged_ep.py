@@ -85,3 +85,17 @@ def test_native_path_lowers_to_ragged_all_to_all_of_routed_rows():
   back = [ln for ln in ragged if re.search(rf"\(tensor<{4 * nk}x{D}xf32>, tensor<{nk}x{D}", ln)]
   assert fwd and back, ragged
   assert "stablehlo.all_to_all" in hlo                      # the count / offset exchange
+
+
+def test_cpu_emulation_moves_the_padded_paths_buffers():
+  # the emulation (auto on CPU) pads each slice to min(operand, output) rows, so both
+  # directions move [ep, n*k, D] like exchange="padded": CPU byte reports stay comparable
+  x, ids, gates, w = _inputs()
+  mesh = mesh_lib.make_mesh(dict(expert=4), jax.devices()[:4])
+  shapes = {}
+  for exchange, impl in (("ragged", "emulated"), ("padded", "auto")):
+    hlo = _loss(ep_moe_dispatch(mesh, exchange=exchange, ragged_impl=impl)).lower(
+        x, gates, w, ids).as_text()
+    shapes[exchange] = sorted(re.findall(r"stablehlo.all_to_all.*\((tensor<[^)]*xf32>)\)", hlo))
+  assert shapes["ragged"] == shapes["padded"] and shapes["ragged"], shapes
+  assert set(shapes["ragged"]) == {f"tensor<4x16x{D}xf32>"}, shapes
