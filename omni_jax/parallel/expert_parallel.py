@@ -45,7 +45,7 @@ from jax.sharding import PartitionSpec as P
 
 from omni_jax.models.moe import capacity_positions, moe_dispatch
 from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
-from omni_jax.parallel.ragged_exchange import ragged_all_to_all
+from omni_jax.parallel.ragged_exchange import ragged_all_to_all, resolve_impl
 
 EXCHANGES = ("ragged", "padded")
 
@@ -113,8 +113,10 @@ def ep_moe_dispatch(mesh, *, exchange: str = "ragged", ragged_impl: str = "auto"
   if exchange not in EXCHANGES:
     raise ValueError(f"ep_moe_dispatch: exchange = {exchange!r} is not allowed: one of "
                      f"{list(EXCHANGES)}")
-  if recv_factor is not None and not recv_factor > 0:
+  if recv_factor is not None and not (isinstance(recv_factor, (int, float))
+                                      and not isinstance(recv_factor, bool) and recv_factor > 0):
     raise ValueError(f"ep_moe_dispatch: recv_factor = {recv_factor!r} must be > 0 or None")
+  resolve_impl(ragged_impl)                               # fails now on a bad name
   ep = mesh.shape[EXPERT]
   tok_axes = (*BATCH_AXES, "sequence")
   n_shards = math.prod(mesh.shape[a] for a in tok_axes)

@@ -99,3 +99,14 @@ def test_cpu_emulation_moves_the_padded_paths_buffers():
     shapes[exchange] = sorted(re.findall(r"stablehlo.all_to_all.*\((tensor<[^)]*xf32>)\)", hlo))
   assert shapes["ragged"] == shapes["padded"] and shapes["ragged"], shapes
   assert set(shapes["ragged"]) == {f"tensor<4x16x{D}xf32>"}, shapes
+
+
+def test_bad_options_are_rejected():
+  mesh = mesh_lib.make_mesh(dict(expert=4), jax.devices()[:4])
+  with pytest.raises(ValueError, match="exchange = 'dense' is not allowed"):
+    ep_moe_dispatch(mesh, exchange="dense")
+  for bad in (0, -1.0, "2"):
+    with pytest.raises(ValueError, match="recv_factor"):
+      ep_moe_dispatch(mesh, recv_factor=bad)
+  with pytest.raises(ValueError, match="impl = 'fast' is not allowed"):
+    ep_moe_dispatch(mesh, ragged_impl="fast")
