@@ -13,8 +13,20 @@ dense parts, as in VeOmni). Per MoE layer, inside ``jax.shard_map``:
    matmul, whose XLA:CPU lowering multiplies the FLOPs and the buffers by E/ep);
 4. all-to-all back, and each token combines its k expert outputs with its gates.
 
-``C`` per (source, destination) pair: for ``dropless`` every assignment fits (C = local
-assignments, the worst case — a ragged all-to-all would send only what is used). For
+Dropless (``exchange="ragged"``, the default) sends exactly the routed tokens instead: the
+assignments are sorted by expert (hence by owning device), per-(destination, local expert)
+counts go out by a small all-to-all, and :func:`~omni_jax.parallel.ragged_exchange.
+ragged_all_to_all` moves ``send_sizes[d]`` rows to each device ``d``; the receiver runs its
+experts with ``jax.lax.ragged_dot`` on the received rows grouped by local expert and a
+second ragged all-to-all returns the outputs. The receive buffer is static: ``ep * n * k``
+rows (every source could route everything here), or ``ceil(recv_factor * n * k)`` rows if
+``recv_factor`` is set, in which case what does not fit is dropped and counted in
+``dropped_frac``. Allocated is the bound; sent is the routed rows (on CPU the emulation pads,
+see :mod:`~omni_jax.parallel.ragged_exchange`). ``docs/expert_parallel.md`` has the figures.
+
+``exchange="padded"`` keeps the earlier path, the comparison point: ``C`` per (source,
+destination) pair; for ``dropless`` every assignment fits (C = local assignments, the worst
+case, sent and computed in full). For
 ``capacity`` the buffers are sized by ``capacity_factor``: each of the destination's ``E/ep``
 experts gets ``c = ceil(C_e / shards)`` slots from every source shard, where ``C_e`` is the
 single-device capacity of the whole batch (:func:`~omni_jax.models.moe.moe_capacity`), so
@@ -35,6 +47,9 @@ from jax.sharding import PartitionSpec as P
 
 from omni_jax.models.moe import capacity_positions, moe_dispatch, swiglu_experts
 from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
+from omni_jax.parallel.ragged_exchange import ragged_all_to_all, resolve_impl
+
+EXCHANGES = ("ragged", "padded")
 
 EXPERT = "expert"
 
@@ -48,8 +63,62 @@ def _slots(dest: jax.Array, num_dest: int) -> jax.Array:
   return jnp.zeros_like(ranks).at[order].set(ranks, unique_indices=True)
 
 
-def ep_moe_dispatch(mesh) -> Callable:
-  """A ``moe_dispatch`` implementation with experts split over mesh axis ``expert``."""
+def _ragged_dropless(xf, idf, wg, wu, wo, *, ep, e_loc, k, recv_factor, impl):
+  """Per-assignment expert outputs ``[n*k, D]`` (token-major) and the kept mask, exchanging
+  only the routed rows (module docstring)."""
+  nk, d = idf.shape[0], xf.shape[1]
+  order = jnp.argsort(idf, stable=True)                  # grouped by expert, hence by device
+  xs = xf[order // k]                                    # [n*k, D]: exactly what is routed
+  counts = jnp.bincount(idf, length=ep * e_loc).astype(jnp.int32).reshape(ep, e_loc)
+  a2a = lambda v: jax.lax.all_to_all(v, EXPERT, 0, 0, tiled=True)
+  recv_counts = a2a(counts)                              # [source, local expert]
+  send_sizes, recv_sizes = counts.sum(1), recv_counts.sum(1)
+  in_off = jnp.cumsum(send_sizes) - send_sizes
+  recv_off = jnp.cumsum(recv_sizes) - recv_sizes         # source-major receive layout
+  out_off = a2a(recv_off)                                # where my rows land on each dest
+  m = ep * nk if recv_factor is None else min(ep * nk, max(1, math.ceil(recv_factor * nk)))
+  send_n = jnp.clip(m - out_off, 0, send_sizes)          # what fits the receive buffer
+  recv_n = jnp.clip(m - recv_off, 0, recv_sizes)
+  recv = ragged_all_to_all(xs, jnp.zeros((m, d), xs.dtype), in_off, send_n, out_off, recv_n,
+                           axis_name=EXPERT, impl=impl)
+  # local expert of each received row: per source, rows come grouped by local expert
+  ends = jnp.cumsum(recv_counts.reshape(-1))
+  r = jnp.arange(m)
+  valid = r < ends[-1]
+  local = jnp.where(valid, jnp.searchsorted(ends, r, side="right") % e_loc, e_loc)
+  lorder = jnp.argsort(local, stable=True)               # empty rows last, in no group
+  sizes = jnp.bincount(local, length=e_loc + 1)[:e_loc].astype(jnp.int32)
+  rows = recv[lorder]
+  h = jax.nn.silu(jax.lax.ragged_dot(rows, wg, sizes)) * jax.lax.ragged_dot(rows, wu, sizes)
+  y = jnp.zeros((m, d), xs.dtype).at[lorder].set(jax.lax.ragged_dot(h, wo, sizes),
+                                                 unique_indices=True)
+  y = jnp.where(valid[:, None], y, 0)
+  back = ragged_all_to_all(y, jnp.zeros((nk, d), y.dtype), recv_off, recv_n, a2a(in_off),
+                           send_n, axis_name=EXPERT, impl=impl)
+  dest = idf[order] // e_loc
+  kept = jnp.arange(nk) - in_off[dest] < send_n[dest]    # sorted order
+  out = jnp.zeros_like(back).at[order].set(back, unique_indices=True)
+  return out, jnp.zeros((nk,), bool).at[order].set(kept, unique_indices=True)
+
+
+def ep_moe_dispatch(mesh, *, exchange: str = "ragged", ragged_impl: str = "auto",
+                    recv_factor: float | None = None) -> Callable:
+  """A ``moe_dispatch`` implementation with experts split over mesh axis ``expert``.
+
+  ``exchange``: ``"ragged"`` (dropless sends only the routed rows) or ``"padded"`` (the
+  worst-case ``[ep, n*k, D]`` buffer); the capacity path is the same for both.
+  ``ragged_impl``: ``"auto"`` | ``"native"`` | ``"emulated"``
+  (:func:`~omni_jax.parallel.ragged_exchange.resolve_impl`). ``recv_factor``: receive
+  buffer rows as a multiple of the local assignments ``n*k`` (None: the worst case
+  ``ep * n * k``, nothing can drop).
+  """
+  if exchange not in EXCHANGES:
+    raise ValueError(f"ep_moe_dispatch: exchange = {exchange!r} is not allowed: one of "
+                     f"{list(EXCHANGES)}")
+  if recv_factor is not None and not (isinstance(recv_factor, (int, float))
+                                      and not isinstance(recv_factor, bool) and recv_factor > 0):
+    raise ValueError(f"ep_moe_dispatch: recv_factor = {recv_factor!r} must be > 0 or None")
+  resolve_impl(ragged_impl)                               # fails now on a bad name
   ep = mesh.shape[EXPERT]
   tok_axes = (*BATCH_AXES, "sequence")
   n_shards = math.prod(mesh.shape[a] for a in tok_axes)
@@ -68,6 +137,13 @@ def ep_moe_dispatch(mesh) -> Callable:
       xf, idf, gf = x.reshape(-1, d), ids.reshape(-1), g.reshape(-1, k)
       n = xf.shape[0]
       dest = idf // e_loc                                   # [n*k] owning device
+      if impl == "dropless" and exchange == "ragged":
+        out, keep = _ragged_dropless(xf, idf, wg, wu, wo_, ep=ep, e_loc=e_loc, k=k,
+                                     recv_factor=recv_factor, impl=ragged_impl)
+        yt = jnp.einsum("nkd,nk->nd", out.reshape(n, k, d).astype(jnp.float32),
+                        gf.astype(jnp.float32))
+        dropped = jnp.mean(1.0 - keep.astype(jnp.float32))
+        return yt.astype(x.dtype).reshape(*lead, d), jax.lax.pmean(dropped, tok_axes)
       if impl == "dropless":
         cap = n * k
         slot = _slots(dest, ep)

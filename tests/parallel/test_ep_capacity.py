@@ -65,14 +65,15 @@ def test_capacity_drops_equal_the_single_device_rule(mesh_cfg, op):
 def test_ep_capacity_buffer_is_sized_by_capacity_factor():
   # ep=4 of E=4 (one expert per device), 4 token shards of n = 8 tokens: C_e = ceil(cf * N *
   # k / E) and each source sends each destination c = ceil(C_e / 4) rows, so the all-to-all
-  # moves [ep=4, c, D] per device; dropless sends the worst case c = n * k = 16.
+  # moves [ep=4, c, D] per device; dropless over the padded exchange sends the worst case
+  # c = n * k = 16 (the ragged exchange, the default, is tested in test_ragged_ep.py).
   x, ids, gates, w = _inputs()
   mesh = mesh_lib.make_mesh(dict(expert=4), jax.devices()[:SHARDS])
   for impl, cf, rows in (("capacity", 0.75, 3), ("capacity", 0.25, 1), ("dropless", 1.0, 16)):
     capacity = moe_capacity(B * T, E, K, cf) if impl == "capacity" else None
 
     def run(x, ids, gates, *w, capacity=capacity, impl=impl):
-      with override(moe_dispatch=ep_moe_dispatch(mesh)):
+      with override(moe_dispatch=ep_moe_dispatch(mesh, exchange="padded")):
         return moe_dispatch(x, ids, gates, *w, impl=impl, capacity=capacity)
     hlo = jax.jit(run).lower(x, ids, gates, *w).as_text()
     a2a = [ln for ln in hlo.splitlines() if "stablehlo.all_to_all" in ln]
