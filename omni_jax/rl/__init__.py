@@ -5,5 +5,6 @@
 ``policies`` and optional running normalisation from ``normalize``), ``runner`` (config ->
 workers on a mesh axis, jitted chunks), ``predict`` (timing-model iteration times),
 ``bench`` (our PPO vs a plain PPO, time-to-reward: what ``experiments.bench_rl`` runs).
-Gradient aggregation lives in ``omni_jax.parallel.rl_aggregation``.
+Gradient aggregation is ``omni_jax.collectives.aggregate.Aggregator`` (methods in
+``omni_jax.collectives.methods``).
 """

@@ -12,8 +12,8 @@ import jax
 import numpy as np
 from absl import logging
 
+from omni_jax.collectives.methods import time_aggregation
 from omni_jax.config import ConfigError, to_dict
-from omni_jax.parallel.rl_aggregation import time_aggregation
 from omni_jax.rl import envs, predict, runner
 from omni_jax.train.checkpoint import Checkpointer
 from omni_jax.train.metrics import MetricsLog, save_figure, write_json_atomic

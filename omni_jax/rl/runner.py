@@ -2,7 +2,7 @@
 
 The state of a run has leading dimensions ``[workers, seeds]``: workers are laid out on the
 ``data`` axis of the project mesh (one device each) and aggregate their gradients with an
-:class:`~omni_jax.parallel.rl_aggregation.Aggregator`; seeds are independent runs vmapped
+:class:`~omni_jax.collectives.aggregate.Aggregator`; seeds are independent runs vmapped
 inside every worker. Training advances in chunks of ``chunk`` iterations, each one jitted
 ``lax.scan``, so experiments can checkpoint and log between chunks.
 """
@@ -10,7 +10,6 @@ inside every worker. Training advances in chunks of ``chunk`` iterations, each o
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import time
 from typing import Any
@@ -20,9 +19,10 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from omni_jax.config import ConfigError, check_keys, nonneg_float, one_of, positive_int, require
+from omni_jax.collectives.aggregate import CODECS, METHODS, Aggregator, make_aggregator
+from omni_jax.config import check_keys, nonneg_float, one_of, positive_int, require
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.parallel.rl_aggregation import METHODS, Aggregator, run_on_workers
+from omni_jax.parallel.workers import run_on_workers
 from omni_jax.rl import a2c, core, ddpg, dqn, envs, evaluate, ppo
 
 ALGORITHMS = {"ppo": ppo.make, "a2c": a2c.make, "dqn": dqn.make, "ddpg": ddpg.make}
@@ -33,9 +33,6 @@ TOP_KEYS = ("variant", "algo", "env", "seed", "seeds", "workers", "aggregation",
             "segment_size", "staleness", "codec", "total_env_steps", "chunk_iterations",
             "final_window", "timing_iterations", "eval_episodes", "eval_max_steps", "hp",
             "cluster")
-# hop codecs of omni_jax.collectives.codecs usable by name (module, class)
-CODECS = {"identity": ("base", "Identity"), "inceptionn": ("inceptionn", "Inceptionn"),
-          "qsgd": ("qsgd", "QSGD")}
 
 
 def validate(cfg, num_devices: int | None = None) -> None:
@@ -56,7 +53,10 @@ def validate(cfg, num_devices: int | None = None) -> None:
   require(cfg.staleness == 0 or cfg.aggregation == "async", "staleness", cfg.staleness,
           f"needs aggregation='async', got {cfg.aggregation!r}")
   require(cfg.codec == "" or cfg.codec in CODECS, "codec", cfg.codec,
-          f"must be '' (none) or one of {sorted(CODECS)}")
+          f"must be '' (none) or one of {list(CODECS)}")
+  require(cfg.codec in ("", "none", "inceptionn", "qsgd") or cfg.aggregation in (
+      "allreduce", "none"), "codec", cfg.codec, f"sums in its compressed domain: only "
+          f"aggregation='allreduce' takes it, not {cfg.aggregation!r}")
   require(0 < nonneg_float(cfg, "final_window") <= 1, "final_window", cfg.final_window,
           "must be in (0, 1]")
   if num_devices is not None:
@@ -67,19 +67,6 @@ def validate(cfg, num_devices: int | None = None) -> None:
   allowed = ACTION_KINDS[cfg.algo]
   require(kind in allowed, "algo", cfg.algo,
           f"{cfg.env} has a {kind} action space; {cfg.algo} needs {' or '.join(allowed)}")
-
-
-def make_codec(name: str):
-  """The named hop codec of ``omni_jax.collectives.codecs`` (defaults), or None for ''."""
-  if not name:
-    return None
-  module, cls = CODECS[name]
-  try:
-    mod = importlib.import_module(f"omni_jax.collectives.codecs.{module}")
-  except ImportError as e:
-    raise ConfigError(f"config.codec = {name!r} needs omni_jax.collectives.codecs.{module}: {e}"
-                      ) from e
-  return getattr(mod, cls)()
 
 
 @dataclasses.dataclass
@@ -118,11 +105,12 @@ def build(cfg, aggregation: str | None = None, devices=None) -> Run:
   validate(cfg, len(devices))
   method = aggregation or cfg.aggregation
   env = envs.make_env(cfg.env)
-  agg = Aggregator(method=method, axis=AXIS, workers=cfg.workers,
-                   threshold=(cfg.threshold or None) if method in ("switch", "async") else None,
-                   segment_size=cfg.segment_size,
-                   staleness=cfg.staleness if method == "async" else 0,
-                   codec=make_codec(cfg.codec) if method != "none" else None, seed=cfg.seed)
+  agg = make_aggregator(
+      (cfg.codec or "none") if method != "none" else "none", method=method, axis=AXIS,
+      workers=cfg.workers,
+      threshold=(cfg.threshold or None) if method in ("switch", "async") else None,
+      segment_size=cfg.segment_size, staleness=cfg.staleness if method == "async" else 0,
+      seed=cfg.seed)
   iters, chunk = plan_iterations(cfg, env_steps_per_iteration(cfg))
   algo = ALGORITHMS[cfg.algo](env, cfg.hp, agg, iters)
   mesh = mesh_lib.make_mesh({"data": -1}, devices[:cfg.workers])

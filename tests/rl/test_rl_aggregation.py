@@ -8,11 +8,16 @@ import numpy as np
 import optax
 import pytest
 
+from omni_jax.collectives.aggregate import Aggregator, make_aggregator
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.parallel.rl_aggregation import Aggregator, run_on_workers
+from omni_jax.parallel.workers import run_on_workers
 
 N = 8
 AXIS = mesh_lib.DATA_AXIS
+
+
+def _agg(method: str, codec: str = "none", **kw) -> Aggregator:
+  return make_aggregator(codec, method=method, axis=AXIS, workers=N, **kw)
 
 
 def _mesh():
@@ -60,7 +65,7 @@ def test_equal_gradients_same_update_in_every_mode():
   ref = _reference(tx, [jax.tree.map(lambda x: x[t], g) for t in range(steps)], params)
   for method, kw in [("allreduce", {}), ("ps", {}), ("switch", {"segment_size": 16}),
                      ("async", {"staleness": 0, "segment_size": 7})]:
-    p, _, a = _run(Aggregator(method, AXIS, N, **kw), tx, per_worker, params)[:3]
+    p, _, a = _run(_agg(method, **kw), tx, per_worker, params)[:3]
     assert int(a["step"][0]) == steps
     for k in ref:
       for w in range(N):
@@ -76,7 +81,7 @@ def test_equal_gradients_adam_close_in_every_mode():
   tx = optax.adam(1e-2)
   ref = np.asarray(_reference(tx, list(g), params))
   for method in ("allreduce", "ps", "switch"):
-    p = _run(Aggregator(method, AXIS, N), tx, jnp.stack([g] * N, 1), params)[0]
+    p = _run(_agg(method), tx, jnp.stack([g] * N, 1), params)[0]
     np.testing.assert_allclose(np.asarray(p), np.stack([ref] * N), rtol=1e-6, atol=1e-7,
                                err_msg=method)
 
@@ -86,7 +91,7 @@ def test_different_gradients_are_averaged():
   params = jnp.zeros(10)
   g = jnp.broadcast_to(jnp.arange(1.0, N + 1)[None, :, None], (1, N, 10))
   for method in ("allreduce", "ps", "switch"):
-    p = _run(Aggregator(method, AXIS, N, segment_size=4), optax.sgd(1.0), g, params)[0]
+    p = _run(_agg(method, segment_size=4), optax.sgd(1.0), g, params)[0]
     np.testing.assert_array_equal(np.asarray(p), np.full((N, 10), -4.5, np.float32))
 
 
@@ -95,7 +100,7 @@ def test_switch_threshold_keeps_h_contributions_per_segment(h):
   """Worker w sends 2^w: a segment's aggregate times H has exactly H bits set."""
   size, seg = 40, 4
   g = jnp.broadcast_to((2.0 ** jnp.arange(N))[None, :, None], (1, N, size))
-  p1 = _run(Aggregator("switch", AXIS, N, threshold=h, segment_size=seg), optax.sgd(1.0), g,
+  p1 = _run(_agg("switch", threshold=h, segment_size=seg), optax.sgd(1.0), g,
             jnp.zeros(size))[0]
   sums = np.rint(-np.asarray(p1[0]) * h).astype(np.int64)
   np.testing.assert_allclose(-np.asarray(p1[0]) * h, sums, atol=1e-4)
@@ -113,7 +118,7 @@ def test_async_applies_the_aggregate_of_s_steps_ago():
   parameters moved by the gradients of steps 0 .. T-S-1 only."""
   steps, s = 6, 2
   g = jnp.broadcast_to(jnp.arange(1.0, steps + 1)[:, None, None], (steps, N, 5))
-  p, _, a = _run(Aggregator("async", AXIS, N, staleness=s), optax.sgd(1.0), g,
+  p, _, a = _run(_agg("async", staleness=s), optax.sgd(1.0), g,
                  jnp.zeros(5))[:3]
   want = -sum(range(1, steps - s + 1))
   np.testing.assert_array_equal(np.asarray(p), np.full((N, 5), want, np.float32))
@@ -122,19 +127,44 @@ def test_async_applies_the_aggregate_of_s_steps_ago():
 
 def test_ps_keeps_optimizer_state_on_the_server_only():
   g = jnp.ones((2, N, 4))
-  _, o, _ = _run(Aggregator("ps", AXIS, N), optax.adam(1e-2), g, jnp.zeros(4))[:3]
+  _, o, _ = _run(_agg("ps"), optax.adam(1e-2), g, jnp.zeros(4))[:3]
   counts = np.asarray(o[0].count)
   assert counts[0] == 2 and (counts[1:] == 0).all()
 
 
-def test_identity_codec_hook_is_exact():
-  from omni_jax.collectives.codecs.base import Identity
+def test_allreduce_goes_through_the_codec_ring_and_counts_its_bytes():
+  """RL's all-reduce is the collectives' reduce: the qsgd ring's mean (what reduce gives on
+  its own) and the bytes it handed to ppermute, recorded per update."""
+  from omni_jax.collectives import ring
   rng = np.random.default_rng(1)
-  g = jnp.asarray(rng.normal(size=(2, N, 30)), jnp.float32)
-  plain = _run(Aggregator("switch", AXIS, N, segment_size=8), optax.sgd(0.1), g, jnp.zeros(30))
-  coded = _run(Aggregator("switch", AXIS, N, segment_size=8, codec=Identity()), optax.sgd(0.1),
-               g, jnp.zeros(30))
-  np.testing.assert_array_equal(np.asarray(plain[0]), np.asarray(coded[0]))
+  g = jnp.asarray(rng.normal(size=(1, N, 30)), jnp.float32)
+  agg = _agg("allreduce", "qsgd", seed=3)
+  p, _, a, _ = _run(agg, optax.sgd(1.0), g, jnp.zeros(30))
+  mesh = _mesh()
+
+  def direct(x):
+    key = jax.random.fold_in(jax.random.PRNGKey(agg.seed + 1), 0)
+    mean, wire = ring.ring_all_reduce(x[0], AXIS, agg.codec, key, mean=True)
+    return mean[None], wire[None]
+  mean, wire = jax.jit(jax.shard_map(direct, mesh=mesh, in_specs=jax.sharding.PartitionSpec(
+      AXIS), out_specs=jax.sharding.PartitionSpec(AXIS), check_vma=False))(g[0])
+  np.testing.assert_array_equal(np.asarray(p), -np.asarray(mean))
+  np.testing.assert_array_equal(np.asarray(a["wire_bytes"]), np.asarray(wire))
+  assert float(a["wire_bytes"][0]) < 2 * (N - 1) * 4 * 4   # < the float32 ring's 4-value chunks
+
+
+def test_switch_and_ps_bytes_are_the_encoded_gradient_up_and_floats_down():
+  g = jnp.full((1, N, 1000), 1e-3)   # gradient-sized values: INCEPTIONN's short codes
+  for method in ("switch", "ps"):
+    _, _, plain, _ = _run(_agg(method), optax.sgd(0.1), g, jnp.zeros(1000))
+    agg = _agg(method, "inceptionn")
+    _, _, coded, _ = _run(agg, optax.sgd(0.1), g, jnp.zeros(1000))
+    np.testing.assert_array_equal(np.asarray(plain["wire_bytes"]), 8000.0)   # 4000 up + down
+    up = float(agg.codec.wire_bytes(agg.codec.encode(g[0, 0], None)))
+    assert up < 4000.0
+    np.testing.assert_array_equal(np.asarray(coded["wire_bytes"]), up + 4000.0)
+  with pytest.raises(ValueError, match="needs a hop codec"):
+    _agg("switch", "gradiveq")
 
 
 @pytest.mark.parametrize("kw,msg", [
@@ -148,9 +178,9 @@ def test_identity_codec_hook_is_exact():
 ])
 def test_bad_aggregator_settings(kw, msg):
   with pytest.raises(ValueError, match=msg):
-    Aggregator(**kw)
+    make_aggregator("none", **kw)
 
 
 def test_codec_without_encode_is_refused():
   with pytest.raises(TypeError, match="needs encode"):
-    Aggregator("allreduce", AXIS, N, codec=object())
+    Aggregator("odd", object(), method="allreduce", axis=AXIS, workers=N)
