@@ -83,13 +83,16 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   elif arg == "generate":
     # The tiny model for measured generation quality (docs/generation.md): images at 4x4
     # patches (an 8x8 grid of 64 mean-colour codes, so a decoded shape is visible; 16
-    # 8x8-patch codes cannot show it), no video (its rows go to the judged tasks), less
-    # arithmetic, longer training.
+    # 8x8-patch codes cannot show it), no video (its rows go to the judged tasks), rows
+    # weighted towards captioning images (the slowest task to learn: where and which shape
+    # need ~6k captioned images), longer training.
     mods = modalities()
     del mods["video"]
     mods["image"].update(patch=4)
     c.model.modalities = mods
-    c.data.update(seq_len=96, text_weight=0.5)
+    c.data.update(seq_len=96, text_weight=0.25,
+                  task_weights={"image:understand": 3.0, "image:generate": 1.5,
+                                "audio:understand": 0.75, "audio:generate": 1.0})
     c.train.update(steps=700, eval_every=350, checkpoint_every=350)
   elif arg == "small":
     c.model.update(d_model=256, num_layers=4, num_heads=8, d_ff=512)
