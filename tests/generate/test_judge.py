@@ -39,7 +39,7 @@ def test_label_attributes_follow_the_captions(spec):
 
 def test_judge_names_the_attributes_of_fixed_renders(spec, tmp_path):
   ms = dict(spec.modality("image"), size=(32, 32))  # the default task's size
-  kw = dict(steps=150, per_class=4, heldout_per_class=1, lr=5e-3)
+  kw = dict(steps=150, per_class=4, heldout_per_class=1, lr=5e-3, batch=32)
   judge = jd.load_or_train(ms, str(tmp_path), **kw)  # trains (nothing cached yet)
   x, y = jd.render(ms, 12345, 1)  # 64 fixed renders, one per class, never trained on
   pred = judge.predict(x)
