@@ -21,6 +21,11 @@ A bad line (not JSON, unknown key, an output with no head or decoder, an input f
 not decode, a prompt longer than the context ``config.data.seq_len``) is one error naming the
 line and what is allowed; the other lines still produce their outputs, and ``summary.json``
 lists the errors per line.
+
+With ``judge`` (``--judge``), image / audio outputs whose prompt text is a synthetic caption
+are classified by judges trained on real renders (:mod:`omni_jax.generate.judge`):
+``conditional_accuracy`` per modality and attribute, beside the chance levels and the judges'
+own held-out accuracy.
 """
 
 from __future__ import annotations
