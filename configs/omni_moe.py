@@ -3,8 +3,9 @@ r"""The main job: an omni-modal (text, image, audio, video) MoE LLM.
   python -m experiments.train_omni --config=configs/omni_moe.py:tiny --workdir=/tmp/omni
 
 Variants after ':' — ``micro`` (tests), ``tiny`` (the quick start: 8 emulated CPU devices,
-under 3 minutes on 2 cores), ``small`` (a longer CPU run), ``long`` (32K-token rows, sequence
-split 8 ways by ring attention), ``omni30b`` (compile-only scale plan of
+under 3 minutes on 2 cores), ``generate`` (tiny, trained longer for the measured
+generation quality of ``experiments.generate``), ``small`` (a longer CPU run), ``long``
+(32K-token rows, sequence split 8 ways by ring attention), ``omni30b`` (compile-only scale plan of
 ``experiments.scale_plan``), ``bench`` (the step benchmarked by
 ``experiments.bench_step``), ``files`` (the tiny model on real files: first
 ``python -m experiments.make_manifest --workdir=/tmp/omni_files``). Override any field on
@@ -80,6 +81,20 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.optim.update(warmup_steps=1)
     c.train.update(steps=4, log_every=2, eval_every=0, eval_batches=4, checkpoint_every=2,
                    peak_flops=1e11)
+  elif arg == "generate":
+    # The tiny model for measured generation quality (docs/generation.md): images at 4x4
+    # patches (an 8x8 grid of 64 mean-colour codes, so a decoded shape is visible; 16
+    # 8x8-patch codes cannot show it), no video (its rows go to the judged tasks), rows
+    # weighted towards captioning images (the slowest task to learn: where and which shape
+    # need ~6k captioned images), longer training.
+    mods = modalities()
+    del mods["video"]
+    mods["image"].update(patch=4)
+    c.model.modalities = mods
+    c.data.update(seq_len=96, text_weight=0.25,
+                  task_weights={"image:understand": 3.0, "image:generate": 1.5,
+                                "audio:understand": 0.75, "audio:generate": 1.0})
+    c.train.update(steps=700, eval_every=350, checkpoint_every=350)
   elif arg == "small":
     c.model.update(d_model=256, num_layers=4, num_heads=8, d_ff=512)
     c.model.moe.update(num_experts=8, d_ff=256)
@@ -136,5 +151,5 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                   on_error="skip", seq_len=128, slots_per_row=2, pack_window=512)
   else:
     raise ValueError(f"unknown variant {arg!r} of configs/omni_moe.py; choose tiny, micro, "
-                     "small, long, omni30b, bench or files")
+                     "generate, small, long, omni30b, bench or files")
   return c

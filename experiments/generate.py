@@ -9,6 +9,9 @@ of --prompts is a JSON object: ``{"text": ..., "output": "text"|"image"|"audio"}
 optional inputs by modality key (``"image": "cat.png"``, ``"audio": "tone.wav"``; paths
 relative to the prompts file), optional ``"expect"`` (reference text of a text output, scored
 as ``caption_accuracy``). --demo_prompts writes such a file for the synthetic task first.
+--judge scores generated images / audio of synthetic-caption prompts with classifiers trained
+on real renders (``conditional_accuracy``); with --demo_prompts it asks --judge_prompts
+outputs per caption.
 Writes into --outdir (default WORKDIR/generate):
 ``line<N>-<output>.png|.wav|.txt`` per prompt, ``contact_sheet.png``, ``summary.json`` (per-line
 outputs, codes and errors). Bad lines are reported (line number, what is allowed) and skipped;
@@ -36,6 +39,12 @@ _DEMO = flags.DEFINE_bool("demo_prompts", False, "first (over)write --prompts wi
                           "of the built-in synthetic task (inputs rendered beside it)")
 _DEMO_CAPTIONS = flags.DEFINE_integer("demo_captions", 2, "--demo_prompts: renders per "
                                       "understood modality (scored as caption_accuracy)")
+_JUDGE = flags.DEFINE_bool("judge", False, "score image / audio outputs whose prompt is a "
+                          "synthetic caption with classifiers trained on real renders "
+                          "(conditional_accuracy; the judges are cached in WORKDIR/judge)")
+_JUDGE_PROMPTS = flags.DEFINE_integer("judge_prompts", 4, "--demo_prompts --judge: prompts per "
+                                      "caption (attribute combination) of each generated "
+                                      "modality")
 flags.mark_flags_as_required(["config", "workdir", "prompts"])
 
 
@@ -49,15 +58,19 @@ def main(argv):
     from omni_jax.generate.job import write_demo_prompts
     from omni_jax.models.omni import build_spec
     n = write_demo_prompts(build_spec(cfg.model, cfg.data.get("tokenizer", "bytes")),
-                           _PROMPTS.value, _SEED.value, _DEMO_CAPTIONS.value)
+                           _PROMPTS.value, _SEED.value, _DEMO_CAPTIONS.value,
+                           per_class=_JUDGE_PROMPTS.value if _JUDGE.value else 0)
     logging.info("wrote %d demo prompts to %s", n, _PROMPTS.value)
   s = run_generate(cfg, _WORKDIR.value, _PROMPTS.value, _OUTDIR.value,
                    temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
                    seed=_SEED.value, max_new_tokens=_MAX_NEW.value, batch_size=_BATCH.value,
-                   mesh=make_layout_mesh(cfg))
+                   mesh=make_layout_mesh(cfg), judge=_JUDGE.value)
   logging.info("%d of %d prompts generated (%d failed, listed in summary.json 'errors'); "
                "decode %.1f s; contact sheet: %s; caption_accuracy %s", s["ok"], s["prompts"],
                s["failed"], s["decode_seconds"], s["contact_sheet"], s["caption_accuracy"])
+  if _JUDGE.value:
+    logging.info("conditional_accuracy %s (chance %s)", s["conditional_accuracy"],
+                 s["conditional_chance"])
 
 
 if __name__ == "__main__":

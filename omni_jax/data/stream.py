@@ -8,7 +8,8 @@ it would have seen without the interruption, and evaluation batches come from a 
 random stream. Every batch holds all modalities (zeros + mask where a row lacks one), so
 one compiled train step serves every mix.
 
-Synthetic tasks (uniform over the list, ``data.text_weight`` for plain text):
+Synthetic tasks (uniform over the list, ``data.text_weight`` for plain text,
+``data.task_weights`` to weight the others):
 ``text`` (arithmetic sentences such as ``17+25=42``), ``<m>:understand`` (caption a
 synthetic sample of modality m) and ``<m>:generate`` (emit m's VQ codes from its caption).
 """
@@ -45,8 +46,8 @@ class OmniStream:
   """Deterministic batches for an :class:`OmniSpec` from ``config.data``."""
 
   def __init__(self, spec: OmniSpec, data_cfg):
-    check_keys(data_cfg, (*DATA_KEYS, "pack", "tokenizer", *PIPELINE_DEFAULTS), "data.",
-               required=DATA_KEYS)
+    check_keys(data_cfg, (*DATA_KEYS, "pack", "tokenizer", "task_weights", *PIPELINE_DEFAULTS),
+               "data.", required=DATA_KEYS)
     tokenizer = str(data_cfg.get("tokenizer", "bytes"))
     built_with = "bytes" if spec.init_from else spec.tokenizer_source  # init_from: its own
     require(tokenizer == built_with, "data.tokenizer", tokenizer,
@@ -69,7 +70,16 @@ class OmniStream:
     self.kinds = {m: MODALITY_KINDS.get(ms["kind"]) for m, ms in spec.modalities}
     self.tasks = [TASK_TEXT] + [understand_task(m) for m in self.mods] + [
         generate_task(m) for m, ms in self.mods.items() if ms["codebook_size"]]
-    w = np.asarray([float(tw)] + [1.0] * (len(self.tasks) - 1))
+    # data.task_weights: {task: weight} for the non-text tasks (default 1 each), e.g.
+    # {"image:understand": 3.0} when one task needs more rows to be learned.
+    weights = dict(data_cfg.get("task_weights") or {})
+    bad = sorted(set(weights) - set(self.tasks[1:]))
+    require(not bad, "data.task_weights", weights, f"unknown task(s) {bad}; allowed: "
+            f"{self.tasks[1:]} (the text task's weight is data.text_weight)")
+    for t, v in weights.items():
+      require(isinstance(v, int | float) and v >= 0, f"data.task_weights.{t}", v, "must be >= 0")
+    w = np.asarray([float(tw)] + [float(weights.get(t, 1.0)) for t in self.tasks[1:]])
+    require(w.sum() > 0, "data.task_weights", weights, "some task needs a weight > 0")
     self.task_probs = w / w.sum()
     self.codebooks: dict[str, np.ndarray] = {}
     n_fit = positive_int(data_cfg, "codebook_samples", "data.")

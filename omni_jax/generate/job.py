@@ -21,14 +21,21 @@ A bad line (not JSON, unknown key, an output with no head or decoder, an input f
 not decode, a prompt longer than the context ``config.data.seq_len``) is one error naming the
 line and what is allowed; the other lines still produce their outputs, and ``summary.json``
 lists the errors per line.
+
+With ``judge`` (``--judge``), image / audio outputs whose prompt text is a synthetic caption
+are classified by judges trained on real renders (:mod:`omni_jax.generate.judge`):
+``conditional_accuracy`` per modality and attribute, beside the chance levels and the judges'
+own held-out accuracy.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +47,11 @@ from absl import logging
 from PIL import Image
 
 from omni_jax.config import ConfigError
+from omni_jax.data import vq
 from omni_jax.data.decode import RecordError, decode_record, record_keys
 from omni_jax.data.encode import write_wav
 from omni_jax.generate import decode as dec
+from omni_jax.generate import judge as jd
 from omni_jax.generate import outputs as outs
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.modalities.base import gen_codes
@@ -69,6 +78,7 @@ class Prompt:
   slots: dict[str, np.ndarray]    # modality -> positions its features fill
   steps: int                      # tokens this prompt may generate
   expect: str | None = None       # reference text (text outputs): scored by caption_accuracy
+  text: str = ""                  # the prompt text (a synthetic caption: judged with --judge)
 
 
 def allowed_outputs(spec: OmniSpec) -> dict[str, str]:
@@ -147,7 +157,7 @@ def parse_prompt(spec: OmniSpec, line_no: int, raw: str, base_dir: Path, context
          f"{len(ids) + need} > the context of {context} tokens (config.data.seq_len); "
          f"allowed: prompts of at most {context - need} tokens for this output")
   steps = min(max_new_tokens, context - len(ids)) if output == TEXT else need
-  return Prompt(line_no, output, ids, inputs, slots, steps, expect)
+  return Prompt(line_no, output, ids, inputs, slots, steps, expect, text)
 
 
 def read_prompts(path: str, spec: OmniSpec, context: int, max_new_tokens: int
@@ -262,10 +272,15 @@ def decode_prompts(spec: OmniSpec, params, prompts: list[Prompt], *, temperature
 
 def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = None, *,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                 max_new_tokens: int = 32, batch_size: int = 8, mesh=None) -> dict[str, Any]:
+                 max_new_tokens: int = 32, batch_size: int = 8, mesh=None,
+                 judge: bool = False, judge_cache: str | None = None) -> dict[str, Any]:
   """Loads ``workdir``'s latest checkpoint, decodes every prompt of ``prompts_path`` and
   writes ``line<N>-<output>.{png,wav,txt}``, ``contact_sheet.png`` and ``summary.json``
-  into ``outdir`` (default ``<workdir>/generate``); returns the summary."""
+  into ``outdir`` (default ``<workdir>/generate``); returns the summary.
+
+  ``judge``: image / audio outputs whose prompt text is a caption of the synthetic task are
+  classified by judges trained on real renders (:mod:`omni_jax.generate.judge`, cached in
+  ``judge_cache``, default ``<workdir>/judge``) and scored as ``conditional_accuracy``."""
   from omni_jax.data.stream import make_stream
   from omni_jax.models.omni import build_spec
   t0 = time.perf_counter()
@@ -284,6 +299,8 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
   params, step = load_params(config, spec, workdir, mesh)
   kinds = allowed_outputs(spec)
   books = make_stream(spec, config.data).codebooks if len(kinds) > 1 else {}
+  judges = judge_outputs(spec, books, judge_cache or os.path.join(workdir, "judge"),
+                         [p for p in prompts if p.output != TEXT]) if judge else {}
   out = Path(outdir or os.path.join(workdir, "generate"))
   out.mkdir(parents=True, exist_ok=True)
   t1 = time.perf_counter()
@@ -291,7 +308,8 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
                        top_p=top_p, seed=seed, batch_size=batch_size) if prompts else {}
   decode_s = time.perf_counter() - t1
   tok = spec.tokenizer
-  lines, sheet, scored = [], [], {}
+  lines, sheet, scored, words = [], [], {}, {}
+  judged: dict[str, list[tuple[int, np.ndarray, dict]]] = {m: [] for m in judges}
   for p in prompts:
     ids = new[p.line]
     rec: dict[str, Any] = {"line": p.line, "output": p.output, "prompt_tokens": len(p.ids)}
@@ -306,6 +324,9 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
       if p.expect is not None:
         rec.update(expect=p.expect, correct=text.strip() == p.expect.strip())
         scored.setdefault("+".join(sorted(p.inputs)) or TEXT, []).append(rec["correct"])
+        for m in p.inputs:  # per attribute of a synthetic caption (image: shape, ...)
+          for a, ok in caption_attributes(spec.modality(m), p.expect, text).items():
+            words.setdefault(m, {}).setdefault(a, []).append(ok)
       sheet.append((TEXT, text or "(empty)", f"{p.line}: text"))
     else:
       ms = spec.modality(p.output)
@@ -326,12 +347,16 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
         arr = np.round(img * 255).astype(np.uint8)
         Image.fromarray(arr[..., 0] if arr.shape[-1] == 1 else arr[..., :3]).save(out / name)
         sheet.append(("image", img, f"{p.line}: {p.output}"))
+        if p.output in judged and (label := jd.caption_label(ms, p.text)) is not None:
+          judged[p.output].append((label, img, rec))
       else:
         wave = outs.codes_to_wave(ms, books[p.output], codes, seed=seed)
         name = f"line{p.line}-{p.output}.wav"
         write_wav(out / name, wave, ms["sample_rate"])
         sheet.append(("audio", outs.codes_to_log_mel(ms, books[p.output], codes),
                       f"{p.line}: {p.output}"))
+        if p.output in judged and (label := jd.caption_label(ms, p.text)) is not None:
+          judged[p.output].append((label, wave, rec))
     rec["file"] = name
     lines.append(rec)
   for e in errors:
@@ -350,16 +375,107 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
       "contact_sheet": "contact_sheet.png" if sheet else None,
       # exact-match rate of text outputs against their 'expect', by input modality
       "caption_accuracy": {k: float(np.mean(v)) for k, v in sorted(scored.items())},
+      # the same per attribute of the synthetic caption (input modality -> attribute -> rate)
+      "caption_attribute_accuracy": {m: {a: float(np.mean(v)) for a, v in d.items()}
+                                     for m, d in sorted(words.items())},
   }
+  if judge:
+    summary.update(score_judged(spec, judges, judged))
   write_json_atomic(out / "summary.json", summary)
   return summary
 
 
-def write_demo_prompts(spec: OmniSpec, path: str, seed: int = 0, captions: int = 2) -> int:
+def _view(ms, book: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+  """Renders [B, ...] -> the same renders through the modality's k-means output codec."""
+  kind = MODALITY_KINDS.get(ms["kind"])
+
+  def view(x):
+    codes = np.asarray(vq.quantize(book, kind.code_vectors(ms, np.asarray(x, np.float32))))
+    if ms["kind"] == "patch":
+      return np.stack([outs.codes_to_image(ms, book, c) for c in codes])
+    return outs.codes_to_waves(ms, book, codes)
+  return view
+
+
+def judge_outputs(spec: OmniSpec, books: dict[str, np.ndarray], cache_dir: str,
+                  prompts: list[Prompt]) -> dict[str, jd.Judge]:
+  """A judge per generated image / audio modality that ``prompts`` ask for (trained on real
+  renders and their decode through the modality's codebook, or loaded from ``cache_dir``).
+  A modality that cannot be judged is one ConfigError naming what can."""
+  out = {}
+  for name in sorted({p.output for p in prompts}):
+    ms = spec.modality(name)
+    if ms.get("tokenizer"):
+      raise ConfigError(f"--judge: modality {name!r} generates FSQ codec ids; the judge scores "
+                        "k-means code outputs only (set model.modalities."
+                        f"{name}.tokenizer='' or drop --judge)")
+    try:
+      jd.attributes(ms)
+    except ValueError as e:
+      raise ConfigError(f"--judge: {e}") from None
+    key = hashlib.sha256(np.ascontiguousarray(books[name], np.float32).tobytes()).hexdigest()
+    t = time.perf_counter()
+    out[name] = jd.load_or_train(ms, cache_dir, view=_view(ms, books[name]),
+                                 view_key=f"kmeans:{ms['patch'] if 'patch' in ms else ''}:"
+                                          f"{key[:16]}")
+    logging.info("judge %s: held-out accuracy %s (raw renders), %s (through the codec); "
+                 "%.1f s", name, out[name].info["heldout"], out[name].info.get("heldout_view"),
+                 time.perf_counter() - t)
+  return out
+
+
+def score_judged(spec: OmniSpec, judges: dict[str, jd.Judge],
+                 judged: dict[str, list[tuple[int, np.ndarray, dict]]]) -> dict[str, Any]:
+  """The summary's judge part: ``conditional_accuracy`` (modality -> attribute -> rate over
+  the judged outputs, plus ``all``), the chance levels, the judges' own held-out accuracy; each
+  judged output's record gets ``judged`` (the attribute values the judge saw)."""
+  acc, info = {}, {}
+  for m, j in judges.items():
+    items = judged[m]
+    info[m] = {"outputs_judged": len(items), "heldout": j.info["heldout"],
+               "heldout_view": j.info.get("heldout_view"), "cache": j.info.get("cached"),
+               "heldout_renders": j.info.get("heldout_renders")}
+    if not items:
+      continue
+    labels = np.asarray([lab for lab, _, _ in items])
+    xs = np.stack([x for _, x, _ in items])
+    acc[m] = j.score(xs, labels)
+    pred = j.predict(xs)
+    for i, (_, _, rec) in enumerate(items):
+      rec["judged"] = {a: j.attrs[a][int(pred[a][i])] for a in j.attrs}
+  return {"conditional_accuracy": acc,
+          "conditional_chance": {m: jd.chance(spec.modality(m)) for m in judges},
+          "judge": info}
+
+
+def caption_attributes(ms, expect: str, text: str) -> dict[str, bool]:
+  """For ``expect`` a synthetic caption of a judged modality: per attribute, whether ``text``
+  names the expected value and no other value of it (whole words); {} otherwise."""
+  try:
+    names_of = jd.attributes(ms)
+  except ValueError:  # not a judged kind: no attributes
+    return {}
+  label = jd.caption_label(ms, expect)
+  if label is None:
+    return {}
+  words = f" {' '.join(text.split())} "
+  out = {}
+  for a, idx in jd.label_attributes(ms, label).items():
+    if idx < 0:
+      continue
+    names = names_of[a]
+    said = [n for n in names if f" {n} " in words]
+    out[a] = said == [names[idx]]
+  return out
+
+
+def write_demo_prompts(spec: OmniSpec, path: str, seed: int = 0, captions: int = 2,
+                       per_class: int = 0) -> int:
   """Writes a prompts file of the built-in synthetic task beside renders of its inputs:
-  4 captions -> each generated modality, ``captions`` renders of every ``patch`` / ``frames``
-  modality -> text (with ``expect``: the render's caption), and one arithmetic text prompt.
-  Returns the number of lines."""
+  4 captions -> each generated modality (``per_class`` > 0: every caption of the modality
+  ``per_class`` times, for ``conditional_accuracy`` over all attribute combinations),
+  ``captions`` renders of every ``patch`` / ``frames`` modality -> text (with ``expect``: the
+  render's caption), and one arithmetic text prompt. Returns the number of lines."""
   from omni_jax.data.encode import write_wav
   p = Path(path)
   p.parent.mkdir(parents=True, exist_ok=True)
@@ -368,7 +484,9 @@ def write_demo_prompts(spec: OmniSpec, path: str, seed: int = 0, captions: int =
   for name, ms in spec.modalities:
     if name in allowed_outputs(spec):
       labels = MODALITY_KINDS.get(ms["kind"]).labels(ms)
-      for i in rng.choice(len(labels), 4, replace=False):
+      picks = (np.repeat(np.arange(len(labels)), per_class) if per_class > 0 else
+               rng.choice(len(labels), 4, replace=False))
+      for i in picks:
         lines.append({"text": labels[i], "output": name})
   for name, ms in spec.modalities:
     kind = MODALITY_KINDS.get(ms["kind"])

@@ -64,14 +64,21 @@ def codes_to_log_mel(ms, codebook: np.ndarray, codes) -> np.ndarray:
 def codes_to_wave(ms, codebook: np.ndarray, codes, seed: int = 0,
                   iterations: int = 64) -> np.ndarray:
   """Codes [N] -> waveform [num_samples] (float32, peak <= 0.99) by Griffin-Lim."""
-  mel = codes_to_log_mel(ms, codebook, codes)
+  return codes_to_waves(ms, codebook, np.asarray(codes)[None], seed, iterations)[0]
+
+
+def codes_to_waves(ms, codebook: np.ndarray, codes, seed: int = 0,
+                   iterations: int = 64) -> np.ndarray:
+  """Codes [B, N] -> waveforms [B, num_samples] in one batched Griffin-Lim (each row's
+  peak <= 0.99)."""
+  mel = np.stack([codes_to_log_mel(ms, codebook, c) for c in np.asarray(codes)])
   mag = gl.mel_to_magnitude(jnp.asarray(mel), sample_rate=ms["sample_rate"],
                             n_fft=ms["n_fft"], n_mels=ms["n_mels"])
   wave = np.asarray(gl.griffin_lim(mag, jax.random.PRNGKey(seed), n_fft=ms["n_fft"],
                                    hop=ms["hop"], num_samples=ms["num_samples"],
                                    iterations=iterations), np.float32)
-  peak = float(np.abs(wave).max())
-  return wave * (0.99 / peak) if peak > 0.99 else wave
+  peak = np.abs(wave).max(axis=-1, keepdims=True)
+  return np.where(peak > 0.99, wave * (0.99 / np.maximum(peak, 1e-12)), wave)
 
 
 def _tile(kind: str, content, label: str, size: int) -> Image.Image:

@@ -2,7 +2,9 @@
 checkpoint format, no training): every output file, the bad-input lines, greedy decoding
 equal to constrained argmax over the full forward pass, codes that always decode."""
 
+import functools
 import json
+import types
 import wave
 
 import jax
@@ -179,6 +181,58 @@ def test_sampled_codes_always_decode(trained):
     for row in codes:
       assert outputs.codes_to_image(ms, book, row).shape == (*ms["size"], 3)
   assert len(np.unique(ids[:, 1:-1])) > 1  # really sampled, not collapsed
+
+
+def test_judge_writes_conditional_accuracy(trained, tmp_path, monkeypatch):
+  """--judge: outputs of synthetic-caption prompts are judged (others not), the summary holds
+  conditional_accuracy per modality and attribute, equal to the records' judged values."""
+  cfg, spec, _, workdir = trained
+  _write_inputs(tmp_path, spec)  # in.png renders class 5: "red circle bottom right"
+  monkeypatch.setattr(job.jd, "load_or_train", functools.partial(  # a few steps: keys only
+      job.jd.load_or_train, steps=3, per_class=1, heldout_per_class=1))
+  lines = [{"text": "red circle top left", "output": "image"},
+           {"text": "blue cross bottom right", "output": "image"},
+           {"text": "a red thing in a corner", "output": "image"},  # not a caption
+           {"text": "buzzy tone c4", "output": "audio"},
+           {"image": "in.png", "output": "text", "expect": "red circle bottom right"}]
+  path = tmp_path / "prompts.jsonl"
+  path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+  # The first test's sampling settings and batch shapes: its decode compiles are reused.
+  s = job.run_generate(cfg, str(workdir), str(path), str(tmp_path / "out"), temperature=1.0,
+                       top_k=4, seed=1, max_new_tokens=6, batch_size=2, judge=True,
+                       judge_cache=str(tmp_path / "judge"))
+  acc = s["conditional_accuracy"]
+  assert set(acc) == {"image", "audio"}
+  assert set(acc["image"]) == {"shape", "colour", "place", "all"}
+  assert set(acc["audio"]) == {"timbre", "pitch", "all"}
+  assert s["conditional_chance"] == {"image": {"shape": 0.25, "colour": 0.25, "place": 0.25},
+                                     "audio": {"timbre": 0.5, "pitch": 0.125}}
+  assert s["judge"]["image"]["outputs_judged"] == 2 and s["judge"]["audio"]["outputs_judged"] == 1
+  assert set(s["judge"]["image"]["heldout"]) == {"shape", "colour", "place", "all"}
+  rec = {r["line"]: r for r in s["outputs"]}
+  assert "judged" not in rec[3]
+  want = {1: ("circle", "red", "top left"), 2: ("cross", "blue", "bottom right")}
+  for a, k in (("shape", 0), ("colour", 1), ("place", 2)):
+    assert acc["image"][a] == np.mean([rec[i]["judged"][a] == want[i][k] for i in (1, 2)])
+  assert acc["audio"]["pitch"] == float(rec[4]["judged"]["pitch"] == "c4")
+  words = job.caption_attributes(spec.modality("image"), lines[4]["expect"], rec[5]["text"])
+  assert s["caption_attribute_accuracy"] == {"image": {a: float(v) for a, v in words.items()}}
+  assert json.loads((tmp_path / "out" / "summary.json").read_text())["conditional_accuracy"] \
+      == acc
+
+
+def test_caption_attributes_and_unjudgeable_outputs():
+  ms = get_config("micro").model.modalities.image.to_dict()
+  ms = dict(ms, name="image")
+  assert job.caption_attributes(ms, "red circle top left", "red circle top right") == {
+      "colour": True, "shape": True, "place": False}
+  assert job.caption_attributes(ms, "red circle top left", "red blue circle") == {
+      "colour": False, "shape": True, "place": False}  # two colours named: wrong
+  assert job.caption_attributes(ms, "not a caption", "red circle top left") == {}
+  fsq = types.SimpleNamespace(modality=lambda name: dict(ms, tokenizer="/tmp/imtok"))
+  prompt = job.Prompt(1, "image", [0], {}, {}, 4)
+  with pytest.raises(ConfigError, match="--judge: modality 'image' generates FSQ codec ids"):
+    job.judge_outputs(fsq, {}, "", [prompt])
 
 
 def test_missing_checkpoint_names_the_train_command(trained, tmp_path):

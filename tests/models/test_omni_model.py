@@ -136,3 +136,20 @@ def test_blockwise_attention_model_matches_dense(micro):
   out_d, _ = OmniModel(spec_d).apply({"params": params}, batch)
   for h in out_d:
     np.testing.assert_allclose(out_b[h], out_d[h], rtol=1e-4, atol=1e-4)
+
+
+def test_task_weights_set_the_row_mix():
+  cfg = get_config("micro")
+  spec = build_spec(cfg.model)
+  cfg.data.task_weights = {"image:understand": 3.0, "video:understand": 0}
+  stream = OmniStream(spec, cfg.data)
+  w = {t: 1.0 for t in stream.tasks}
+  w.update(text=cfg.data.text_weight, **cfg.data.task_weights)
+  total = sum(w.values())
+  np.testing.assert_allclose(stream.task_probs, [w[t] / total for t in stream.tasks])
+  video = stream.tasks.index("video:understand")
+  assert not any((stream.batch(i)["task"] == video).any() for i in range(4))
+  cfg.data.task_weights = {"image:caption": 2.0}
+  with pytest.raises(ConfigError, match=r"data.task_weights.*unknown task\(s\) \['image:caption'"
+                                        r"\]; allowed: \['audio:understand'"):
+    OmniStream(spec, cfg.data)
