@@ -94,7 +94,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.data.update(seq_len=96, text_weight=0.25,
                   task_weights={"image:understand": 3.0, "image:generate": 1.5,
                                 "audio:understand": 0.75, "audio:generate": 1.0})
-    c.train.update(steps=700, eval_every=350, checkpoint_every=350)
+    c.train.update(steps=1500, eval_every=500, checkpoint_every=250)
   elif arg == "small":
     c.model.update(d_model=256, num_layers=4, num_heads=8, d_ff=512)
     c.model.moe.update(num_experts=8, d_ff=256)
