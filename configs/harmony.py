@@ -103,10 +103,19 @@ def validate_config() -> ml_collections.ConfigDict:
   c.seed = 0
   c.model = dict(vocab=64, seq_len=32, num_heads=4)
   c.batch = 8
-  c.steps = 4
+  c.steps = 8
   c.lr = 1e-3
-  c.profile_repeats = 5
-  c.hardware = dict(measure_bytes=32 * 2**20)
+  c.profile_repeats = 20                # timed runs per layer kind and size, and per rate
+  # Layer times, rates and the measured iterations all take the same statistic of their
+  # timed repeats: "median" (typical; robust to other jobs' bursts, and, unlike "min", not
+  # falling as repeats are added), "min" (best: capacity, as the study's profile) or "mean".
+  c.timing = "median"
+  # Copy and host / device Adam rates are calibrated on one GPT block of width
+  # calibration_d_model (its parameter pytree: the leaf sizes the executors move), a width no
+  # configuration below uses. shared_cores: on XLA:CPU the "device" is host RAM and a swap a
+  # memcpy on the same cores as the programs and host updates, so the cost model runs them
+  # one at a time.
+  c.hardware = dict(calibration_d_model=160, shared_cores=True)
   # two widths (14.5 / 32.3 MB of parameters + Adam state), u in {1, 2, 4}, budgets 1.5x /
   # 2x / 3x below the model, both modes
   c.configurations = (

@@ -43,12 +43,24 @@ def test_validate_config_sweeps_every_dimension():
     ((66, 4, 1, 2.0, "lms"), "multiple of model.num_heads"),
     ((64, 4, 1, 0, "lms"), "must be > 0"),
     ((64, 4, 1), "must be a tuple"),
+    ((160, 4, 1, 2.0, "lms"), "calibration_d_model"),   # the calibration width is kept apart
 ])
 def test_bad_configurations_are_clear_errors(row, match):
   cfg = harmony_config.get_config("validate")
   cfg.configurations = (row,)
   with pytest.raises(ConfigError, match=match):
     va.validate_config(cfg)
+
+
+def test_bad_timing_statistic_is_a_clear_error():
+  cfg = harmony_config.get_config("validate")
+  cfg.timing = "p90"
+  with pytest.raises(ConfigError, match="timing"):
+    va.validate_config(cfg)
+  from omni_jax.memory import profiler as pf
+  from omni_jax.memory import seqmodel as sm
+  with pytest.raises(ValueError, match="stat = 'p90' must be one of"):
+    pf.profile_model(sm.gpt_stack(8, 4, 8, 2, 1), (1,), params=[None] * 3, stat="p90")
 
 
 @pytest.mark.slow
