@@ -68,7 +68,7 @@ def test_two_configuration_sweep_writes_the_summary(tmp_path):
   cfg = harmony_config.get_config("validate")
   cfg.model.update(vocab=32, seq_len=8, num_heads=2)
   cfg.batch, cfg.steps, cfg.profile_repeats = 4, 2, 2
-  cfg.configurations = ((32, 2, 2, 1.5, "harmony"), (32, 2, 4, 1.5, "lms"))
+  cfg.configurations = ((32, 2, 1, 1.2, "harmony"), (32, 2, 2, 0.5, "lms"))
   summary = va.run(cfg, str(tmp_path))
   assert json.load(open(tmp_path / "summary.json")) == summary
   assert set(summary) >= {"model_error_median", "model_error_max", "configurations"}
