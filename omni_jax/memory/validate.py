@@ -3,13 +3,16 @@ run by the real executors (issue 22, ``configs/harmony.py:validate``).
 
 Each configuration is (model width, blocks, microbatch size, model-to-budget ratio, mode):
 a GPT stack is profiled on this machine (per-layer forward / backward seconds,
-:func:`~omni_jax.memory.profiler.profile_model`), this machine's copy and Adam rates are
-measured once (:func:`~omni_jax.memory.study.measure_hardware`), the schedule of ``mode``
-(``harmony`` or ``lms``) is planned at that microbatch size under the budget and its
-iteration time predicted by :func:`~omni_jax.memory.costmodel.simulate`; then the same plan
-trains for real (:func:`~omni_jax.memory.study.execute`) and its median steady iteration
-time is the measurement. Per configuration the predicted and measured busy seconds of each
-stream (compute, swap in, swap out, host update) say which term of the model is off.
+:func:`~omni_jax.memory.profiler.profile_model`); this machine's copy and Adam rates
+(:func:`~omni_jax.memory.study.measure_hardware`, on one block of a width no configuration
+uses) and the fixed cost of one swap (:func:`measure_transfer_overhead`) are measured once,
+apart from the configurations; the schedule of ``mode`` (``harmony`` or ``lms``) is planned
+at that microbatch size under the budget and its iteration time predicted by
+:func:`~omni_jax.memory.costmodel.simulate`; then the same plan trains for real
+(:func:`~omni_jax.memory.study.execute`) and its steady iterations are the measurement. All
+timings, both sides, take the same statistic of their repeats (``cfg.timing``). Per
+configuration the predicted and measured busy seconds of each stream (compute, swap in,
+swap out, host update) say which term of the model is off.
 ``model_error`` = |predicted - measured| / measured.
 """
 
@@ -64,6 +67,8 @@ def error_summary(predicted, measured) -> dict:
 # ---------------------------------------------------------------- config
 @dataclasses.dataclass(frozen=True)
 class Configuration:
+  """One validated point: a GPT stack of ``num_layers`` blocks of width ``d_model``, run at
+  microbatch size ``u`` under a budget of (parameters + Adam state) / ``model_to_budget``."""
   d_model: int
   num_layers: int
   u: int
@@ -102,6 +107,7 @@ def configurations(cfg) -> list[Configuration]:
 
 
 def validate_config(cfg) -> list[Configuration]:
+  """Checks the ``validate`` config (one clear error per bad key); its configurations."""
   check_keys(cfg, TOP_KEYS)
   check_keys(cfg.model, MODEL_KEYS, "model.", required=MODEL_KEYS)
   check_keys(cfg.hardware, HW_KEYS, "hardware.", required=HW_KEYS)
