@@ -16,7 +16,7 @@ host the same command measures real host<->device transfers (see docs/harmony.md
 
 import ml_collections
 
-VARIANTS = ("default", "tiny", "paper")
+VARIANTS = ("default", "tiny", "paper", "validate")
 
 
 def get_config(arg: str = "default") -> ml_collections.ConfigDict:
@@ -24,6 +24,8 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
   if arg not in VARIANTS:
     raise ValueError(f"unknown variant {arg!r} of configs/harmony.py; choose one of "
                      f"{list(VARIANTS)}")
+  if arg == "validate":
+    return validate_config()
   c = ml_collections.ConfigDict()
   c.variant = arg
   c.seed = 0
@@ -84,4 +86,46 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
     # host. extra_k=1 (not 3) keeps the 12 cells to minutes on 2 shared cores: on the
     # 40B / 8-GPU cell and on the headline cell it picks the same plans (see docs/harmony.md).
     c.settings_sweep.update(n_gpus=(1, 2, 4, 8), num_layers=(50, 100, 200), extra_k=1)
+  return c
+
+
+def validate_config() -> ml_collections.ConfigDict:
+  """``validate``: the cost model checked against the real executors (issue 22).
+
+  Every row of ``configurations`` is (d_model, num_layers, microbatch size u,
+  model_to_budget = parameters + Adam state / device budget, mode 'harmony' | 'lms') of a GPT
+  stack (vocab, seq_len, heads below; d_ff = 4 d_model). Each is planned at that u under the
+  budget, priced by the cost model with this machine's profiled layer times and measured
+  copy / Adam rates, and trained for real ``steps`` iterations (the first compiles).
+  """
+  c = ml_collections.ConfigDict()
+  c.variant = "validate"
+  c.seed = 0
+  c.model = dict(vocab=64, seq_len=32, num_heads=4)
+  c.batch = 8
+  c.steps = 8
+  c.lr = 1e-3
+  c.profile_repeats = 20                # timed runs per layer kind and size, and per rate
+  # Layer times, rates and the measured iterations all take the same statistic of their
+  # timed repeats: "median" (typical; robust to other jobs' bursts, and, unlike "min", not
+  # falling as repeats are added), "min" (best: capacity, as the study's profile) or "mean".
+  c.timing = "median"
+  # Copy and host / device Adam rates are calibrated on one GPT block of width
+  # calibration_d_model (its parameter pytree: the leaf sizes the executors move), a width no
+  # configuration below uses. shared_cores: on XLA:CPU the "device" is host RAM and a swap a
+  # memcpy on the same cores as the programs and host updates, so the cost model runs them
+  # one at a time.
+  c.hardware = dict(calibration_d_model=160, shared_cores=True)
+  # two widths (14.5 / 32.3 MB of parameters + Adam state), u in {1, 2, 4}, budgets 1.5x /
+  # 2x / 3x below the model, both modes
+  c.configurations = (
+      (128, 6, 1, 1.5, "harmony"),
+      (128, 6, 2, 2.0, "harmony"),
+      (128, 6, 1, 2.0, "lms"),
+      (128, 6, 4, 1.5, "lms"),
+      (192, 6, 1, 3.0, "harmony"),
+      (192, 6, 4, 2.0, "harmony"),
+      (192, 6, 2, 1.5, "lms"),
+      (192, 6, 4, 2.0, "lms"),
+  )
   return c

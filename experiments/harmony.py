@@ -1,6 +1,7 @@
 """Harmony-style swap scheduling vs virtualized-memory and ZeRO-Offload-like baselines.
 
   python -m experiments.harmony --config=configs/harmony.py:default --workdir=/tmp/harmony
+  python -m experiments.harmony --config=configs/harmony.py:validate --workdir=/tmp/hvalid
 
 Profiles the model (bytes per layer from shapes; seconds measured here, or from FLOPs and
 a device rate for the paper-scale plan), prices this machine's copies and updates (or takes
@@ -30,7 +31,7 @@ from absl import app, logging
 from experiments import common
 from omni_jax.config import ConfigError
 from omni_jax.memory import planner as pl
-from omni_jax.memory import study
+from omni_jax.memory import study, validate
 
 _CONFIG = common.define_config("configs/harmony.py:<variant>")
 _WORKDIR = common.define_workdir("output folder")
@@ -43,7 +44,10 @@ def main(argv) -> None:
   if _CONFIG.value is None or not _WORKDIR.value:
     raise app.UsageError("--config=configs/harmony.py:<variant> and --workdir are required")
   try:
-    summary = study.run(_CONFIG.value, _WORKDIR.value)
+    if _CONFIG.value.variant == "validate":
+      summary = validate.run(_CONFIG.value, _WORKDIR.value)
+    else:
+      summary = study.run(_CONFIG.value, _WORKDIR.value)
   except (ConfigError, pl.NothingFitsError) as e:
     raise app.UsageError(str(e)) from e
   logging.info("summary: %s", json.dumps(summary))

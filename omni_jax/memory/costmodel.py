@@ -10,6 +10,13 @@ sharing — k concurrent transfers in one direction each get ``min(per_gpu_bw, h
 host tasks have fixed durations, and so have GPU-to-GPU transfers (``nbytes / p2p_bw``, on
 the receiving GPU's ``p2p`` stream): they do not touch the host's swap link, as in Harmony's
 simulator (PCIe peer-to-peer through the switch, 8.2 GiB/s per direction by default).
+With ``shared_cores`` (a host-as-device backend such as XLA:CPU, where the "device" is host
+RAM and a swap is a memcpy run by the same CPU threads as the programs and the host
+updates) swaps, compute and host updates of every stream take turns on one resource, the
+machine's cores: one task at a time, the first ready one in program order.
+``transfer_overhead_s`` is a fixed time every host<->device swap takes before its bytes move
+(issuing it: the executor's bookkeeping and the runtime's dispatch); it does not use the
+link's bandwidth.
 :func:`simulate` returns the timeline (start and end of
 every task), whose makespan is the predicted iteration time.
 """
@@ -32,6 +39,8 @@ class Hardware:
   host_update_params_per_s: float = 2e9  # CPU Adam
   device_update_params_per_s: float = 2e10
   p2p_bw: float = 8.2 * 2**30            # GPU->GPU per direction (Harmony's bw_p2p)
+  shared_cores: bool = False             # swaps, compute and updates share the CPU cores
+  transfer_overhead_s: float = 0.0       # fixed cost of issuing one swap, on top of its bytes
 
   def __post_init__(self):
     if not isinstance(self.n_gpus, int) or self.n_gpus < 1:
@@ -40,6 +49,9 @@ class Hardware:
               "device_update_params_per_s", "p2p_bw"):
       if not getattr(self, k) > 0:
         raise ValueError(f"Hardware.{k} = {getattr(self, k)!r} must be > 0")
+    if not self.transfer_overhead_s >= 0:
+      raise ValueError(f"Hardware.transfer_overhead_s = {self.transfer_overhead_s!r} must be "
+                       ">= 0")
 
 
 @dataclasses.dataclass
@@ -92,14 +104,20 @@ def simulate(graph: TaskGraph, hw: Hardware) -> list[Task]:
       if d >= t.id:
         raise ValueError(f"task {t.label} depends on a later task (id {d} >= {t.id})")
       users[d].append(t.id)
-  ready: dict[tuple[int, str], list[tuple[int, int]]] = {}
-  busy: dict[tuple[int, str], int] = {}
+  ready: dict[tuple, list[tuple[int, int]]] = {}
+  busy: dict[tuple, int] = {}
   remaining = {t.id: float(t.nbytes) for t in tasks}
+  overhead = {t.id: hw.transfer_overhead_s if _link(t, True) else 0.0 for t in tasks}
   now, done = 0.0, 0
+
+  def resource(t: Task) -> tuple:
+    if hw.shared_cores and t.stream != "p2p":
+      return ("cores",)
+    return (t.gpu, t.stream)
 
   def make_ready(tid):
     t = tasks[tid]
-    heapq.heappush(ready.setdefault((t.gpu, t.stream), []), (t.prio, tid))
+    heapq.heappush(ready.setdefault(resource(t), []), (t.prio, tid))
 
   for t in tasks:
     if not t.deps:
@@ -124,7 +142,7 @@ def simulate(graph: TaskGraph, hw: Hardware) -> list[Task]:
       link = _link(t, hw.duplex)
       if link:
         rate = min(hw.swap_bw_gpu, hw.swap_bw_host / active[link])
-        finish[tid] = now + remaining[tid] / rate
+        finish[tid] = now + overhead[tid] + remaining[tid] / rate
       elif t.stream == "p2p":
         finish[tid] = t.start + t.duration + t.nbytes / hw.p2p_bw
       else:
@@ -134,7 +152,9 @@ def simulate(graph: TaskGraph, hw: Hardware) -> list[Task]:
       link = _link(tasks[tid], hw.duplex)
       if link:
         rate = min(hw.swap_bw_gpu, hw.swap_bw_host / active[link])
-        remaining[tid] = max(remaining[tid] - rate * (t_next - now), 0.0)
+        used = min(overhead[tid], t_next - now)    # the fixed cost first, then the bytes
+        overhead[tid] -= used
+        remaining[tid] = max(remaining[tid] - rate * (t_next - now - used), 0.0)
     now = t_next
     for res, tid in list(busy.items()):
       if finish[tid] <= now + 1e-15:

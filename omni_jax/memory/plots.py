@@ -133,3 +133,40 @@ def plot_settings_sweep(cells: list[dict], path: str, goal_swap: float, goal_spe
         f"{_params_label(at[(n, gpus[0])]['params_billion'])} ({n} blocks)" for n in depths])
     ax.set_title(f"{title} (goal {goal:g}x: bold, blue)", fontsize=9)
   save_figure(fig, path)
+
+
+def plot_validation(rows: list[dict], path: str, band: float = 0.15) -> None:
+  """Predicted vs measured iteration time per configuration (log-log), the y = x line and
+  a +-``band`` relative band; harmony and lms configurations marked apart."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(6.4, 5.6), dpi=110)
+  vals = [v for r in rows for v in (r["predicted_iter_time_s"], r["measured_iter_time_s"])]
+  lo, hi = min(vals) / 1.5, max(vals) * 1.5
+  xs = np.geomspace(lo, hi, 50)
+  ax.plot(xs, xs, "k-", lw=0.8, label="predicted = measured")
+  ax.fill_between(xs, xs * (1 - band), xs * (1 + band), color="0.85",
+                  label=f"±{band:.0%}")
+  for mode, marker in (("harmony", "o"), ("lms", "s")):
+    sel = [r for r in rows if r["mode"] == mode]
+    if not sel:
+      continue
+    ax.scatter([r["measured_iter_time_s"] for r in sel], [r["predicted_iter_time_s"] for r in sel],
+               marker=marker, s=36, zorder=3, label=mode)
+    for r in sel:
+      ax.annotate(r["name"].rsplit("-", 1)[0], (r["measured_iter_time_s"],
+                  r["predicted_iter_time_s"]), fontsize=6, xytext=(4, -8),
+                  textcoords="offset points")
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlim(lo, hi)
+  ax.set_ylim(lo, hi)
+  ax.set_xlabel("measured s / iteration")
+  ax.set_ylabel("predicted s / iteration (cost model)")
+  ax.set_title("Harmony cost model vs real executor")
+  ax.legend(loc="upper left", fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)

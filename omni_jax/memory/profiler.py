@@ -106,8 +106,16 @@ def residual_bytes(apply, p_shapes, x_shapes) -> int:
   return tree_bytes(vjp_fn)
 
 
-def _measure(apply, params, x_spec, u: int, repeats: int) -> tuple[float, float]:
-  """(forward s, backward-only s) of one microbatch of size u, jitted, best of repeats."""
+STATS = {"min": min, "median": lambda ts: float(np.median(ts)),
+         "mean": lambda ts: float(np.mean(ts))}
+
+
+def _measure(apply, params, x_spec, u: int, repeats: int, stat: str = "min"
+             ) -> tuple[float, float]:
+  """(forward s, backward-only s) of one microbatch of size u, jitted; ``stat`` of repeats
+  (``min``: best, the machine's capacity; ``median``: typical, robust to outliers and, unlike
+  the best, not falling with the number of repeats; ``mean``: the expected time under the
+  machine's current load). Compare with a measured run under the same statistic."""
   x = jax.tree.map(lambda s: jnp.zeros((u, *s.shape), s.dtype), x_spec)
   fwd = jax.jit(apply)
   y = fwd(params, x)
@@ -119,8 +127,9 @@ def _measure(apply, params, x_spec, u: int, repeats: int) -> tuple[float, float]
 
   # best of ``repeats`` after a warm-up: the machine's capacity, robust to other processes
   # sharing the cores (a median would price their interference into the plan)
-  t_f = min(time_calls(fwd, params, x, repeats=repeats))
-  t_fb = min(time_calls(jax.jit(fwd_bwd), params, x, dy, repeats=repeats))
+  # (``stat="min"``); ``median`` / ``mean`` price typical interference, as a run has
+  t_f = STATS[stat](time_calls(fwd, params, x, repeats=repeats))
+  t_fb = STATS[stat](time_calls(jax.jit(fwd_bwd), params, x, dy, repeats=repeats))
   return t_f, max(t_fb - t_f, 0.0)
 
 
@@ -137,7 +146,7 @@ def _flops(apply, p_shapes, x_shapes) -> tuple[float, float]:
 
 def profile_model(model: SeqModel, microbatch_sizes, params: list[Any] | None = None,
                   measure: bool = True, flops_per_s: float = 0.0,
-                  repeats: int = 5) -> ModelProfile:
+                  repeats: int = 5, stat: str = "min") -> ModelProfile:
   """Profiles every layer; timing is measured once per layer kind and microbatch size.
 
   ``measure=True`` needs real ``params`` and times jitted forward / forward+backward here;
@@ -146,6 +155,8 @@ def profile_model(model: SeqModel, microbatch_sizes, params: list[Any] | None = 
   sizes = tuple(sorted({int(u) for u in microbatch_sizes}))
   if not sizes or sizes[0] < 1:
     raise ValueError(f"microbatch_sizes = {list(microbatch_sizes)} must be positive integers")
+  if stat not in STATS:
+    raise ValueError(f"stat = {stat!r} must be one of {list(STATS)}")
   if measure and params is None:
     raise ValueError("profile_model(measure=True) needs the model's params to time layers")
   if not measure and flops_per_s <= 0:
@@ -166,7 +177,7 @@ def profile_model(model: SeqModel, microbatch_sizes, params: list[Any] | None = 
       key = (layer.kind, u)
       if key not in timed:
         if measure:
-          timed[key] = _measure(fn, params[i], fn_spec, u, repeats)
+          timed[key] = _measure(fn, params[i], fn_spec, u, repeats, stat)
         else:
           f, b = _flops(fn, p_shapes[i], _batched_tree(fn_spec, u))
           timed[key] = (f / flops_per_s, b / flops_per_s)

@@ -159,24 +159,32 @@ def profile(cfg, model, params, workdir: str) -> pf.ModelProfile:
   return prof
 
 
-def measure_hardware(nbytes: int = 32 * 2**20) -> dict:
-  """This machine's host->device and device->host copy rates and Adam update rates."""
+def measure_hardware(nbytes: int = 32 * 2**20, stat: str = "min", repeats: int = 5,
+                     params=None) -> dict:
+  """This machine's host->device and device->host copy rates and Adam update rates
+  (``stat`` of ``repeats`` timed runs, as :func:`profiler.profile_model`), on one float32
+  array of ``nbytes`` or, when given, on the pytree ``params`` (e.g. one layer's parameters:
+  the leaf sizes the executors move)."""
+  def timed(fn):
+    return pf.STATS[stat](time_calls(fn, repeats=repeats))
+
+  def drop(tree):
+    for x in jax.tree.leaves(jax.block_until_ready(tree)):
+      x.delete()
   dev, host = ex.shardings()
-  n = nbytes // 4
-  h = jax.device_put(np.ones(n, np.float32), host)
-  d = jax.device_put(np.ones(n, np.float32), dev)
-  t_in = min(time_calls(lambda: jax.block_until_ready(jax.device_put(h, dev)).delete()))
-  t_out = min(time_calls(lambda: jax.block_until_ready(jax.device_put(d, host)).delete()))
-  p = {"w": np.ones(n, np.float32)}
+  p = {"w": np.ones(nbytes // 4, np.float32)} if params is None else jax.device_get(params)
+  nbytes, n = pf.tree_bytes(p), sum(int(np.size(x)) for x in jax.tree.leaves(p))
+  h, d = jax.device_put(p, host), jax.device_put(p, dev)
+  t_in = timed(lambda: drop(jax.device_put(h, dev)))
+  t_out = timed(lambda: drop(jax.device_put(d, host)))
   cfg = sm.AdamConfig()
-  opt = {"mu": {"w": np.zeros(n, np.float32)}, "nu": {"w": np.zeros(n, np.float32)}}
+  opt = jax.tree.map(np.zeros_like, {"mu": p, "nu": p})
   host_upd = ex.HarmonyExecutor._host_program(cfg)
   hp, hg, ho = (jax.device_put(x, host) for x in (p, p, opt))
-  t_host = min(time_calls(
-      lambda: jax.block_until_ready(host_upd([hp], [hg], [ho], np.float32(1)))))
+  t_host = timed(lambda: jax.block_until_ready(host_upd([hp], [hg], [ho], np.float32(1))))
   dev_upd = jax.jit(lambda p, g, o, s: sm.adam_update(p, g, o, s, cfg))
   dp, dg, do = (jax.device_put(x, dev) for x in (p, p, opt))
-  t_dev = min(time_calls(lambda: jax.block_until_ready(dev_upd(dp, dg, do, np.float32(1)))))
+  t_dev = timed(lambda: jax.block_until_ready(dev_upd(dp, dg, do, np.float32(1))))
   return {"swap_bw_in": nbytes / t_in, "swap_bw_out": nbytes / t_out,
           "host_update_params_per_s": n / t_host, "device_update_params_per_s": n / t_dev}
 

@@ -258,3 +258,33 @@ def test_zero_infinity_prefetch_time_by_hand():
   assert makespan(tasks) == pytest.approx(0.06 + 1 + 1 + 3 + 1 + 2.5)
   with pytest.raises(ValueError, match="zero_infinity plan over 1 GPUs, the hardware has 2"):
     sch.build_graph(sch.Plan("zero_infinity", 1, 1), prof, _hw(n_gpus=2))
+
+
+def test_shared_cores_run_swaps_compute_and_updates_one_at_a_time():
+  # W in (1 s at 1 GB/s) then F (2 s) on GPU 0; an independent swap-out (0.5 s) and host
+  # update (0.25 s). Separate streams: W and the swap-out and update overlap -> 3 s.
+  # Shared cores (XLA:CPU): everything in program order, one at a time -> 1 + 2 + 0.5 + 0.25.
+  def run(shared):
+    g = TaskGraph()
+    w = g.add(0, "in", "W", nbytes=GB)
+    g.add(0, "compute", "F", duration=2.0, deps=[w])
+    g.add(0, "out", "y", nbytes=GB // 2)
+    g.add(-1, "host", "U", duration=0.25)
+    return makespan(simulate(g, _hw(n_gpus=1, shared_cores=shared)))
+  assert run(False) == pytest.approx(3.0)
+  assert run(True) == pytest.approx(3.75)
+
+
+def test_transfer_overhead_is_a_fixed_cost_per_swap():
+  # Two 1 GB swaps in at 1 GB/s, each with 0.25 s of issuing cost, then a 1 s program:
+  # 2 x (0.25 + 1) + 1 = 3.5 s; without the overhead 3 s. Compute has no overhead.
+  def run(oh):
+    g = TaskGraph()
+    a = g.add(0, "in", "W0", nbytes=GB)
+    b = g.add(0, "in", "W1", nbytes=GB, deps=[a])
+    g.add(0, "compute", "F", duration=1.0, deps=[b])
+    return makespan(simulate(g, _hw(n_gpus=1, transfer_overhead_s=oh)))
+  assert run(0.0) == pytest.approx(3.0)
+  assert run(0.25) == pytest.approx(3.5)
+  with pytest.raises(ValueError, match="transfer_overhead_s"):
+    _hw(transfer_overhead_s=-1.0)
