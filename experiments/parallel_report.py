@@ -65,6 +65,7 @@ def main(argv):
     make_loss_fn,
     parallel_op_names,
     pipeline_microbatches,
+    recipe_name,
     state_sharding,
     validate,
   )
@@ -105,7 +106,8 @@ def main(argv):
     micro = pipeline_microbatches(config)
     check_batch_fits_mesh(stream, mesh, micro)
     loss_fn = make_loss_fn(spec, model, mesh, op_names, micro)
-    state, shardings = create_state(init, tx, loop.seed, state_sharding(mesh))
+    state, shardings = create_state(init, tx, loop.seed,
+                                    state_sharding(mesh, recipe_name(config)))
     batch = mesh_lib.put_batch(mesh, host_batch)
     step = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0,
                    out_shardings=(shardings, None))

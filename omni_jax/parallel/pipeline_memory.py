@@ -4,7 +4,7 @@
 pipeline runs; embedding, encoders and heads are the same for every schedule) on a mesh of
 P devices, one per stage, once per schedule, and reads each executable's
 ``memory_analysis()``: ``temp_size_in_bytes`` is the stage's scratch memory over the step
-— the saved activations (GPipe: all M + P - 1 ticks' residuals; 1F1B: the ring of P slots)
+— the saved activations (GPipe: all M + P - 1 ticks' residuals; 1F1B: the ring of P + 1 slots)
 plus the working set of one tick, the inboxes and the gradient accumulators. Every figure
 is per device (= per stage), measured, not modelled.
 """
