@@ -143,7 +143,7 @@ def test_tune_with_confidence_needs_the_lower_bound_to_reach_the_target():
   assert plain["value"] == 10 and plain["recall_at_10"] == pytest.approx(0.975)
   r = np.r_[np.ones(30), np.full(10, 0.9)]
   # by hand: sd = sqrt((30 * 0.025^2 + 10 * 0.075^2) / 39) = 0.0438529; z(0.95) = 1.6448536
-  lb = 0.9635947      # 0.975 - 1.6448536 * 0.0438529 / sqrt(40)
+  lb = 0.9635950      # 0.975 - 1.6448536 * 0.0438529 / sqrt(40) = 0.975 - 0.0114050
   assert ondisk_peers.recall_lower_bound(r, 0.95) == pytest.approx(lb, abs=2e-7)
   strict = ondisk_peers.tune(peer, np.zeros((40, 3)), truth, grid=[8, 16], target=0.97,
                              confidence=0.95)
