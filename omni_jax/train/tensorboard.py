@@ -191,7 +191,10 @@ def _records(path: str) -> Iterator[bytes]:
 
 def read_events(logdir: str | os.PathLike) -> dict[str, list[tuple[int, Any]]]:
   """Every summary value in ``logdir``'s event files (not recursive), by tag: a list of
-  (step, value) with value a float (scalar), an RGB uint8 array (image) or a str (text)."""
+  (step, value) with value a float (scalar), an RGB uint8 array (image) or a str (text).
+  A writer this process still holds on ``logdir`` is closed first (any job, read in-process,
+  reads whole files; a later event opens a new file beside them)."""
+  close(logdir)
   _summary_writer_class()
   from tensorboardX.proto import event_pb2
   out: dict[str, list[tuple[int, Any]]] = {}
