@@ -49,6 +49,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from omni_jax.collectives.codecs.base import HopCodec
+from omni_jax.parallel.workers import run_on_workers
 
 METHODS = ("none", "allreduce", "ps", "switch", "async")
 
@@ -187,7 +188,6 @@ def time_aggregation(agg, mesh, num_params: int, reps: int = 50, repeats: int = 
   ``reps`` aggregations run inside one jitted scan (after a compile-and-warm-up call) so
   dispatch overhead is amortised; the median over ``repeats`` such runs.
   """
-  from omni_jax.parallel.workers import run_on_workers
   tx = optax.sgd(1e-3)
   n = agg.workers
 
