@@ -33,6 +33,7 @@ real-files manifest (``:files``, 128-token rows, 2 slots, 512-record windows) 60
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 
 import numpy as np
@@ -64,28 +65,43 @@ def doc_from_row(row, inputs: dict[str, np.ndarray], task: int, pad_id: int) -> 
 
 def pack(docs: list[Doc], seq_len: int, slots: int = 1) -> list[list[Doc]]:
   """Best-fit decreasing packing, at most ``slots`` documents per modality per row;
-  deterministic."""
+  deterministic: each document (longest first, ties by index) goes into the open row with the
+  least room that fits it and has a free slot for its modalities, the lowest-numbered such row
+  on a tie, else into a new row.
+
+  Open rows are kept in buckets by room left (each bucket in row order), so a document scans
+  the rooms that fit it rather than every row: a 512-record window packs in milliseconds, not
+  the ~0.25 s of comparing each document with every row (that ran in the reader process and
+  capped the input pipeline)."""
   if slots < 1:
     raise ValueError(f"slots per row must be >= 1, got {slots}")
   rows: list[list[Doc]] = []
   room: list[int] = []
   used: list[dict[str, int]] = []
-  order = sorted(range(len(docs)), key=lambda i: (-len(docs[i]), i))
+  by_room: list[list[int]] = [[] for _ in range(seq_len + 1)]  # room -> rows, ascending
+  order = sorted(range(len(docs)), key=lambda i: (-len(docs[i].tokens), i))
   for i in order:
     d = docs[i]
-    if len(d) > seq_len:
-      raise ValueError(f"a document of {len(d)} tokens does not fit data.seq_len = {seq_len}")
-    best, best_room = -1, seq_len + 1
-    for r in range(len(rows)):
-      if len(d) <= room[r] < best_room and all(used[r].get(m, 0) < slots for m in d.slots):
-        best, best_room = r, room[r]
+    n = len(d.tokens)
+    if n > seq_len:
+      raise ValueError(f"a document of {n} tokens does not fit data.seq_len = {seq_len}")
+    best = -1
+    for left in range(n, seq_len + 1):
+      for r in by_room[left]:
+        if all(used[r].get(m, 0) < slots for m in d.slots):
+          best = r
+          break
+      if best >= 0:
+        by_room[left].remove(best)
+        break
     if best < 0:
       rows.append([])
       room.append(seq_len)
       used.append({})
       best = len(rows) - 1
     rows[best].append(d)
-    room[best] -= len(d)
+    room[best] -= n
+    bisect.insort(by_room[room[best]], best)
     for m in d.slots:
       used[best][m] = used[best].get(m, 0) + 1
   return rows

@@ -70,6 +70,34 @@ def doc(n, slots=(), task=0):
                      {m: np.full((16, 16, 3), n, np.float32) for m in slots}, task)
 
 
+def best_fit_reference(docs, seq_len, slots):
+  """Plain best-fit decreasing: every document compared with every open row."""
+  rows, room, used = [], [], []
+  for i in sorted(range(len(docs)), key=lambda i: (-len(docs[i]), i)):
+    d, best, best_room = docs[i], -1, seq_len + 1
+    for r in range(len(rows)):
+      if len(d) <= room[r] < best_room and all(used[r].get(m, 0) < slots for m in d.slots):
+        best, best_room = r, room[r]
+    if best < 0:
+      rows.append([]), room.append(seq_len), used.append({})
+    rows[best].append(d)
+    room[best] -= len(d)
+    for m in d.slots:
+      used[best][m] = used[best].get(m, 0) + 1
+  return rows
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_bucketed_packing_equals_plain_best_fit(slots):
+  rng = np.random.default_rng(slots)
+  kinds = [(), ("image",), ("audio",), ("image", "audio")]
+  docs = [doc(int(rng.integers(1, 97)), kinds[int(rng.integers(4))]) for _ in range(400)]
+  got = packing.pack(docs, 128, slots)
+  want = best_fit_reference(docs, 128, slots)
+  assert [[id(d) for d in r] for r in got] == [[id(d) for d in r] for r in want]
+  assert len(got) < 0.6 * len(docs)  # rows hold ~2 documents: real packing happened
+
+
 def test_packing_layout_and_one_slot_per_modality(tmp_path):
   spec = build_spec(text_config(tmp_path / "x").model)
   docs = [doc(20, ["image"], 1), doc(20, ["image"], 1), doc(10), doc(6), doc(18)]
