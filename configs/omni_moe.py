@@ -95,6 +95,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                   task_weights={"image:understand": 3.0, "image:generate": 1.5,
                                 "audio:understand": 0.75, "audio:generate": 1.0})
     c.train.update(steps=1500, eval_every=500, checkpoint_every=250)
+    # A third of the base rate: at 3e-3 held-out image-caption token accuracy stalled at 0.97
+    # and a fresh run captioned shapes 0.62 of the time; at 1e-3 it reaches 0.997 by step
+    # 1000 and captions 0.97 (docs/generation.md, fresh runs of this variant).
+    c.optim.update(lr=1e-3)
   elif arg == "small":
     c.model.update(d_model=256, num_layers=4, num_heads=8, d_ff=512)
     c.model.moe.update(num_experts=8, d_ff=256)
