@@ -105,6 +105,29 @@ def test_bad_config_is_one_clear_error(over, msg):
     runner.build(_config("tiny", **over))
 
 
+def test_straggler_config_builds_the_event_clock_or_is_refused():
+  """Async S = 2 with one 4x slower worker: the aggregator replays a schedule covering every
+  aggregation of the run (iterations x updates per iteration); sync runs get the modelled
+  synchronous clock (each step waits for the slow worker). Bad straggler keys: one error."""
+  cfg = _config("tiny", aggregation="async", staleness=2)
+  cfg.straggler.slow_workers, cfg.straggler.slow_factor = (1,), 4.0
+  run = runner.build(cfg)
+  tl = run.timeline
+  assert run.aggregator.clock is tl.schedule and tl.mode == "async"
+  assert len(tl.schedule.time_s) == run.iterations * run.algo.updates_per_iteration
+  assert tl.schedule.histogram()[2] > 0 and max(np.flatnonzero(tl.schedule.histogram())) == 2
+  assert tl.update_s[-1] < tl.sync_update_s[-1] / 2   # the slow worker paces only sync
+  np.testing.assert_allclose(np.diff(tl.sync_update_s), 4 * cfg.straggler.mean_s + tl.comm_s)
+  sync = runner.build(_config("tiny", aggregation="switch")).timeline
+  assert sync.mode == "sync" and sync.schedule is None
+  cfg.straggler.dist = "pareto"
+  with pytest.raises(ConfigError, match="config.straggler: straggler dist 'pareto' is unknown"):
+    runner.build(cfg)
+  cfg.straggler.dist, cfg.straggler.slow_workers = "constant", (2,)
+  with pytest.raises(ConfigError, match=r"distinct worker indices in \[0, 2\)"):
+    runner.build(cfg)
+
+
 def test_unknown_variant_and_key():
   with pytest.raises(ValueError, match="unknown variant 'ppo_pong'"):
     rl_configs.get_config("ppo_pong")
