@@ -7,7 +7,7 @@ import pytest
 
 from configs import rl as rl_configs
 from omni_jax.config import ConfigError
-from omni_jax.rl import envs, runner
+from omni_jax.rl import envs, job, runner
 
 
 def _config(variant, **over):
@@ -120,6 +120,14 @@ def test_straggler_config_builds_the_event_clock_or_is_refused():
   np.testing.assert_allclose(np.diff(tl.sync_update_s), 4 * cfg.straggler.mean_s + tl.comm_s)
   sync = runner.build(_config("tiny", aggregation="switch")).timeline
   assert sync.mode == "sync" and sync.schedule is None
+  # modelled time to reward: the first window (1 iteration here: 64 // 50) at the target
+  n, upd = run.iterations, run.algo.updates_per_iteration
+  recs = [{"return_sum": 500.0 if i >= 40 else 20.0, "episodes": 1} for i in range(n)]
+  ttr = job.modelled_time_to_reward(run, recs)
+  assert ttr["iterations"] == 41 and ttr["mode"] == "async"
+  assert ttr["seconds"] == pytest.approx(tl.update_s[41 * upd - 1])
+  assert ttr["run_seconds"] == pytest.approx(tl.update_s[-1])
+  assert job.modelled_time_to_reward(run, recs[:40])["seconds"] is None
   cfg.straggler.dist = "pareto"
   with pytest.raises(ConfigError, match="config.straggler: straggler dist 'pareto' is unknown"):
     runner.build(cfg)
