@@ -66,7 +66,7 @@ def get_config(arg: str = "ppo_cartpole") -> ml_collections.ConfigDict:
   c.seeds = 1                   # independent runs vmapped inside every worker
   c.workers = 8                 # devices on the worker mesh axis
   c.aggregation = "switch"      # none | allreduce | ps | switch | async
-  c.threshold = 0               # switch threshold H (0 = workers: synchronous)
+  c.threshold = 0               # switch H (0 = workers: sync); async: gradients that fire (0 = 1)
   c.segment_size = 256          # floats per switch segment (one counter each)
   c.staleness = 0               # async bound S (0 = synchronous)
   c.codec = ""                  # name of a compressed-collectives codec ("" = none)
