@@ -7,7 +7,9 @@ Variants: ``ppo_cartpole``, ``ppo_acrobot``, ``ppo_breakout``, ``ppo_pendulum`` 
 policy), ``a2c_cartpole``,
 ``dqn_cartpole``, ``ddpg_pendulum`` and ``tiny`` (PPO on CartPole, a few seconds; tests).
 Overrides: ``--config.aggregation=ps|allreduce|switch|async|none``,
-``--config.staleness=2`` (async), ``--config.threshold=6`` (switch H; 0 means H = workers),
+``--config.staleness=2`` (async), ``--config.threshold=6`` (switch H; 0 means H = workers;
+for async the number of waiting gradients that fires an aggregation, 0 means 1),
+``--config.straggler.slow_workers=(7,) --config.straggler.slow_factor=4`` (modelled clock),
 ``--config.workers=4``, ``--config.seeds=3`` (vmapped seeds).
 ``total_env_steps`` counts every worker's steps (per seed); each worker runs
 ``hp.num_envs`` environments, so the global batch is ``workers * hp.num_envs``.
@@ -20,6 +22,8 @@ import ml_collections
 VARIANTS = ("ppo_cartpole", "ppo_acrobot", "ppo_breakout", "ppo_pendulum", "a2c_cartpole",
             "dqn_cartpole", "ddpg_pendulum", "tiny")
 ALGOS = ("ppo", "a2c", "dqn", "ddpg")
+REWARD_TARGETS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "Breakout-MinAtar": 10.0,
+                  "Pendulum-v1": -250.0}
 
 
 def hyperparameters(algo: str) -> ml_collections.ConfigDict:
@@ -62,7 +66,7 @@ def get_config(arg: str = "ppo_cartpole") -> ml_collections.ConfigDict:
   c.seeds = 1                   # independent runs vmapped inside every worker
   c.workers = 8                 # devices on the worker mesh axis
   c.aggregation = "switch"      # none | allreduce | ps | switch | async
-  c.threshold = 0               # switch threshold H (0 = workers: synchronous)
+  c.threshold = 0               # switch H (0 = workers: sync); async: gradients that fire (0 = 1)
   c.segment_size = 256          # floats per switch segment (one counter each)
   c.staleness = 0               # async bound S (0 = synchronous)
   c.codec = ""                  # name of a compressed-collectives codec ("" = none)
@@ -73,6 +77,16 @@ def get_config(arg: str = "ppo_cartpole") -> ml_collections.ConfigDict:
   c.eval_episodes = 10          # greedy episodes per seed at the end of the run (eval_return)
   c.eval_max_steps = 10_000     # step cap of those episodes (gymnax envs end before it)
   c.hp = hyperparameters(algo)
+  # Return whose first crossing (windowed training return) times the run under the timing
+  # model (summary's time_to_reward_modelled).
+  c.reward_target = REWARD_TARGETS[env]
+  # Per-worker seconds per gradient (update) of the modelled clock: dist constant |
+  # exponential | lognormal (sigma: log-space std, mean kept), slow_workers slow_factor times
+  # slower, or measured_s = one measured mean per worker. Async (S >= 1) trains on the event
+  # clock these times drive; every run reports its modelled time to reward_target.
+  c.straggler = ml_collections.ConfigDict(dict(
+      dist="constant", mean_s=1e-3, sigma=0.0, slow_workers=(), slow_factor=1.0,
+      measured_s=()))
   # Cluster of the timing model (iSwitch's testbed: 10 GbE, per-hop latency).
   c.cluster = ml_collections.ConfigDict(dict(
       workers=0,                # 0 = config.workers

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +60,7 @@ class Aggregator:
   segment_size: int = 256        # floats per switch packet / per-segment counter
   staleness: int = 0             # async S
   seed: int = 0                  # switch arrival order, stochastic codec keys in apply
+  clock: Any = None              # async S >= 1: the event_clock.Schedule it replays
 
   def __post_init__(self):
     methods.check(self)
@@ -71,7 +73,7 @@ class Aggregator:
     """One device's state (identical on every device at start). Error feedback keeps one
     residual per ring encoding, ``n_devices`` chunks of ``ceil(n / n_devices)`` values
     (``workers`` when not given). :meth:`apply` adds its step counter, the bytes of the last
-    update and (async) the delay line."""
+    update and (async) the last S + 1 parameter versions."""
     flat, _ = ravel_pytree(params)
     state = {}
     n_devices = self.workers if n_devices is None and self.axis else n_devices
@@ -88,7 +90,7 @@ class Aggregator:
     if isinstance(self.codec, PowerSGD):
       state["powersgd"] = self.codec.init(params, key)
     if self.axis or self.method != "allreduce":   # an optimizer-step aggregator (apply)
-      state |= methods.init(self, flat.size)
+      state |= methods.init(self, flat)
     return state
 
   def apply(self, tx, grads, params, opt_state, state: dict):
@@ -151,7 +153,7 @@ def make_aggregator(name: str, *, error_bound: float = 2.0 ** -10, qsgd_levels: 
                     **update) -> Aggregator:
   """The aggregator called ``name`` (one of :data:`CODECS`) with its codec's settings;
   ``update`` sets the optimizer-step fields (``method``, ``axis``, ``workers``, ``threshold``,
-  ``segment_size``, ``staleness``, ``seed``)."""
+  ``segment_size``, ``staleness``, ``seed``, ``clock``)."""
   if name not in CODECS:
     raise ValueError(f"unknown gradient codec {name!r}; allowed: {list(CODECS)}")
   if name == "none":

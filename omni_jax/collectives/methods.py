@@ -14,14 +14,20 @@ worker axis by the RL loops.
   threshold ``H`` and broadcasts ``sum / H`` once it reaches ``H``. ``H = N`` is synchronous
   aggregation; ``H < N`` keeps the first ``H`` arrivals of each segment (a random arrival
   order per step and segment);
-* ``"async"``     -- the switch aggregate goes through a delay line of ``S`` steps: at step
-  ``t`` a worker applies the aggregate of the gradients computed at step ``t - S`` (it keeps
-  computing meanwhile, so its gradients are up to ``S`` updates stale); for ``t < S``
-  nothing has arrived yet and parameters stay. ``"switch"`` is this same code with ``S = 0``
-  (no line: the fresh aggregate), so async with ``S = 0`` equals sync bit for bit. (Written
-  as two programs, XLA compiled the optimizer step -- global-norm clip, learning-rate
-  schedule -- differently and the runs drifted by float32 ulps after a few updates; one code
-  path makes the equality exact.)
+* ``"async"``     -- iSwitch's asynchronous mode with stragglers and a staleness bound ``S``:
+  which workers' gradients reach aggregation ``k``, and on which parameter version each was
+  computed, come from an event clock (:mod:`omni_jax.collectives.event_clock`: per-worker
+  step times from a distribution, the switch firing once ``H`` gradients wait, staleness
+  ``<= S``), precomputed for the run as ``agg.clock``. Aggregation ``k`` averages exactly the
+  arriving gradients (one ``psum`` of the masked packets, divided by their count) and applies
+  it to the newest parameters (version ``k``) with the optimizer; each worker then holds the
+  version its next gradient is computed on (at most ``S`` behind), so a gradient with
+  staleness ``s`` really is the gradient of the parameters ``s`` versions old. The last
+  ``S + 1`` versions are kept in ``state["versions"]``. ``S = 0`` is synchronous (the clock
+  makes every worker wait for every aggregate) and runs the ``"switch"`` code with ``H = N``,
+  so it equals the synchronous switch bit for bit. (Written as two programs, XLA compiled the
+  optimizer step -- global-norm clip, learning-rate schedule -- differently and the runs
+  drifted by float32 ulps after a few updates; one code path makes the equality exact.)
 
 Emulation: the parameter server's up-link hop is one ``all_gather`` of the encoded payloads
 over the worker axis. The switch is one ``psum`` of the packets its counters accept (see
@@ -49,6 +55,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from omni_jax.collectives.codecs.base import HopCodec
+from omni_jax.collectives.event_clock import Schedule
 from omni_jax.parallel.workers import run_on_workers
 
 METHODS = ("none", "allreduce", "ps", "switch", "async")
@@ -71,6 +78,10 @@ def check(agg) -> None:
     raise ValueError(f"staleness S must be an int >= 0, got {agg.staleness!r}")
   if agg.staleness and agg.method != "async":
     raise ValueError(f"staleness S={agg.staleness} needs method='async', got {agg.method!r}")
+  if agg.method == "async" and not agg.staleness and agg.threshold not in (None, agg.workers):
+    raise ValueError(f"threshold H={agg.threshold} has no effect for 'async' with S=0 (every "
+                     "worker waits for every aggregate); use S >= 1 or method='switch'")
+  _check_clock(agg)
   if agg.segment_size < 1:
     raise ValueError(f"segment_size must be >= 1, got {agg.segment_size}")
   if not (callable(getattr(agg.codec, "encode", None))
@@ -82,11 +93,31 @@ def check(agg) -> None:
                      f"qsgd); {agg.name!r} sums in its compressed domain: use 'allreduce'")
 
 
-def init(agg, size: int) -> dict:
-  """The step's own state: counter, last update's wire bytes, (async) the delay line."""
+def _check_clock(agg) -> None:
+  clock = agg.clock
+  if agg.method != "async" or not agg.staleness:
+    if clock is not None:
+      raise ValueError(f"an event clock schedule is only used by method='async' with "
+                       f"staleness S >= 1, got method={agg.method!r}, S={agg.staleness}")
+    return
+  if not isinstance(clock, Schedule):
+    raise ValueError(f"method='async' with S={agg.staleness} needs clock= an "
+                     "event_clock.Schedule (event_clock.make_schedule), got "
+                     f"{type(clock).__name__}")
+  if clock.arrive.shape[1] != agg.workers or clock.bound != agg.staleness:
+    raise ValueError(f"the event clock was made for {clock.arrive.shape[1]} workers and "
+                     f"S={clock.bound}, the aggregator has {agg.workers} and S={agg.staleness}")
+  if clock.threshold != (agg.threshold or 1):
+    raise ValueError(f"the event clock fires at H={clock.threshold}, the aggregator's threshold "
+                     f"is {agg.threshold} (None means H = 1 for async)")
+
+
+def init(agg, flat) -> dict:
+  """The step's own state: counter, last update's wire bytes, (async, S >= 1) the last S + 1
+  parameter versions (all version 0, ``flat``, at the start)."""
   state = {"step": jnp.zeros((), jnp.int32), "wire_bytes": jnp.zeros((), jnp.float32)}
-  if agg.method in ("switch", "async") and agg.staleness:
-    state["delay_line"] = jnp.zeros((agg.staleness + 1, size), jnp.float32)
+  if agg.method == "async" and agg.staleness:
+    state["versions"] = jnp.tile(jnp.asarray(flat, jnp.float32)[None], (agg.staleness + 1, 1))
   return state
 
 
@@ -109,22 +140,33 @@ def apply(agg, tx: optax.GradientTransformation, grads, params, opt_state, state
   if agg.method == "ps":
     params, opt_state = _parameter_server(agg, tx, decoded, unravel, params, opt_state)
     return params, opt_state, new | {"wire_bytes": up + 4.0 * flat.size}
+  if agg.method == "async" and agg.staleness:
+    return _async(agg, tx, decoded, up, unravel, opt_state, new)
   new["wire_bytes"] = up + 4.0 * flat.size
-  ready = None
-  if not agg.staleness:  # switch, or async with S = 0: the fresh aggregate
-    g = _switch(agg, decoded, step)
-  else:  # async: the switch aggregate through a delay line of S steps
-    line = state["delay_line"]
-    slots = agg.staleness + 1
-    line = line.at[step % slots].set(_switch(agg, decoded, step))
-    g = line[(step - agg.staleness) % slots]
-    ready = step >= agg.staleness
-    new["delay_line"] = line
-  new_params, new_opt = _optax_step(tx, unravel(g), params, opt_state)
-  if ready is not None:
-    new_params = _select(ready, new_params, params)
-    new_opt = _select(ready, new_opt, opt_state)
-  return new_params, new_opt, new
+  h = agg.h if agg.method == "switch" else agg.workers   # async S = 0: synchronous
+  params, opt_state = _optax_step(tx, unravel(_switch(agg, decoded, step, h)), params,
+                                  opt_state)
+  return params, opt_state, new
+
+
+def _async(agg, tx, decoded, up, unravel, opt_state, new):
+  """Aggregation ``step`` of the event clock's schedule (cycled past its end): the mean of
+  the arriving gradients, applied to the newest version; each worker gets the version its
+  next gradient is computed on."""
+  clock, step = agg.clock, new["step"] - 1
+  slots, k = agg.staleness + 1, step % len(clock.time_s)
+  me = jax.lax.axis_index(agg.axis)
+  arrive = jnp.asarray(clock.arrive)[k, me]
+  count = jnp.asarray(clock.count, jnp.float32)[k]
+  held = step - k + jnp.asarray(clock.version, jnp.int32)[k, me]   # absolute version
+  g = jax.lax.psum(jnp.where(arrive, decoded, 0.0), agg.axis) / count
+  versions = new["versions"]
+  newest = unravel(versions[step % slots])
+  newest, opt_state = _optax_step(tx, unravel(g), newest, opt_state)
+  versions = versions.at[(step + 1) % slots].set(ravel_pytree(newest)[0].astype(jnp.float32))
+  new = new | {"versions": versions,
+               "wire_bytes": jnp.where(arrive, up, 0.0) + 4.0 * decoded.size}
+  return unravel(versions[held % slots]), opt_state, new
 
 
 def _through_codec(agg, flat, step):
@@ -151,7 +193,7 @@ def _parameter_server(agg, tx, decoded, unravel, params, opt_state):
   return new_params, new_opt
 
 
-def _switch(agg, packets_flat, step):
+def _switch(agg, packets_flat, step, h: int):
   """Per-segment counters and accumulators; broadcast ``sum / H`` at threshold ``H``.
 
   The switch adds, per segment, the first ``H`` packets to arrive and broadcasts the sum: an
@@ -162,7 +204,7 @@ def _switch(agg, packets_flat, step):
   worker and ran the counters there: the same result, 2.7x slower than all-reduce per PPO
   step, measured.)
   """
-  size, seg, n, h = packets_flat.size, agg.segment_size, agg.workers, agg.h
+  size, seg, n = packets_flat.size, agg.segment_size, agg.workers
   nseg = math.ceil(size / seg)
   packets = jnp.pad(packets_flat, (0, nseg * seg - size)).reshape(nseg, seg)
   if h < n:  # arrival rank of each worker's packet of each segment, from the shared draw

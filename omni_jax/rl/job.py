@@ -21,7 +21,8 @@ from omni_jax.train.progress import Progress
 
 # config keys that must match a checkpoint to resume from it
 RESUME_KEYS = ("algo", "env", "seed", "seeds", "workers", "aggregation", "threshold",
-               "segment_size", "staleness", "codec", "total_env_steps", "chunk_iterations", "hp")
+               "segment_size", "staleness", "codec", "total_env_steps", "chunk_iterations", "hp",
+               "straggler")
 
 
 # ---------------------------------------------------------------- training
@@ -93,7 +94,8 @@ def measure(run: runner.Run) -> dict:
   """
   cfg = run.cfg.copy_and_resolve_references()
   cfg.workers = 1
-  one = runner.build(cfg, aggregation="none")
+  cfg.straggler.slow_workers, cfg.straggler.measured_s = (), ()   # the modelled clock's, not
+  one = runner.build(cfg, aggregation="none")                     # this measurement's
   n = min(one.chunk, run.cfg.timing_iterations or one.chunk)
   _, compute_s = runner.timed(runner.chunk_fn(one, n), runner.init_state(one))
   compute_s /= n
@@ -103,7 +105,8 @@ def measure(run: runner.Run) -> dict:
     agg_s = time_aggregation(run.aggregator, run.mesh, size)
   if run.aggregator.method in ("switch", "async"):
     # the emulated switch against an all-reduce of the same gradient (same codec), same run
-    ring = dataclasses.replace(run.aggregator, method="allreduce", threshold=None, staleness=0)
+    ring = dataclasses.replace(run.aggregator, method="allreduce", threshold=None, staleness=0,
+                               clock=None)
     allreduce_s = time_aggregation(ring, run.mesh, size)
     out = {"allreduce_s_per_aggregation": allreduce_s,
            "switch_over_allreduce": agg_s / allreduce_s}
@@ -142,8 +145,38 @@ def plot_returns(run: runner.Run, records: list[dict], path: str, title: str) ->
   save_figure(fig, path)
 
 
+def modelled_time_to_reward(run: runner.Run, records: list[dict]) -> dict:
+  """Simulated seconds until the training return first reaches ``cfg.reward_target``
+  (mean return of the episodes ending in a window of iterations, 1/50 of the run), on the
+  run's modelled clock (:class:`runner.Timeline`: ``config.straggler`` step times and the
+  timing model's aggregation; the async event clock for async runs). Modelled, not measured."""
+  cfg, tl = run.cfg, run.timeline
+  upd = run.algo.updates_per_iteration
+  n = min(len(records), len(tl.update_s) // upd)
+  rs = np.array([r["return_sum"] for r in records[:n]])
+  ep = np.array([r["episodes"] for r in records[:n]])
+  w = max(1, n // 50)
+  cs, ce = np.cumsum(rs), np.cumsum(ep)
+  lo = np.arange(n) - w
+  win_r = cs - np.where(lo >= 0, cs[np.maximum(lo, 0)], 0.0)
+  win_e = ce - np.where(lo >= 0, ce[np.maximum(lo, 0)], 0)
+  reached = np.flatnonzero((win_e > 0) & (win_r >= cfg.reward_target * np.maximum(win_e, 1)))
+  end_s = tl.update_s[np.arange(1, n + 1) * upd - 1]
+  k = len(tl.update_s)
+  return {"target_return": float(cfg.reward_target), "mode": tl.mode,
+          "seconds": float(end_s[reached[0]]) if reached.size else None,
+          "iterations": int(reached[0] + 1) if reached.size else None,
+          "run_seconds": float(end_s[-1]) if n else 0.0,
+          "s_per_update": float(tl.update_s[-1] / k),
+          "sync_s_per_update": float(tl.sync_update_s[-1] / k),
+          "comm_s_per_update": tl.comm_s, "straggler": to_dict(cfg.straggler),
+          "label": "modelled: event clock over config.straggler step times plus the timing "
+                   "model's aggregation time; the returns are the real run's"}
+
+
 def summarize(run: runner.Run, records: list[dict], timing: dict, evaluation: dict) -> dict:
-  """The summary.json keys of issue 5, and ``eval_return`` (issue 21)."""
+  """The summary.json keys of issue 5, ``eval_return``, ``time_to_reward_modelled`` and (async
+  S >= 1) ``staleness_histogram`` (applied gradients per staleness 0..S; issue 21)."""
   cfg = run.cfg
   rs = np.array([r["return_sum"] for r in records])[None]
   ep = np.array([r["episodes"] for r in records])[None]
@@ -163,5 +196,9 @@ def summarize(run: runner.Run, records: list[dict], timing: dict, evaluation: di
           "eval_return": evaluation["eval_return"],
           "env_steps_per_sec": steps / chunk_s if chunk_s else float("nan"),
           "comm_fraction_measured": agg / (compute + agg) if compute + agg else 0.0,
-          "predicted": predicted} | ({"switch_over_allreduce": timing["switch_over_allreduce"]}
-                                     if "switch_over_allreduce" in timing else {})
+          "predicted": predicted,
+          "time_to_reward_modelled": modelled_time_to_reward(run, records)} | (
+              {"switch_over_allreduce": timing["switch_over_allreduce"]}
+              if "switch_over_allreduce" in timing else {}) | (
+              {"staleness_histogram": run.timeline.schedule.histogram()}
+              if run.timeline.schedule is not None else {})

@@ -19,11 +19,19 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from omni_jax.collectives import event_clock, timing
 from omni_jax.collectives.aggregate import CODECS, METHODS, Aggregator, make_aggregator
-from omni_jax.config import check_keys, nonneg_float, one_of, positive_int, require
+from omni_jax.config import (
+    ConfigError,
+    check_keys,
+    nonneg_float,
+    one_of,
+    positive_int,
+    require,
+)
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.parallel.workers import run_on_workers
-from omni_jax.rl import a2c, core, ddpg, dqn, envs, evaluate, ppo
+from omni_jax.rl import a2c, core, ddpg, dqn, envs, evaluate, ppo, predict
 
 ALGORITHMS = {"ppo": ppo.make, "a2c": a2c.make, "dqn": dqn.make, "ddpg": ddpg.make}
 ACTION_KINDS = {"ppo": ("discrete", "continuous"), "a2c": ("discrete",), "dqn": ("discrete",),
@@ -32,7 +40,7 @@ AXIS = mesh_lib.DATA_AXIS
 TOP_KEYS = ("variant", "algo", "env", "seed", "seeds", "workers", "aggregation", "threshold",
             "segment_size", "staleness", "codec", "total_env_steps", "chunk_iterations",
             "final_window", "timing_iterations", "eval_episodes", "eval_max_steps", "hp",
-            "cluster")
+            "cluster", "straggler", "reward_target")
 
 
 def validate(cfg, num_devices: int | None = None) -> None:
@@ -59,6 +67,12 @@ def validate(cfg, num_devices: int | None = None) -> None:
           f"aggregation='allreduce' takes it, not {cfg.aggregation!r}")
   require(0 < nonneg_float(cfg, "final_window") <= 1, "final_window", cfg.final_window,
           "must be in (0, 1]")
+  require(isinstance(cfg.reward_target, int | float) and not isinstance(cfg.reward_target, bool),
+          "reward_target", cfg.reward_target, "must be a number (the return to reach)")
+  try:
+    event_clock.straggler_from(cfg.straggler).check(cfg.workers)
+  except ValueError as e:
+    raise ConfigError(f"config.straggler: {e}") from None
   if num_devices is not None:
     require(cfg.workers <= num_devices, "workers", cfg.workers,
             f"only {num_devices} devices are available (use --cpu_devices on CPU)")
@@ -79,6 +93,7 @@ class Run:
   iterations: int          # total (a multiple of chunk)
   chunk: int
   env_steps_per_iteration: int   # all workers, per seed
+  timeline: Timeline | None = None   # the modelled clock (async: what training replays)
 
   @property
   def total_env_steps(self) -> int:
@@ -99,22 +114,68 @@ def plan_iterations(cfg, per_worker_steps: int) -> tuple[int, int]:
   return math.ceil(iters / chunk) * chunk, chunk
 
 
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+  """The modelled time of a run (simulated seconds; :mod:`omni_jax.collectives.event_clock`).
+
+  ``update_s[k]``: when aggregation ``k``'s result reaches the workers, in this run's mode;
+  ``sync_update_s``: the same for synchronous training under the same step-time draws (every
+  step waits for the slowest worker); ``schedule``: the async event clock's schedule (None for
+  synchronous methods); ``comm_s``: the timing model's seconds per aggregation.
+  """
+  mode: str
+  update_s: np.ndarray
+  sync_update_s: np.ndarray
+  schedule: event_clock.Schedule | None
+  comm_s: float
+
+
+def make_timeline(cfg, method: str, num_params: int, updates: int) -> Timeline:
+  """Step times from ``cfg.straggler`` (seeded by ``cfg.seed``), aggregation time of the
+  gradient (all vmapped seeds) from the timing model on ``cfg.cluster``; the async event
+  clock for ``method='async'`` with S >= 1."""
+  cluster = predict.cluster_from(cfg.cluster, cfg.workers)
+  kind = predict.METHOD_OF.get("switch" if method == "async" else method)
+  comm = (timing.aggregation_time(4.0 * num_params * cfg.seeds, cluster, kind)
+          if kind and cfg.workers > 1 else 0.0)
+  straggler = event_clock.straggler_from(cfg.straggler)
+  draws = straggler.draw(cfg.workers, updates, cfg.seed)
+  sync = event_clock.sync_times(draws, updates, comm) + comm
+  if method != "async" or not cfg.staleness:
+    return Timeline("sync", sync, sync, None, comm)
+  sched = event_clock.simulate(draws, updates, cfg.staleness, cfg.threshold or 1, comm)
+  return Timeline("async", sched.time_s + comm, sync, sched, comm)
+
+
 def build(cfg, aggregation: str | None = None, devices=None) -> Run:
-  """Validated :class:`Run`; ``aggregation`` overrides ``cfg.aggregation`` (e.g. 'none')."""
+  """Validated :class:`Run`; ``aggregation`` overrides ``cfg.aggregation`` (e.g. 'none').
+
+  Async with S >= 1 replays the event clock's schedule over every aggregation of the run
+  (iterations x updates per iteration)."""
   devices = list(devices or jax.devices())
   validate(cfg, len(devices))
   method = aggregation or cfg.aggregation
   env = envs.make_env(cfg.env)
-  agg = make_aggregator(
-      (cfg.codec or "none") if method != "none" else "none", method=method, axis=AXIS,
-      workers=cfg.workers,
-      threshold=(cfg.threshold or None) if method in ("switch", "async") else None,
-      segment_size=cfg.segment_size, staleness=cfg.staleness if method == "async" else 0,
-      seed=cfg.seed)
+  staleness = cfg.staleness if method == "async" else 0
+
+  def aggregator(clock=None):
+    return make_aggregator(
+        (cfg.codec or "none") if method != "none" else "none", method=method, axis=AXIS,
+        workers=cfg.workers,
+        threshold=(cfg.threshold or None) if method in ("switch", "async") else None,
+        segment_size=cfg.segment_size, staleness=staleness, seed=cfg.seed, clock=clock)
+
   iters, chunk = plan_iterations(cfg, env_steps_per_iteration(cfg))
-  algo = ALGORITHMS[cfg.algo](env, cfg.hp, agg, iters)
+  make = ALGORITHMS[cfg.algo]
+  # the algorithm's shape (updates per iteration, gradient size) before the clock exists
+  shape = make(env, cfg.hp, make_aggregator("none"), iters)
+  timeline = make_timeline(cfg, method, shape.num_params,
+                           iters * shape.updates_per_iteration)
+  agg = aggregator(timeline.schedule)
+  algo = make(env, cfg.hp, agg, iters)
   mesh = mesh_lib.make_mesh({"data": -1}, devices[:cfg.workers])
-  return Run(cfg, algo, agg, mesh, iters, chunk, algo.env_steps_per_iteration * cfg.workers)
+  return Run(cfg, algo, agg, mesh, iters, chunk, algo.env_steps_per_iteration * cfg.workers,
+             timeline)
 
 
 def init_state(run: Run):

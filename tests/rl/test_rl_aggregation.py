@@ -1,6 +1,6 @@
 """Aggregation over 8 emulated workers: equal gradients give the same update in every mode,
-the switch threshold keeps exactly H contributions per segment, the async delay line applies
-the aggregate of S steps ago, and bad settings are refused."""
+the switch threshold keeps exactly H contributions per segment, async applies the event
+clock's arriving gradients at their stale parameters, and bad settings are refused."""
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+from omni_jax.collectives import event_clock
 from omni_jax.collectives.aggregate import Aggregator, make_aggregator
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.parallel.workers import run_on_workers
@@ -113,16 +114,76 @@ def test_switch_threshold_keeps_h_contributions_per_segment(h):
   np.testing.assert_array_equal(np.asarray(p1), np.stack([np.asarray(p1[0])] * N))
 
 
-def test_async_applies_the_aggregate_of_s_steps_ago():
-  """SGD(lr=1) with step-t gradient t+1 on every worker: after T steps with staleness S the
-  parameters moved by the gradients of steps 0 .. T-S-1 only."""
-  steps, s = 6, 2
-  g = jnp.broadcast_to(jnp.arange(1.0, steps + 1)[:, None, None], (steps, N, 5))
-  p, _, a = _run(_agg("async", staleness=s), optax.sgd(1.0), g,
-                 jnp.zeros(5))[:3]
-  want = -sum(range(1, steps - s + 1))
-  np.testing.assert_array_equal(np.asarray(p), np.full((N, 5), want, np.float32))
-  assert a["delay_line"].shape == (N, s + 1, 5)
+def _quadratic_run(agg: Aggregator, lr: float, theta0, a, c, steps: int):
+  """Each worker's gradient is that of 0.5 * a_w * |theta - c_w|^2 at the parameters it holds
+  (computed inside the loop, so a stale worker's gradient is of stale parameters)."""
+  tx = optax.sgd(lr)
+
+  def fn(state):
+    p, o, s, aw, cw = state
+
+    def one(carry, _):
+      p, o, s = carry
+      return agg.apply(tx, aw * (p - cw), p, o, s), None
+
+    (p, o, s), _ = jax.lax.scan(one, (p, o, s), None, length=steps)
+    return p, o, s, aw, cw
+
+  stack = lambda x: jnp.stack([x] * N)  # noqa: E731
+  state = (stack(theta0), jax.tree.map(stack, tx.init(theta0)),
+           jax.tree.map(stack, agg.init(theta0)), a[:, None], c)
+  return run_on_workers(fn, _mesh(), AXIS)(state)
+
+
+def test_async_update_is_the_mean_of_the_arriving_gradients_at_their_stale_parameters():
+  """8 workers, worker 5 three times slower, S = 3: the event clock applies its gradient with
+  staleness 2 at aggregations 2, 5, 8 (the others every aggregation, fresh). The replayed
+  loop equals a plain numpy loop over the schedule: theta_{k+1} = theta_k - lr * mean over
+  arriving w of a_w (theta_{k - s_kw} - c_w); after step T worker w holds theta_{held}."""
+  steps, total, s = 7, 10, 3
+  st = event_clock.Straggler(mean_s=1.0, slow_workers=(5,), slow_factor=3.0)
+  clock = event_clock.make_schedule(st, N, total, bound=s)
+  want = np.zeros((total, N), np.int64)
+  want[[2, 5, 8], 5] = 2
+  want[[0, 1, 3, 4, 6, 7, 9], 5] = -1
+  np.testing.assert_array_equal(clock.staleness, want)   # by hand: 3 fast steps per slow one
+  rng = np.random.default_rng(0)
+  theta0 = rng.normal(size=6).astype(np.float32)
+  a = rng.uniform(0.5, 2.0, N).astype(np.float32)
+  c = rng.normal(size=(N, 6)).astype(np.float32)
+  lr = 0.25
+  p, _, st_out, *_ = _quadratic_run(_agg("async", staleness=s, clock=clock), lr,
+                                    jnp.asarray(theta0), jnp.asarray(a), jnp.asarray(c), steps)
+  thetas = [theta0.astype(np.float64)]
+  for k in range(steps):
+    arr = np.flatnonzero(clock.arrive[k])
+    g = np.mean([a[w] * (thetas[k - clock.staleness[k, w]] - c[w]) for w in arr], 0)
+    thetas.append(thetas[k] - lr * g)
+  for w in range(N):
+    np.testing.assert_allclose(np.asarray(p[w]), thetas[clock.version[steps - 1, w]],
+                               rtol=1e-5, atol=1e-6, err_msg=f"worker {w}")
+  assert clock.version[steps - 1, 5] == 6 and clock.version[steps - 1, 0] == 7  # 5 is behind
+  # the slow worker's gradient is not its fresh one: a lockstep (fresh-gradient) mean differs
+  fresh = thetas[steps - 1] - lr * np.mean([a[w] * (thetas[steps - 1] - c[w]) for w in
+                                            range(N)], 0)
+  assert not np.allclose(fresh, thetas[steps], atol=1e-4)
+  # wire bytes: an arriving worker sends its gradient up, every worker gets the aggregate
+  np.testing.assert_array_equal(np.asarray(st_out["wire_bytes"]),
+                                np.where(clock.arrive[steps - 1], 48.0, 24.0))
+
+
+def test_async_needs_a_matching_clock():
+  clock = event_clock.make_schedule(event_clock.Straggler(), N, 4, bound=2)
+  with pytest.raises(ValueError, match="needs clock= an event_clock.Schedule"):
+    _agg("async", staleness=2)
+  with pytest.raises(ValueError, match="made for 8 workers and S=2"):
+    _agg("async", staleness=1, clock=clock)
+  with pytest.raises(ValueError, match="fires at H=1"):
+    _agg("async", staleness=2, threshold=3, clock=clock)
+  with pytest.raises(ValueError, match="only used by method='async'"):
+    _agg("switch", clock=clock)
+  with pytest.raises(ValueError, match="has no effect for 'async' with S=0"):
+    _agg("async", threshold=3)
 
 
 def test_ps_keeps_optimizer_state_on_the_server_only():

@@ -7,7 +7,7 @@ import pytest
 
 from configs import rl as rl_configs
 from omni_jax.config import ConfigError
-from omni_jax.rl import envs, runner
+from omni_jax.rl import envs, job, runner
 
 
 def _config(variant, **over):
@@ -103,6 +103,37 @@ def test_async_s0_equals_sync_switch_bit_for_bit():
 def test_bad_config_is_one_clear_error(over, msg):
   with pytest.raises(ConfigError, match=msg):
     runner.build(_config("tiny", **over))
+
+
+def test_straggler_config_builds_the_event_clock_or_is_refused():
+  """Async S = 2 with one 4x slower worker: the aggregator replays a schedule covering every
+  aggregation of the run (iterations x updates per iteration); sync runs get the modelled
+  synchronous clock (each step waits for the slow worker). Bad straggler keys: one error."""
+  cfg = _config("tiny", aggregation="async", staleness=2)
+  cfg.straggler.slow_workers, cfg.straggler.slow_factor = (1,), 4.0
+  run = runner.build(cfg)
+  tl = run.timeline
+  assert run.aggregator.clock is tl.schedule and tl.mode == "async"
+  assert len(tl.schedule.time_s) == run.iterations * run.algo.updates_per_iteration
+  assert tl.schedule.histogram()[2] > 0 and max(np.flatnonzero(tl.schedule.histogram())) == 2
+  assert tl.update_s[-1] < tl.sync_update_s[-1] / 2   # the slow worker paces only sync
+  np.testing.assert_allclose(np.diff(tl.sync_update_s), 4 * cfg.straggler.mean_s + tl.comm_s)
+  sync = runner.build(_config("tiny", aggregation="switch")).timeline
+  assert sync.mode == "sync" and sync.schedule is None
+  # modelled time to reward: the first window (1 iteration here: 64 // 50) at the target
+  n, upd = run.iterations, run.algo.updates_per_iteration
+  recs = [{"return_sum": 500.0 if i >= 40 else 20.0, "episodes": 1} for i in range(n)]
+  ttr = job.modelled_time_to_reward(run, recs)
+  assert ttr["iterations"] == 41 and ttr["mode"] == "async"
+  assert ttr["seconds"] == pytest.approx(tl.update_s[41 * upd - 1])
+  assert ttr["run_seconds"] == pytest.approx(tl.update_s[-1])
+  assert job.modelled_time_to_reward(run, recs[:40])["seconds"] is None
+  cfg.straggler.dist = "pareto"
+  with pytest.raises(ConfigError, match="config.straggler: straggler dist 'pareto' is unknown"):
+    runner.build(cfg)
+  cfg.straggler.dist, cfg.straggler.slow_workers = "constant", (2,)
+  with pytest.raises(ConfigError, match=r"distinct worker indices in \[0, 2\)"):
+    runner.build(cfg)
 
 
 def test_unknown_variant_and_key():

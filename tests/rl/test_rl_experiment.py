@@ -10,7 +10,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SUMMARY_KEYS = {"algo", "env", "workers", "aggregation", "staleness", "env_steps",
                 "final_return", "eval_return", "env_steps_per_sec", "comm_fraction_measured",
-                "predicted"}
+                "predicted", "time_to_reward_modelled"}
 
 
 def _run(*args, timeout=600):
@@ -28,7 +28,10 @@ def test_rl_tiny_writes_summary_and_resumes(tmp_path):
   r = _run(*args)
   assert r.returncode == 0, r.stderr[-3000:]
   s = json.load(open(os.path.join(wd, "summary.json")))
-  assert set(s) == SUMMARY_KEYS | {"switch_over_allreduce"}   # switch / async runs only
+  # switch / async runs only; async S >= 1 only
+  assert set(s) == SUMMARY_KEYS | {"switch_over_allreduce", "staleness_histogram"}
+  assert len(s["staleness_histogram"]) == 2 and sum(s["staleness_histogram"]) > 0
+  assert s["time_to_reward_modelled"]["mode"] == "async"
   assert s["switch_over_allreduce"] > 0
   assert (s["algo"], s["env"], s["workers"], s["aggregation"], s["staleness"]) == (
       "ppo", "CartPole-v1", 2, "async", 1)
