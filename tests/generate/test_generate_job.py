@@ -242,6 +242,24 @@ def test_missing_checkpoint_names_the_train_command(trained, tmp_path):
     job.run_generate(cfg, str(tmp_path / "empty"), str(tmp_path / "p.jsonl"))
 
 
+def test_config_unlike_the_training_runs_is_refused(trained, tmp_path):
+  from omni_jax.config import to_dict
+  from omni_jax.train.metrics import write_json_atomic
+  cfg, _, _, _ = trained
+  (tmp_path / "p.jsonl").write_text('{"text": "a", "output": "text"}\n')
+  wd = tmp_path / "wd"
+  wd.mkdir()
+  write_json_atomic(wd / "summary.json", {"config": to_dict(cfg)})
+  with pytest.raises(ConfigError, match="holds no checkpoint"):  # same config: check passes
+    job.run_generate(cfg, str(wd), str(tmp_path / "p.jsonl"))
+  other = cfg.copy_and_resolve_references()
+  other.data.seed = 1
+  other.model.d_model = 2 * cfg.model.d_model
+  with pytest.raises(ConfigError, match=r"2 setting.*model.d_model: trained \d+, now \d+; "
+                     r"data.seed: trained 0, now 1"):
+    job.run_generate(other, str(wd), str(tmp_path / "p.jsonl"))
+
+
 @pytest.mark.slow  # two CLI runs (~3 min here): the real trainer's checkpoint, sharded restore
 def test_cli_on_a_train_omni_workdir(tmp_path):
   import os
