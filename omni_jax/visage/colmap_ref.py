@@ -122,7 +122,7 @@ def run_reference(root: Path, names: list[str], workdir: Path, focal_px: float,
       opts.mapper.abs_pose_refine_focal_length = False
       opts.mapper.abs_pose_refine_extra_params = False
     if max_mapping_s:
-      opts.max_runtime_seconds = max_mapping_s
+      opts.max_runtime_seconds = int(math.ceil(max_mapping_s))
     t0 = time.perf_counter()
     maps = pycolmap.incremental_mapping(mdb, work / "images", work / f"sparse_{m}", opts)
     t_map = time.perf_counter() - t0
