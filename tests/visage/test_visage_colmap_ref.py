@@ -167,3 +167,31 @@ def test_spatial_matcher_needs_every_position(tmp_path):
   with pytest.raises(ValueError, match="GPS position for every image"):
     colmap_ref.run_reference(tmp_path, ["a.png", "b.png"], tmp_path, 150.0, ("spatial",),
                              {"a.png": [0, 0, 0]})
+
+
+@pytest.mark.slow  # renders the tiny survey and runs COLMAP twice (tens of seconds)
+def test_real_pycolmap_on_a_tiny_block(tmp_path):
+  pytest.importorskip("pycolmap")
+  import json
+
+  from omni_jax.visage import simulate
+  cfg = visage_config.get_config("tiny")
+  root = tmp_path / "survey"
+  simulate.generate_survey(cfg.site, cfg.flight, cfg.seed, root)
+  tags = json.loads((root / "tags.json").read_text())["images"][:6]   # one flight line
+  names = [t["name"] for t in tags]
+  ref = colmap_ref.run_reference(root, names, tmp_path, cfg.flight.focal_px,
+                                 ("spatial", "exhaustive"), {t["name"]: t["gps"] for t in tags},
+                                 spatial_max_distance_m=20.0)
+  runs = ref["runs"]
+  # images 8 m apart on the line: the spatial matcher pairs neighbours within 20 m (1 and 2
+  # steps: 5 + 4 = 9 pairs); exhaustive tries all 15
+  assert runs["spatial"]["pairs"] == 9
+  assert 9 <= runs["exhaustive"]["pairs"] <= 15
+  for r in runs.values():
+    assert 3 <= r["registered"] <= 6 and r["points"] > 0 and r["models"] >= 1
+  pts = colmap_ref.points_of(ref)
+  assert [(p["images"], p["matcher"]) for p in pts] == [(6, "spatial"), (6, "exhaustive")]
+  for p in pts:
+    assert p["seconds"] == pytest.approx(p["extract_s"] + p["match_s"] + p["mapping_s"])
+  assert not (tmp_path / "colmap_ref" / "images").exists()           # the copies are removed
