@@ -68,7 +68,18 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
   c.cover_margin_px = 30                   # cover images see each ground cell this far inside
   c.baseline_sample_images = 120           # 0 = time features on every image
   c.baseline_sample_edges = 400            # 0 = time matching of every GPS edge
-  c.colmap_images = 24                     # COLMAP reference block (0 = off; needs pycolmap)
+  # COLMAP reference (needs pycolmap): blocks of `blocks` and `colmap_images` images (the
+  # largest; 0 = off) nearest the survey centre, each with every matcher in `matchers`
+  # (exhaustive only up to `exhaustive_max_images`, 0 = no cap); seconds fitted as a * n^b in
+  # registered images n and evaluated at the survey's image count (colmap_ref.py). `spatial`
+  # (the baseline) matches each image with its GPS neighbours: within `spatial_max_distance_m`
+  # (about the 43 x 32 m footprint's diagonal at 40 m), at most `spatial_max_neighbors`.
+  # refine_intrinsics=False: the survey camera is calibrated (focal known, as our pipeline's).
+  c.colmap_images = 100
+  c.colmap = ml_collections.ConfigDict(dict(
+      blocks=(25, 50), matchers=("spatial", "exhaustive"), exhaustive_max_images=100,
+      spatial_max_distance_m=50.0, spatial_max_neighbors=50, threads=2,
+      refine_intrinsics=False, max_mapping_s=0.0))
   if arg == "tiny":
     c.site.update(dict(tanks=3, piles=1, buildings=1, defect_fraction=0.5, new_fraction=0.3))
     c.flight.update(dict(width=160, height=120, focal_px=150.0, lines=4, images_per_line=6,

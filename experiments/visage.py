@@ -31,12 +31,12 @@ _WORKDIR = common.define_workdir("output folder")
 
 def validate(cfg) -> None:
   """One clear error for a bad config value, before any work."""
-  from omni_jax.visage import queries
+  from omni_jax.visage import colmap_ref, queries
   check_keys(cfg, ("variant", "seed", "survey_dir", "site", "flight", "calibration",
                    "keypoints", "queries",
                    "target_radius", "graph", "local3d", "link", "exact_max_jobs",
                    "detect_on_cover", "cover_margin_px", "baseline_sample_images",
-                   "baseline_sample_edges", "colmap_images"))
+                   "baseline_sample_edges", "colmap_images", "colmap"))
   for key in ("lines", "images_per_line", "width", "height"):
     positive_int(cfg.flight, key, "flight.")
   for key in ("front_overlap", "side_overlap"):
@@ -59,6 +59,7 @@ def validate(cfg) -> None:
     if bad:
       raise ConfigError(f"config.queries: {q['name']} asks for asset kinds {bad} the "
                         f"calibration does not label; allowed: {list(cfg.calibration.kinds)}")
+  colmap_ref.check_config(cfg.colmap_images, cfg.colmap)
   if cfg.calibration.seed == cfg.seed:
     raise ConfigError(f"config.calibration.seed = {cfg.calibration.seed} is not allowed: the "
                       "calibration survey must be another site than the reported one "

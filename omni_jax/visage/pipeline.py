@@ -310,8 +310,7 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
   own = {"build_s": base_build, "upload_s": link.transfer_s(base_bytes), "bytes": base_bytes,
          "points": full_points}
   own["total_s"] = own["build_s"] + own["upload_s"]
-  ref = colmap_reference(cfg, root, tags, images, cams, len(g.edges) - sum(
-      e["source"] == "target" for e in g.edges.values()), link, n_ok, t_load_all, t_graph, focal)
+  ref = colmap_reference(cfg, root, tags, images, cams, link, n_ok, t_load_all, t_graph, focal)
   used = ref if ref.get("total_s") else own
   baseline, base_bytes = used["total_s"], int(used["bytes"])
   ttfi = min(landing) if landing else None
@@ -323,6 +322,8 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
       "speedup": baseline / ttfi if ttfi else None,
       "uploaded_bytes": int(sum(j.nbytes for j in ran)),
       "baseline_uploaded_bytes": base_bytes,
+      "baseline_colmap_points": ref.get("baseline_colmap_points", []),
+      "baseline_colmap_fit": ref.get("baseline_colmap_fit"),
   }
   details = {
       "bad_images": bad, "graph_warnings": g.warnings, "empty_queries": empty,
@@ -365,29 +366,12 @@ def refine_seed(q, tgt, view: int, images, cams, k, size):
   return None if tgt.seed.partial else tgt.seed
 
 
-def colmap_reference(cfg, root, tags, images, cams, n_edges, link, n_ok, t_load_all,
-                     t_graph, k_focal: float) -> dict:
-  """COLMAP on a compact block of ``cfg.colmap_images`` images near the survey centre;
-  full-survey time extrapolated linearly: extraction and mapping per image x all images,
-  matching per pair x all GPS edges (spatial matching), plus the upload of a model with
-  COLMAP's points per registered image. Linear is generous: incremental mapping grows
-  faster than linearly."""
+def colmap_reference(cfg, root, tags, images, cams, link, n_ok, t_load_all, t_graph,
+                     k_focal: float) -> dict:
+  """COLMAP measured on blocks of up to ``cfg.colmap_images`` images near the survey centre and
+  fitted in n (``colmap_ref.reference``); disabled when ``cfg.colmap_images`` is 0."""
   if not cfg.colmap_images:
     return {"available": False, "reason": "disabled (config.colmap_images = 0)"}
   from omni_jax.visage import colmap_ref
-  ids = sorted(cams)
-  centre = np.median([cams[i][2][:2] for i in ids], 0)
-  ids = sorted(ids, key=lambda i: np.linalg.norm(cams[i][2][:2] - centre))
-  block = [tags[i]["name"] for i in ids[:cfg.colmap_images] if i in images]
-  logging.info("COLMAP reference on %d images ...", len(block))
-  ref = colmap_ref.run_reference(root, block, root.parent, float(k_focal))
-  if not ref.get("available") or not ref.get("registered"):
-    return ref | {"note": "no usable reference run"}
-  pts_per_img = ref["points"] / ref["registered"]
-  nbytes = pts_per_img * n_ok * local3d.POINT_BYTES + n_ok * local3d.POSE_BYTES
-  build = (t_load_all + t_graph + ref["extract_per_image_s"] * n_ok
-           + ref["match_per_pair_s"] * n_edges + ref["mapping_per_image_s"] * n_ok)
-  return ref | {"build_s": build, "upload_s": link.transfer_s(nbytes), "bytes": nbytes,
-                "total_s": build + link.transfer_s(nbytes),
-                "method": "measured on a block of images, extrapolated linearly to all "
-                          "images and GPS edges; upload of its sparse model"}
+  return colmap_ref.reference(cfg, root, tags, images, cams, link, n_ok, t_load_all, t_graph,
+                              float(k_focal))

@@ -17,7 +17,8 @@ from omni_jax.visage import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"images", "subgraphs", "insights", "time_to_first_insight_s", "time_to_all_insights_s",
-        "baseline_time_s", "speedup", "uploaded_bytes", "baseline_uploaded_bytes"}
+        "baseline_time_s", "speedup", "uploaded_bytes", "baseline_uploaded_bytes",
+        "baseline_colmap_points", "baseline_colmap_fit"}
 
 
 @pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
