@@ -143,3 +143,16 @@ def test_unknown_variant_and_key():
   cfg.learning_rate = 1.0
   with pytest.raises(ConfigError, match="unknown config key config.learning_rate"):
     runner.validate(cfg)
+
+
+def test_ppo_cartpole_budget_and_batches():
+  """The ppo_cartpole variant stays within the issue's 500K env steps, and each aggregated
+  update averages the 8 workers' minibatches of 64 (512 samples: CleanRL's 4 x 128 batch)."""
+  cfg = rl_configs.get_config("ppo_cartpole")
+  run = runner.build(cfg)
+  hp = cfg.hp
+  assert run.total_env_steps == 491_520 <= 500_000
+  assert run.env_steps_per_iteration == cfg.workers * hp.num_envs * hp.num_steps == 2048
+  assert run.algo.updates_per_iteration == hp.epochs * hp.num_minibatches == 16
+  per_worker_minibatch = hp.num_envs * hp.num_steps // hp.num_minibatches
+  assert (per_worker_minibatch, cfg.workers * per_worker_minibatch) == (64, 512)
