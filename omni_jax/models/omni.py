@@ -39,6 +39,7 @@ from omni_jax.data.bpe import make_tokenizer
 from omni_jax.modalities import MODALITY_KINDS, resolve_spec
 from omni_jax.modalities.sources import check_sources
 from omni_jax.models.layers import RMSNorm
+from omni_jax.models.named_ops import named_op
 from omni_jax.models.transformer import REMAT_POLICIES, Backbone, BackboneSpec
 
 MODEL_KEYS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "rope_theta", "moe",
@@ -192,15 +193,22 @@ def scatter_features(x, feats, pos, mask):
   return x.at[jnp.arange(b)[:, None], dest].set(feats.astype(x.dtype), mode="drop")
 
 
+@named_op("run_encoder")
+def run_encoder(enc, x):
+  """``enc(x)``: a modality encoder on its input batch. A named op so that a recipe can place
+  the encoder batch apart from the backbone's (:mod:`omni_jax.parallel.encoder_placement`)."""
+  return enc(x)
+
+
 def encode_slots(enc, x, pos, mask):
   """Runs encoder ``enc`` on one modality's batch fields; returns (feats [B, S, D], pos [B, S],
   mask [B] or [B, S]) for :func:`scatter_features`. With K slots per row (``mask`` [B, K]) the
   B·K inputs go through the encoder as one batch and each row's K feature runs are laid end
   to end."""
   if mask.ndim == 1:
-    return enc(x), pos, mask
+    return run_encoder(enc, x), pos, mask
   b, k = mask.shape
-  feats = enc(x.reshape(b * k, *x.shape[2:]))
+  feats = run_encoder(enc, x.reshape(b * k, *x.shape[2:]))
   n = feats.shape[1]
   return (feats.reshape(b, k * n, feats.shape[-1]), pos.reshape(b, k * n),
           jnp.repeat(mask, n, axis=1))
@@ -224,7 +232,7 @@ class OmniModel(nn.Module):
                                               batch[f"{name}_mask"]))
       else:  # dummy forward scaled by 0: the encoder's gradients stay defined (zero)
         dummy = jnp.zeros((b, *kind.input_shape(ms)), kind.input_dtype)
-        x = x + 0.0 * enc(dummy).sum().astype(x.dtype)
+        x = x + 0.0 * run_encoder(enc, dummy).sum().astype(x.dtype)
     positions = batch.get("positions")
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))

@@ -13,7 +13,9 @@ module maps those names onto implementations for the axes that are > 1:
   (:mod:`omni_jax.parallel.tensor_parallel`), which then run the sequence body themselves;
 * ``pipeline > 1``: GPipe or 1F1B ``layer_stack`` (:mod:`omni_jax.parallel.pipeline`, seam
   ``pipeline``), with the plain ops inside the stages (pipeline composes with ``data`` and
-  ``fsdp``).
+  ``fsdp``);
+* ``encoder_batch = all_devices``: the modality encoders' batch over every device
+  (:mod:`omni_jax.parallel.encoder_placement`), whatever the backbone's layout.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 
+from omni_jax.parallel.encoder_placement import encoder_all_devices
 from omni_jax.parallel.expert_parallel import ep_moe_dispatch
 from omni_jax.parallel.moe_local import local_moe_dispatch
 from omni_jax.parallel.pipeline import pipeline_op
@@ -62,6 +65,8 @@ def ops(mesh, names: Mapping[str, str] | None = None,
         pipeline_microbatches: int = 4) -> dict[str, Callable]:
   """Named-op overrides for ``mesh``; ``names`` from :func:`op_names` (default: omni)."""
   names = dict(names) if names is not None else op_names()
+  enc = ({"run_encoder": encoder_all_devices(mesh)}
+         if names.get("encoder_batch") == "all_devices" else {})
   if mesh.shape["pipeline"] > 1:
     others = {a: mesh.shape[a] for a in ("expert", "sequence", "tensor") if mesh.shape[a] > 1}
     if others:
@@ -70,9 +75,9 @@ def ops(mesh, names: Mapping[str, str] | None = None,
                        "XLA partitioner of jax 0.10 rejects")
     # Inside the stages the plain ops run; the compiler splits them over data / fsdp.
     return {"layer_stack": pipeline_op(names.get("pipeline", "gpipe"), mesh,
-                                       pipeline_microbatches)}
+                                       pipeline_microbatches), **enc}
   ep = mesh.shape["expert"] > 1
-  out = {"moe_dispatch": ep_moe_dispatch(mesh) if ep else local_moe_dispatch(mesh)}
+  out = {"moe_dispatch": ep_moe_dispatch(mesh) if ep else local_moe_dispatch(mesh), **enc}
   seq_op, seq_body = SEQUENCE_OPS[names.get("sequence_attention", "ulysses")]
   if mesh.shape["tensor"] > 1:
     out["self_attention"] = megatron_attention(mesh, seq_body)

@@ -20,6 +20,15 @@ ranks — and in a rule that already names one of those axes (routed experts ove
 EP x EP-FSDP). A dimension not divisible by the whole group is split over the longest
 leading part of it that divides, and a note says so.
 
+Per-module ZeRO groups (``Recipe.modules`` / ``Recipe.module_zero``): a recipe may name
+parameter groups (:class:`Module`: a name and a path pattern, first match wins) and give a
+group its own ZeRO group, over any mesh axes — e.g. the modality encoders FSDP over every
+device (``data x fsdp x expert x sequence x tensor x pipeline``) while the backbone keeps
+``zero_axes`` (the ``omni_enc_fsdp`` recipe). Parameters no group matches, and groups without
+an entry, use ``zero_axes``. Where the encoders' *activations* go is a seam of its own
+(``encoder_batch``: ``backbone`` leaves them where the batch is, ``all_devices`` spreads the
+encoder batch over every device, :mod:`omni_jax.parallel.encoder_placement`).
+
 :func:`resolve` turns rules into ``NamedSharding``s for a pytree and reports every place a
 rule could not be applied as written (a dimension not divisible by its axis is kept whole),
 so nothing is dropped silently.
@@ -36,6 +45,7 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from omni_jax.parallel.mesh import MESH_AXES
 from omni_jax.registry import Registry
 
 FSDP = "fsdp-largest-dim"
@@ -58,7 +68,19 @@ OP_CHOICES = {
     "moe_dispatch": ("all_to_all",),
     "tensor": ("megatron",),
     "pipeline": ("gpipe", "1f1b"),
+    "encoder_batch": ("backbone", "all_devices"),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Module:
+  """A named group of parameters (``re.search`` of ``pattern`` against their paths, which
+  also matches the optimizer moments of those parameters)."""
+  name: str
+  pattern: str
+
+  def matches(self, path: str) -> bool:
+    return re.search(self.pattern, path) is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,12 +88,33 @@ class Recipe:
   rules: tuple[Rule, ...]
   ops: tuple[tuple[str, str], ...]      # (seam, op name) pairs, see OP_CHOICES
   zero_axes: tuple[str, ...] = ("fsdp",)  # what "fsdp" in a rule stands for (ZeRO group)
+  modules: tuple[Module, ...] = ()        # named parameter groups, first match wins
+  module_zero: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (group, its ZeRO axes)
 
   def __post_init__(self):
     bad = [a for a in self.zero_axes if a not in ZERO_AXES_ALLOWED]
     if bad or not self.zero_axes or "fsdp" not in self.zero_axes:
       raise ValueError(f"Recipe.zero_axes = {self.zero_axes}: must include 'fsdp' and name only "
                        f"{ZERO_AXES_ALLOWED}")
+    groups = [m.name for m in self.modules]
+    for name, axes in self.module_zero:
+      if name not in groups:
+        raise ValueError(f"Recipe.module_zero names module group {name!r}, which the recipe "
+                         f"does not define; its groups: {groups}")
+      bad = [a for a in axes if a not in MESH_AXES]
+      if bad or not axes or len(set(axes)) != len(axes):
+        raise ValueError(f"Recipe.module_zero[{name!r}] = {tuple(axes)}: must name distinct "
+                         f"mesh axes, at least one, from {list(MESH_AXES)}"
+                         + (f" ({bad} are not mesh axes)" if bad else ""))
+
+  def zero_axes_for(self, path: str) -> tuple[str, ...]:
+    """The ZeRO group of the parameter (or moment) at ``path``: its module group's, if the
+    recipe gives that group one, else ``zero_axes``."""
+    own = dict(self.module_zero)
+    for m in self.modules:
+      if m.matches(path):
+        return tuple(own.get(m.name, self.zero_axes))
+    return self.zero_axes
 
   def op_names(self, overrides: dict[str, str] | None = None) -> dict[str, str]:
     """The recipe's op per seam, with ``overrides`` (e.g. from config.parallel) applied."""
@@ -162,8 +205,8 @@ def resolve(rules, tree: Any, mesh) -> tuple[Any, list[str]]:
   """``NamedSharding`` per leaf of ``tree`` (arrays or ShapeDtypeStructs) + notes.
 
   ``rules`` is a :class:`Recipe` (its ``zero_axes`` apply) or a sequence of :class:`Rule`
-  (ZeRO over ``fsdp`` only)."""
-  zero_axes = rules.zero_axes if isinstance(rules, Recipe) else ("fsdp",)
+  (ZeRO over ``fsdp`` only); a recipe's module groups take their own ZeRO axes."""
+  zero_for = rules.zero_axes_for if isinstance(rules, Recipe) else lambda p: ("fsdp",)
   rules = rules.rules if isinstance(rules, Recipe) else rules
   notes: list[str] = []
 
@@ -172,7 +215,7 @@ def resolve(rules, tree: Any, mesh) -> tuple[Any, list[str]]:
     for rule in rules:
       if rule.matches(p):
         return NamedSharding(mesh, _spec(rule, p, tuple(leaf.shape), mesh, notes,
-                                         zero_axes))
+                                         zero_for(p)))
     raise ValueError(f"no recipe rule matches parameter {p}; add one (a final '.*' rule "
                      "catches everything)")
   return jax.tree_util.tree_map_with_path(place, tree), notes

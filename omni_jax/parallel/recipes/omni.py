@@ -16,6 +16,13 @@ Shapes (``U`` = scanned units): attention ``q/k/v`` kernels ``[U, D, H, Dh]``, `
 over ``fsdp`` x ``expert`` x ``sequence`` wherever these rules say ``fsdp`` (VeOmni: SP ranks
 are FSDP ranks; experts over EP x EP-FSDP); select it with ``config.parallel.recipe``.
 
+``omni_enc_fsdp``: the backbone as ``omni``; the modality encoders (module group
+``encoders``: parameters under ``enc_<modality>``) pure FSDP over every mesh axis, and their
+input batch spread over every device (seam ``encoder_batch = all_devices``): each device
+encodes a distinct slice of the samples instead of every sequence / expert / tensor rank
+encoding the same ones; the features go back to the backbone's batch layout before the
+scatter into the token sequence.
+
 Ops: Ulysses attention over ``sequence`` (``ring`` selectable), all-to-all expert
 dispatch over ``expert``, Megatron attention / MLP over ``tensor``, GPipe over
 ``pipeline``.
@@ -23,7 +30,8 @@ dispatch over ``expert``, Megatron attention / MLP over ``tensor``, GPipe over
 
 from __future__ import annotations
 
-from omni_jax.parallel.recipes import FSDP, RECIPES, REPLICATE, Recipe, Rule
+from omni_jax.parallel.mesh import MESH_AXES
+from omni_jax.parallel.recipes import FSDP, RECIPES, REPLICATE, Module, Recipe, Rule
 
 UNIT = r"backbone/units/layer_\d+"
 
@@ -56,3 +64,11 @@ RECIPES.add("omni", Recipe(tuple(OMNI_RULES), OMNI_OPS))
 # fsdp x expert x sequence (experts: over expert on E, fsdp x sequence on the model dim).
 RECIPES.add("omni_zero3", Recipe(tuple(OMNI_RULES), OMNI_OPS,
                                  zero_axes=("fsdp", "expert", "sequence")))
+
+OMNI_MODULES = (Module("encoders", r"(^|/)enc_[^/]+/"), Module("backbone", r".*"))
+# Encoders FSDP over all devices (params, grads, Adam moments) and their batch spread over all
+# devices; the backbone keeps omni's rules, ZeRO group and ops.
+RECIPES.add("omni_enc_fsdp", Recipe(tuple(OMNI_RULES),
+                                    OMNI_OPS + (("encoder_batch", "all_devices"),),
+                                    modules=OMNI_MODULES,
+                                    module_zero=(("encoders", MESH_AXES),)))
