@@ -446,6 +446,18 @@ def calibration_score(eers: dict, features=("sharpness", "noise", "immerkaer")) 
   return float(max(abs(v - 0.5) for f in features for v in eers[f].values()))
 
 
+def pick_calibrated(table: list[dict], features=("sharpness", "noise", "immerkaer")) -> int:
+  """Index of the entry of ``table`` (feature -> quality -> EER, one per candidate) nearest
+  chance: the lowest :func:`calibration_score` (worst feature), ties (to 1e-9) broken by the
+  lowest mean |EER - 0.5| over ``features`` and qualities."""
+  if not table:
+    raise ValueError("pick_calibrated: empty table (no candidate grains)")
+  def mean_gap(e):
+    return float(np.mean([abs(v - 0.5) for f in features for v in e[f].values()]))
+  keys = [(round(calibration_score(e, features), 9), mean_gap(e)) for e in table]
+  return min(range(len(keys)), key=keys.__getitem__)
+
+
 def calibrate_print_grain(cfg, grains, docs_per_kind: int, calib_seed: int) -> dict:
   """Trivial-classifier EERs (:func:`shortcut.shortcut_eers`) for each ``sim.print_grain``
   range in ``grains``, on ``docs_per_kind`` documents per test kind drawn with document seed
@@ -453,7 +465,7 @@ def calibrate_print_grain(cfg, grains, docs_per_kind: int, calib_seed: int) -> d
   test cameras. The recaptures do not depend on the grain (drawn last, applied to prints only)
   and are rendered once; the genuine captures are re-rendered per grain with the same draws.
   Returns ``{"grains": [...], "eer": [feature -> quality -> EER per grain], "score": [...],
-  "best": the grain with the lowest :func:`calibration_score`, "docs": [...]}``."""
+  "best": the grain :func:`pick_calibrated` picks, "docs": [...]}``."""
   if calib_seed == cfg.seed:
     raise ValueError(f"calib_seed ({calib_seed}) must differ from cfg.seed ({cfg.seed}): the "
                      "calibration documents must not be the study's documents")
@@ -488,5 +500,5 @@ def calibrate_print_grain(cfg, grains, docs_per_kind: int, calib_seed: int) -> d
     logging.info("print_grain %s: %s", g, table[-1])
   scores = [calibration_score(t) for t in table]
   return {"grains": grains, "eer": table, "score": scores,
-          "best": grains[int(np.argmin(scores))], "docs": [int(d) for d in doc_ids],
+          "best": grains[pick_calibrated(table)], "docs": [int(d) for d in doc_ids],
           "calib_seed": int(calib_seed)}

@@ -223,6 +223,15 @@ def test_print_grain_calibration_score_and_bad_input():
   assert dpad_study.calibration_score(eers, ("sharpness",)) == pytest.approx(0.05)
   with pytest.raises(ValueError, match=r"features \['noise'\] missing"):
     dpad_study.calibration_score({"sharpness": {"high": 0.5}, "immerkaer": {"high": 0.5}})
+  # a tie on the worst feature goes to the candidate nearer chance on average
+  tie = {"sharpness": {"high": 0.49, "low": 0.5}, "noise": {"high": 0.5, "low": 0.5},
+         "immerkaer": {"high": 0.5, "low": 0.173}, "laplacian": {"high": 0.0, "low": 0.0}}
+  assert dpad_study.pick_calibrated([eers, tie]) == 1
+  assert dpad_study.pick_calibrated([tie, eers]) == 0
+  worse = dict(tie, noise={"high": 0.1, "low": 0.5})
+  assert dpad_study.pick_calibrated([worse, eers]) == 1
+  with pytest.raises(ValueError, match="empty table"):
+    dpad_study.pick_calibrated([])
   from configs.dpad import get_config
   c = get_config("tiny")
   with pytest.raises(ValueError, match="must differ from cfg.seed"):
