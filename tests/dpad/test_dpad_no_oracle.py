@@ -213,3 +213,30 @@ def test_print_match_removes_detail_the_screen_cannot_show_and_grain_has_its_amo
   # The grain: 1 + a t, t uniform with unit variance, one value per print pixel.
   assert g.mean() == pytest.approx(1.0, abs=0.03) and g.std() == pytest.approx(0.3, rel=0.1)
   assert g.min() >= 1 - 0.3 * np.sqrt(3) - 1e-6 and g.max() <= 1 + 0.3 * np.sqrt(3) + 1e-6
+
+
+def test_print_grain_calibration_score_and_bad_input():
+  eers = {"sharpness": {"high": 0.45, "low": 0.52}, "noise": {"high": 0.173, "low": 0.40},
+          "immerkaer": {"high": 0.557, "low": 0.40}, "laplacian": {"high": 0.0, "low": 0.2}}
+  # the worst of sharpness / noise / immerkaer: noise high, 0.5 - 0.173; the Laplacian is out
+  assert dpad_study.calibration_score(eers) == pytest.approx(0.327)
+  assert dpad_study.calibration_score(eers, ("sharpness",)) == pytest.approx(0.05)
+  with pytest.raises(ValueError, match=r"features \['noise'\] missing"):
+    dpad_study.calibration_score({"sharpness": {"high": 0.5}, "immerkaer": {"high": 0.5}})
+  # a tie on the worst feature goes to the candidate nearer chance on average
+  tie = {"sharpness": {"high": 0.49, "low": 0.5}, "noise": {"high": 0.5, "low": 0.5},
+         "immerkaer": {"high": 0.5, "low": 0.173}, "laplacian": {"high": 0.0, "low": 0.0}}
+  assert dpad_study.pick_calibrated([eers, tie]) == 1
+  assert dpad_study.pick_calibrated([tie, eers]) == 0
+  worse = dict(tie, noise={"high": 0.1, "low": 0.5})
+  assert dpad_study.pick_calibrated([worse, eers]) == 1
+  with pytest.raises(ValueError, match="empty table"):
+    dpad_study.pick_calibrated([])
+  from configs.dpad import get_config
+  c = get_config("tiny")
+  with pytest.raises(ValueError, match="must differ from cfg.seed"):
+    dpad_study.calibrate_print_grain(c, [(0.1, 0.1)], 2, c.seed)
+  with pytest.raises(ValueError, match="0 <= lo <= hi <= 1"):
+    dpad_study.calibrate_print_grain(c, [(0.2, 0.1)], 2, c.seed + 1)
+  with pytest.raises(ValueError, match="docs_per_kind"):
+    dpad_study.calibrate_print_grain(c, [(0.1, 0.1)], 1, c.seed + 1)
