@@ -21,7 +21,9 @@ from experiments import common
 _CONFIG = common.define_config("configs/omni_moe.py:files", lock_config=True)
 _WORKDIR = common.define_workdir("where summary.json goes")
 _WORKERS = flags.DEFINE_integer("workers", 2, "pipeline worker processes (config.data.workers)")
-_BATCHES = flags.DEFINE_integer("input_batches", 40, "timed input batches")
+_BATCHES = flags.DEFINE_integer(
+    "input_batches", 300, "timed input batches (short runs measure the workers' read-ahead "
+    "start-up, not the steady state: docs/data.md)")
 _STEPS = flags.DEFINE_integer("steps", 10, "timed train steps")
 flags.mark_flags_as_required(["config", "workdir"])
 
