@@ -21,18 +21,9 @@ ENCODER_SCOPE = "/enc_"
 
 
 def encoder_flops(hlo_text: str, scope: str = ENCODER_SCOPE) -> float:
-  """Per-device FLOPs of the dots / convolutions whose ``op_name`` contains ``scope``."""
+  """Per-device FLOPs of the encoders' instructions (``op_name`` contains ``scope``)."""
   from omni_jax.parallel import hlo_cost
-  comps, entry, types = hlo_cost.parse(hlo_text)
-  total = 0.0
-  for name, (count, role) in hlo_cost.execution_counts(comps, entry).items():
-    if role == "reducer":
-      continue
-    for ins in comps[name]:
-      if ins.op in ("dot", "convolution") and re.search(
-          r'op_name="[^"]*' + re.escape(scope), ins.line):
-        total += count * hlo_cost._flops(ins, types)
-  return total
+  return hlo_cost.flops_in_scope(hlo_text, scope)
 
 
 def compare(config, layout_text: str, recipe_names=("omni", "omni_enc_fsdp"),

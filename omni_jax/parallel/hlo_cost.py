@@ -168,6 +168,18 @@ def _dims(type_text: str) -> list[int]:
   return [int(d) for d in m.group(1).split(",") if d] if m else []
 
 
+def flops_in_scope(hlo_text: str, scope: str) -> float:
+  """Per-device FLOPs of the instructions whose ``op_name`` metadata contains ``scope``
+  (e.g. ``"/enc_"``: the modality encoders, forward and backward), loops counted by their trip
+  counts as :func:`analyze` counts them."""
+  comps, entry, types = parse(hlo_text)
+  pattern = re.compile(r'op_name="[^"]*' + re.escape(scope))
+  return sum(count * _flops(ins, types)
+             for name, (count, role) in execution_counts(comps, entry).items()
+             if role != "reducer"
+             for ins in comps[name] if pattern.search(ins.line))
+
+
 def _flops(ins: Instr, types: dict[str, str]) -> float:
   out = math.prod(_dims(ins.type))
   if ins.op == "dot":

@@ -156,22 +156,18 @@ def build(cfg, aggregation: str | None = None, devices=None) -> Run:
   validate(cfg, len(devices))
   method = aggregation or cfg.aggregation
   env = envs.make_env(cfg.env)
-  staleness = cfg.staleness if method == "async" else 0
-
-  def aggregator(clock=None):
-    return make_aggregator(
-        (cfg.codec or "none") if method != "none" else "none", method=method, axis=AXIS,
-        workers=cfg.workers,
-        threshold=(cfg.threshold or None) if method in ("switch", "async") else None,
-        segment_size=cfg.segment_size, staleness=staleness, seed=cfg.seed, clock=clock)
-
   iters, chunk = plan_iterations(cfg, env_steps_per_iteration(cfg))
   make = ALGORITHMS[cfg.algo]
   # the algorithm's shape (updates per iteration, gradient size) before the clock exists
   shape = make(env, cfg.hp, make_aggregator("none"), iters)
   timeline = make_timeline(cfg, method, shape.num_params,
                            iters * shape.updates_per_iteration)
-  agg = aggregator(timeline.schedule)
+  agg = make_aggregator(
+      (cfg.codec or "none") if method != "none" else "none", method=method, axis=AXIS,
+      workers=cfg.workers,
+      threshold=(cfg.threshold or None) if method in ("switch", "async") else None,
+      segment_size=cfg.segment_size, staleness=cfg.staleness if method == "async" else 0,
+      seed=cfg.seed, clock=timeline.schedule)
   algo = make(env, cfg.hp, agg, iters)
   mesh = mesh_lib.make_mesh({"data": -1}, devices[:cfg.workers])
   return Run(cfg, algo, agg, mesh, iters, chunk, algo.env_steps_per_iteration * cfg.workers,
