@@ -7,7 +7,10 @@ collectives in the compiled HLO (kind, count, wire bytes per device per step) be
 analytic expectation for that layout (omni_jax/parallel/hlo_report.py), reads per-device
 memory from ``memory_analysis``, checks one step's gradients against the 1-device run and
 times a few steps. Layouts whose bytes exceed the expectation by more than 10% are
-flagged. Writes summary.json (``layouts``: name, mesh, max_rel_grad_err, collectives,
+flagged. Collectives inside loops (the backbone's scan over its units) count once per
+iteration (:func:`omni_jax.parallel.hlo_cost.collectives_per_step`). A layout may name its
+recipe (``omni_zero3:fsdp=2+sequence=2+expert=2``). Writes summary.json (``layouts``: name,
+recipe, mesh, max_rel_grad_err, collectives,
 expected_bytes, bytes_ratio, peak_memory_bytes, tokens_per_sec; ring layouts add
 ``sequence_attention`` and ``ring_block_imbalance``, max/mean causal half-chunk pairs
 computed per device, counted from the ring's schedule; top level: ``ring_block_imbalance``,
@@ -37,7 +40,9 @@ _LAYOUTS = flags.DEFINE_list(
                 "sequence=2+fsdp=4@ring", "sequence=4+fsdp=2@ring_zigzag",
                 "tensor=2+sequence=2+expert=2@ring", "pipeline=2+fsdp=4",
                 "pipeline=2+fsdp=4@1f1b", "fsdp=2+sequence=2+expert=2"],
-    "layouts to report: '+'-joined axis=size items, optionally '@ring' or '@ring_zigzag' "
+    "layouts to report: [recipe:]'+'-joined axis=size items (a recipe prefix, e.g. "
+    "'omni_zero3:', places the state and names the ops of that layout; default "
+    "config.parallel.recipe), optionally '@ring' or '@ring_zigzag' "
     "(ring attention instead of Ulysses) or '@1f1b' (pipeline schedule), comma-separated")
 _STEPS = flags.DEFINE_integer("steps", 3, "timed steps per layout")
 _MEMORY_SEQ = flags.DEFINE_integer(
@@ -54,7 +59,7 @@ def main(argv):
 
   from omni_jax.models.flops import train_flops_per_step
   from omni_jax.models.omni import OmniModel
-  from omni_jax.parallel import hlo_report, layout
+  from omni_jax.parallel import hlo_cost, hlo_report, layout
   from omni_jax.parallel import mesh as mesh_lib
   from omni_jax.parallel.ring_attention import ring_block_imbalance
   from omni_jax.train.checkpoint import abstract_like
@@ -99,20 +104,20 @@ def main(argv):
   del one_state, one_batch
   rows = []
   for text in _LAYOUTS.value:
-    mesh_cfg, op_override = layout.parse_layout(text)
-    op_names = {**parallel_op_names(config), **op_override}
-    layout.op_names("omni", op_names)  # validates the override
+    recipe, body = layout.split_recipe(text, recipe_name(config))
+    mesh_cfg, op_override = layout.parse_layout(body)
+    op_names = layout.op_names(recipe, {**parallel_op_names(config, recipe), **op_override})
     mesh = mesh_lib.make_mesh(mesh_cfg)
     micro = pipeline_microbatches(config)
     check_batch_fits_mesh(stream, mesh, micro)
     loss_fn = make_loss_fn(spec, model, mesh, op_names, micro)
     state, shardings = create_state(init, tx, loop.seed,
-                                    state_sharding(mesh, recipe_name(config)))
+                                    state_sharding(mesh, recipe))
     batch = mesh_lib.put_batch(mesh, host_batch)
     step = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0,
                    out_shardings=(shardings, None))
     compiled = step.lower(abstract_like(state), abstract_like(batch)).compile()
-    ops = hlo_report.collectives(compiled.as_text())
+    ops = hlo_cost.collectives_per_step(compiled.as_text())
     mem = compiled.memory_analysis()
     peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
             - mem.alias_size_in_bytes)
@@ -132,7 +137,7 @@ def main(argv):
     summary_ops = hlo_report.summarize(ops)
     measured = sum(r["bytes"] for r in summary_ops)
     ratio = measured / expected if expected else None
-    row = {"name": text, "mesh": {a: mesh.shape[a] for a in mesh_lib.MESH_AXES},
+    row = {"name": text, "recipe": recipe, "mesh": {a: mesh.shape[a] for a in mesh_lib.MESH_AXES},
            "max_rel_grad_err": err, "collectives": summary_ops, "bytes": measured,
            "expected_bytes": expected, "bytes_ratio": ratio,
            "flagged": bool(ratio is not None and ratio > FLAG_RATIO),

@@ -159,6 +159,23 @@ def execution_counts(comps, entry) -> dict[str, tuple[float, str]]:
   return {c: (counts[c], roles.get(c, "control")) for c in comps if counts[c]}
 
 
+def collectives_per_step(hlo_text: str) -> list[hlo_report.Collective]:
+  """Every collective of a compiled module with ``executions`` = the times it runs per step
+  (the trip counts of the while loops around it multiplied; every branch of a conditional
+  counted, an upper bound). A backbone scanned over its units all-gathers and reduces its
+  per-unit parameters inside the loop: listed once per op, they would count one unit."""
+  comps, entry, _ = parse(hlo_text)
+  out = []
+  for name, (count, role) in execution_counts(comps, entry).items():
+    if role != "control":
+      continue
+    for ins in comps[name]:
+      if ins.op in _COLLECTIVE_OPS:
+        out += [dataclasses.replace(c, executions=count)
+                for c in hlo_report.collectives(ins.line)]
+  return out
+
+
 def _nbytes(type_text: str) -> int:
   return int(sum(hlo_report._bytes(type_text)))
 

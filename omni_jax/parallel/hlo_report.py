@@ -31,6 +31,7 @@ class Collective:
   result_bytes: int
   group: int
   op_name: str = ""   # the op's metadata op_name (JAX's named scopes), "" when absent
+  executions: float = 1.0  # times it runs per step (loops counted: hlo_cost.collectives_per_step)
 
   @property
   def wire_bytes(self) -> float:
@@ -63,7 +64,9 @@ def _group_size(line: str) -> int:
 
 
 def collectives(hlo_text: str) -> list[Collective]:
-  """Every collective op of a compiled HLO module (async ``-start`` ops counted once)."""
+  """Every collective op of a compiled HLO module (async ``-start`` ops counted once), each
+  once as written: an op inside a while loop's body is listed once, whatever the trip count
+  (:func:`omni_jax.parallel.hlo_cost.collectives_per_step` counts the loops)."""
   out = []
   for line in hlo_text.splitlines():
     line = re.sub(r"/\*.*?\*/", "", line)  # drop /*index=5*/ comments inside tuple shapes
@@ -80,13 +83,13 @@ def collectives(hlo_text: str) -> list[Collective]:
 
 
 def summarize(ops: list[Collective]) -> list[dict]:
-  """Per kind: count and wire bytes per device."""
+  """Per kind: count (executions per step) and wire bytes per device per step."""
   rows = []
   for kind in KINDS:
     sel = [o for o in ops if o.kind == kind]
     if sel:
-      rows.append({"kind": kind, "count": len(sel),
-                   "bytes": float(sum(o.wire_bytes for o in sel))})
+      rows.append({"kind": kind, "count": round(sum(o.executions for o in sel)),
+                   "bytes": float(sum(o.wire_bytes * o.executions for o in sel))})
   return rows
 
 

@@ -54,6 +54,17 @@ def parse_layout(text: str) -> tuple[dict[str, int], dict[str, str]]:
   return out, ops
 
 
+def split_recipe(text: str, default: str = "omni") -> tuple[str, str]:
+  """'omni_zero3:expert=8+fsdp=2+sequence=8' -> ('omni_zero3', 'expert=8+...'); no prefix:
+  ``default`` (config.parallel.recipe). The recipe places the state and names the ops of that
+  layout. An unknown recipe is an error naming the known ones."""
+  recipe, _, body = text.rpartition(":")
+  recipe = recipe or default
+  if recipe not in RECIPES:
+    raise ValueError(f"layout {text!r}: unknown recipe {recipe!r}; registered: {RECIPES.names()}")
+  return recipe, body
+
+
 def op_names(recipe: str = "omni", overrides: Mapping[str, str] | None = None) -> dict[str, str]:
   """The op per seam of ``recipe`` with ``overrides`` (config.parallel) applied."""
   names = RECIPES.get(recipe).op_names(dict(overrides or {}))

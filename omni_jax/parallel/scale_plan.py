@@ -61,17 +61,6 @@ def roofline(cost: dict, hw: dict = H100) -> dict:
           "bound_by": max(terms, key=terms.get)}
 
 
-def split_recipe(text: str, default: str = "omni") -> tuple[str, str]:
-  """'omni_zero3:expert=8+fsdp=2+sequence=8' -> ('omni_zero3', 'expert=8+...'); no prefix:
-  ``default`` (config.parallel.recipe). An unknown recipe is an error naming the known ones."""
-  from omni_jax.parallel.recipes import RECIPES
-  recipe, _, body = text.rpartition(":")
-  recipe = recipe or default
-  if recipe not in RECIPES:
-    raise ValueError(f"layout {text!r}: unknown recipe {recipe!r}; registered: {RECIPES.names()}")
-  return recipe, body
-
-
 def prediction(cost: dict, tokens_per_step: int, devices: int, flops_per_token: float,
                hw: dict = H100) -> dict:
   """A layout's modelled throughput from its per-device compiled ``cost``: the summary keys
@@ -128,10 +117,9 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | 
   from omni_jax.train.loop import TrainState, make_train_step
   from omni_jax.train.omni import make_loss_fn, parallel_op_names, recipe_name, state_sharding
 
-  recipe, body = split_recipe(text, recipe_name(config))
+  recipe, body = layout.split_recipe(text, recipe_name(config))
   mesh_cfg, op_override = layout.parse_layout(body)
-  op_names = {**parallel_op_names(config), **op_override}
-  layout.op_names("omni", op_names)
+  op_names = layout.op_names(recipe, {**parallel_op_names(config, recipe), **op_override})
   mesh = placed_mesh(mesh_cfg, jax.devices())
   seq_len = config.data.seq_len
   batch_size = mesh_lib.batch_divisor(mesh)        # one sequence per batch shard

@@ -143,11 +143,14 @@ def validate(config) -> tuple[OmniSpec, OmniStream, LoopConfig]:
   return spec, stream, loop
 
 
-def parallel_op_names(config) -> dict[str, str]:
-  """The recipe's parallel op per seam, with ``config.parallel`` overrides (validated)."""
+def parallel_op_names(config, recipe: str | None = None) -> dict[str, str]:
+  """The recipe's parallel op per seam, with ``config.parallel`` overrides (validated).
+  ``recipe``: this recipe's ops instead of ``config.parallel.recipe``'s (a layout that names
+  its own recipe, ``recipe:axis=size+...``)."""
   par = dict(config.parallel) if "parallel" in config else {}
   check_keys(par, PARALLEL_KEYS, "parallel.")
-  recipe = par.pop("recipe", "omni")
+  configured = par.pop("recipe", "omni")
+  recipe = configured if recipe is None else recipe
   par.pop("pipeline_microbatches", None)
   if recipe not in recipes.RECIPES:
     raise ConfigError(f"config.parallel.recipe = {recipe!r}; registered recipes: "

@@ -126,3 +126,17 @@ def test_bad_module_zero_is_one_clear_error(module_zero, message):
   mods = (recipes.Module("encoders", r"^enc_"), recipes.Module("backbone", r".*"))
   with pytest.raises(ValueError, match=message):
     recipes.Recipe((), (), modules=mods, module_zero=module_zero)
+
+
+def test_layout_recipe_prefix_names_its_own_ops():
+  """``recipe:layout`` (parallel_report, scale_plan): that recipe's ops, not the config's."""
+  from configs.omni_moe import get_config
+  from omni_jax.train.omni import parallel_op_names, recipe_name
+  cfg = get_config("micro")
+  recipe, body = layout.split_recipe("omni_enc_fsdp:fsdp=8", recipe_name(cfg))
+  assert (recipe, body) == ("omni_enc_fsdp", "fsdp=8")
+  assert parallel_op_names(cfg, recipe)["encoder_batch"] == "all_devices"
+  assert parallel_op_names(cfg).get("encoder_batch", "backbone") == "backbone"
+  assert layout.split_recipe("fsdp=8", "omni_zero3") == ("omni_zero3", "fsdp=8")
+  with pytest.raises(ValueError, match="unknown recipe 'nope'.*registered"):
+    layout.split_recipe("nope:fsdp=8")

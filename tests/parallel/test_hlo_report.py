@@ -62,3 +62,20 @@ def test_expected_bytes_closed_forms_for_ring_and_pipeline():
   pipe = expected_wire_bytes(pb, mesh_lib.make_mesh(dict(pipeline=2, data=4)),
                              activation_bytes=100.0, num_layers=3, microbatches=4)
   assert pipe == pytest.approx(2 * 5 / 4 * 100.0 + 4 * 0.5 * 100.0)
+
+
+def test_collectives_in_a_loop_count_once_per_iteration():
+  from omni_jax.parallel import hlo_cost
+  mesh = mesh_lib.make_mesh({"fsdp": 8})
+  xs = jax.device_put(jnp.ones((5, 64)), NamedSharding(mesh, P(None, "fsdp")))
+
+  def scanned(xs):  # 5 iterations, each reducing an [8] shard over the 8 devices
+    step = lambda c, x: (c + jax.lax.psum(x, "fsdp"), None)
+    return jax.lax.scan(step, jnp.zeros((8,)), xs)[0]
+  f = jax.jit(jax.shard_map(scanned, mesh=mesh, in_specs=P(None, "fsdp"), out_specs=P()))
+  text = f.lower(xs).compile().as_text()
+  assert [o.kind for o in hlo_report.collectives(text)] == ["all-reduce"]  # written once
+  (op,) = hlo_cost.collectives_per_step(text)
+  assert (op.kind, op.executions, op.result_bytes) == ("all-reduce", 5.0, 8 * 4)
+  (row,) = hlo_report.summarize([op])
+  assert row["count"] == 5 and row["bytes"] == pytest.approx(5 * 2 * 7 / 8 * 32)
