@@ -94,8 +94,13 @@ def summarize(ops: list[Collective]) -> list[dict]:
 
 
 def sharded_bytes(params, shardings, mesh) -> Mapping[str, float]:
-  """Bytes per device of parameters, split by whether each is sharded over an axis."""
-  out = {"local": 0.0, "fsdp_full": 0.0, "expert_full": 0.0, "replicated_local": 0.0}
+  """Bytes per device of parameters, split by whether each is sharded over an axis.
+
+  ``batch_group_local``: {g: local bytes of the parameters whose gradients must be summed
+  over a group of g devices of the batch-like axes ``expert`` and ``sequence``} — the
+  product of those axes a parameter is *not* split over (g = 1: nothing to reduce)."""
+  out = {"local": 0.0, "fsdp_full": 0.0, "expert_full": 0.0, "replicated_local": 0.0,
+         "batch_group_local": {}}
   for leaf, sh in zip(jax.tree.leaves(params), jax.tree.leaves(shardings), strict=True):
     full = float(np.prod(leaf.shape)) * leaf.dtype.itemsize
     axes = [a for entry in sh.spec if entry for a in (entry if isinstance(entry, tuple)
@@ -109,6 +114,8 @@ def sharded_bytes(params, shardings, mesh) -> Mapping[str, float]:
       out["expert_full"] += local * mesh.shape["expert"]
     if not axes:
       out["replicated_local"] += local
+    g = math.prod(mesh.shape[a] for a in ("expert", "sequence") if a not in axes)
+    out["batch_group_local"][g] = out["batch_group_local"].get(g, 0.0) + local
   return out
 
 
@@ -123,13 +130,18 @@ def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: floa
   the fsdp-sharded parameters for forward and backward plus a reduce-scatter of their
   gradients (3 passes); expert — per MoE layer 4 all-to-alls (send and return, forward and
   backward) of the dropless send buffer, ``expert x top_k`` local activations;
-  expert / sequence as batch-like axes — all-reduce of the unsharded parameters' gradients;
+  expert / sequence as batch-like axes — each parameter's gradient shard all-reduced over
+  those of the two it is not split over (``batch_group_local``: under the ``omni`` recipe an
+  FSDP-sharded dense parameter is replicated over ``sequence`` and ``expert``, so its shard
+  is summed there too; an earlier form counted only the fully replicated parameters);
   sequence — Ulysses: 4 all-to-alls forward and 4 backward per layer; ring (flash-style
   backward): each device passes its K and V chunks (``kv_fraction`` of an activation each)
   n-1 hops forward, again n-1 hops backward beside their gradients, which take n hops (the
   last one home); ``ring_zigzag`` adds the half-chunk exchange of q, k, v and the output
   into and out of the zig-zag order, forward and backward; tensor — Megatron: 2
-  all-reduces of activations forward and 2 backward per layer; pipeline (GPipe, P stages,
+  all-reduces of activations forward and 2 backward per layer, plus the vocabulary-parallel
+  embedding (one all-reduce forward) and output heads (one all-reduce of the input gradient
+  backward); pipeline (GPipe, P stages,
   M microbatches) — one microbatch's activations per tick (M + P - 1 ticks) forward and
   backward, plus the all-reduce that hands the last stage's output to every stage (forward
   and backward).
@@ -140,7 +152,7 @@ def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: floa
   total = 2 * frac(d) * pb["local"]
   total += 3 * frac(f) * pb["fsdp_full"]
   total += 4 * frac(e) * e * top_k * activation_bytes * num_moe_layers
-  total += 2 * frac(e * s) * pb["replicated_local"] if e * s > 1 else 0.0
+  total += sum(2 * frac(g) * b for g, b in pb.get("batch_group_local", {}).items())
   if sequence_op in ("ring", "ring_zigzag"):
     total += (6 * s - 4) * kv_fraction * activation_bytes * num_layers if s > 1 else 0.0
     if sequence_op == "ring_zigzag" and s > 1:
@@ -149,7 +161,7 @@ def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: floa
       total += 2 * (2 + 2 * kv_fraction) * moved * activation_bytes * num_layers
   else:
     total += 8 * frac(s) * activation_bytes * num_layers
-  total += 4 * 2 * frac(t) * activation_bytes * num_layers
+  total += (4 * num_layers + 2) * 2 * frac(t) * activation_bytes
   p, m = mesh.shape["pipeline"], microbatches
   if p > 1:
     total += 2 * (m + p - 1) / m * activation_bytes + 2 * 2 * frac(p) * activation_bytes

@@ -79,3 +79,22 @@ def test_collectives_in_a_loop_count_once_per_iteration():
   assert (op.kind, op.executions, op.result_bytes) == ("all-reduce", 5.0, 8 * 4)
   (row,) = hlo_report.summarize([op])
   assert row["count"] == 5 and row["bytes"] == pytest.approx(5 * 2 * 7 / 8 * 32)
+
+
+def test_expected_bytes_reduce_every_shard_over_the_batch_axes_it_is_not_split_over():
+  from omni_jax.parallel.hlo_report import expected_wire_bytes, sharded_bytes
+  mesh = mesh_lib.make_mesh(dict(fsdp=2, sequence=2, expert=2))
+  params = {"dense": jnp.zeros((8, 4)), "experts": jnp.zeros((2, 8, 4)), "norm": jnp.zeros(4)}
+  sh = {"dense": NamedSharding(mesh, P("fsdp")), "experts": NamedSharding(mesh, P("expert")),
+        "norm": NamedSharding(mesh, P())}
+  pb = sharded_bytes(params, sh, mesh)
+  # dense: 64 B local, summed over sequence x expert (4); experts: 128 B local, over sequence
+  # (2); norm: 16 B, over both (4)
+  assert pb["batch_group_local"] == {4: 64.0 + 16.0, 2: 128.0}
+  got = expected_wire_bytes(pb, mesh, activation_bytes=0.0, num_layers=1)
+  fsdp = 3 * 0.5 * 128.0              # the dense parameter's gathers and reduce-scatter
+  assert got == pytest.approx(fsdp + 2 * 0.75 * 80.0 + 2 * 0.5 * 128.0)
+  tp = expected_wire_bytes({"local": 0.0, "fsdp_full": 0.0},
+                           mesh_lib.make_mesh(dict(tensor=2, data=4)), activation_bytes=100.0,
+                           num_layers=3)
+  assert tp == pytest.approx((4 * 3 + 2) * 2 * 0.5 * 100.0)  # + embedding and heads
