@@ -12,11 +12,17 @@ manual over ``pipeline`` only (the other axes stay with the compiler and the pla
   residuals of all M + P - 1 ticks.
 * :func:`one_f_one_b`: the same forward for the primal value, with a ``custom_vjp`` whose
   backward is a hand-scheduled 1F1B loop (:func:`schedule_1f1b`): per tick a stage runs at
-  most one stage forward under ``jax.vjp`` (its residuals go to a ring buffer of P + 1 slots)
-  and one stage backward (from a ring slot, with the cotangent that the next stage sent by
-  ``ppermute`` one tick earlier), accumulating the stage's parameter gradients. A stage
-  holds at most P - p microbatches in flight instead of all of them; the price is one extra
-  stage forward per microbatch (the primal pass is not kept), like full rematerialisation.
+  most one stage forward (for its successor; the stage input goes to a ring buffer of P + 1
+  slots) and one stage backward (it recomputes the stage from the ring slot under
+  ``jax.vjp`` and pulls back the cotangent that the next stage sent by ``ppermute`` one tick
+  earlier), accumulating the stage's parameter gradients. A stage holds at most P - p
+  microbatches' stage inputs and one microbatch's residuals at a time, instead of every
+  microbatch's residuals; the price is two extra stage forwards per microbatch (the primal
+  pass is not kept, and the backward recomputes). ``recompute=False`` keeps the in-flight
+  microbatches' residuals in the ring instead (one extra forward, more memory).
+* ``gpipe(..., remat=True)``: GPipe with the stage under ``jax.checkpoint`` (each tick keeps
+  its stage input, the backward recomputes the stage): the like-for-like memory reference
+  for 1F1B (docs/pipeline.md).
 
 The stage output leaves the last stage by :func:`broadcast_from` (a ``psum`` masked to that
 stage: the heads outside run replicated over the stages and need it); under 1F1B the
@@ -161,7 +167,7 @@ def _merge(a):
   return a.swapaxes(0, 1).reshape(-1, *a.shape[2:])
 
 
-def _stage_fn(apply_unit, acc_shapes):
+def _stage_fn(apply_unit, acc_shapes, remat=False):
   """``(stage_params, h, pos) -> (h, aux)``: the stage's units in order; ``aux`` holds each
   unit's own MoE aux, stacked ``[units_per_stage, ...]``."""
   def run(params, h, pos):
@@ -169,7 +175,7 @@ def _stage_fn(apply_unit, acc_shapes):
       zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), acc_shapes)
       return apply_unit(p, vary((h, zero)), pos)
     return jax.lax.scan(one, vary(h), params)
-  return run
+  return jax.checkpoint(run) if remat else run
 
 
 def _finish_aux(sums, m):
@@ -199,14 +205,14 @@ def _aux_cotangent(d_acc, f_bar, m, units):
   return ct
 
 
-def _forward(apply_unit, acc_shapes, n_stages, m):
+def _forward(apply_unit, acc_shapes, n_stages, m, remat=False):
   """The shard_map body of the pipelined forward (GPipe ticks): ``(params, xs, ps) ->
   (outs [M, ...] (every stage), aux (summed over stages), f_bar [units, E])``."""
   def body(params, xs, ps):
     stage = jax.lax.axis_index(PIPE)
     last = stage == n_stages - 1
     shift = [(i, (i + 1) % n_stages) for i in range(n_stages)]
-    run_stage = _stage_fn(apply_unit, acc_shapes)
+    run_stage = _stage_fn(apply_unit, acc_shapes, remat)
     units = jax.tree.leaves(params)[0].shape[0]
     aux0 = jax.tree.map(lambda s: jnp.zeros((units, *s.shape), s.dtype), acc_shapes)
 
@@ -251,9 +257,11 @@ def _prepare(mesh, m, unit_params, carry, positions):
   return n_stages, acc0, acc_shapes, xs, ps, param_specs
 
 
-def _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, unit_params, xs, ps):
-  return jax.shard_map(_forward(apply_unit, acc_shapes, n_stages, m), mesh=context_mesh(mesh),
-                       in_specs=(param_specs, P(), P()), out_specs=(P(), P(), P(PIPE)),
+def _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, unit_params, xs, ps,
+                 remat=False):
+  return jax.shard_map(_forward(apply_unit, acc_shapes, n_stages, m, remat),
+                       mesh=context_mesh(mesh), in_specs=(param_specs, P(), P()),
+                       out_specs=(P(), P(), P(PIPE)),
                        axis_names=frozenset({PIPE}))(unit_params, xs, ps)
 
 
@@ -261,15 +269,17 @@ def _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, unit_pa
 # GPipe
 # ------------------------------------------------------------------------------------------
 
-def gpipe(mesh, microbatches: int) -> Callable:
-  """A ``layer_stack`` implementation: GPipe over ``pipeline`` with ``microbatches``."""
+def gpipe(mesh, microbatches: int, remat: bool = False) -> Callable:
+  """A ``layer_stack`` implementation: GPipe over ``pipeline`` with ``microbatches``;
+  ``remat``: each stage under ``jax.checkpoint`` (keeps its input, recomputes in the
+  backward)."""
   m = microbatches
 
   def impl(apply_unit, unit_params, carry, positions):
     n_stages, acc0, acc_shapes, xs, ps, param_specs = _prepare(mesh, m, unit_params, carry,
                                                                positions)
     outs, acc, _ = _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs,
-                                unit_params, xs, ps)
+                                unit_params, xs, ps, remat)
     return _merge(outs), jax.tree.map(jnp.add, acc0, acc)
   return impl
 
@@ -295,9 +305,11 @@ def _join_residuals(treedef, kept, where, param_leaves):
   return jax.tree.unflatten(treedef, leaves)
 
 
-def _backward_1f1b(apply_unit, acc_shapes, n_stages, m):
+def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
   """The shard_map body of the 1F1B backward: ``(params, xs, ps, d_outs [M, ...], d_acc,
-  f_bar [units, E]) -> (d_params, d_xs [M, ...] (every stage))``."""
+  f_bar [units, E]) -> (d_params, d_xs [M, ...] (every stage))``. ``recompute``: the ring
+  holds each in-flight microbatch's stage input and its backward recomputes the stage under
+  ``jax.vjp``; else the ring holds the stage's residuals."""
   fwd_tab, bwd_tab = schedule_1f1b(n_stages, m)
   n_ticks = fwd_tab.shape[0]
   # Inbox tables: what a stage receives at the end of tick t (sent by its neighbours).
@@ -324,16 +336,19 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m):
     units = jax.tree.leaves(params)[0].shape[0]
     ct_aux = _aux_cotangent(d_acc, f_bar, m, units)
     param_leaves_of = lambda prm: jax.tree.leaves(prm)
+    pos_of = lambda j: jax.tree.map(lambda a: a[j], ps)
 
     def stage_vjp(prm, h, j):
-      pos = jax.tree.map(lambda a: a[j], ps)
-      (h_out, _), pull = jax.vjp(lambda q, hh: run_stage(q, hh, pos), prm, h)
+      (h_out, _), pull = jax.vjp(lambda q, hh: run_stage(q, hh, pos_of(j)), prm, h)
       return h_out, _split_residuals(pull, param_leaves_of(prm))
 
-    def probe(prm, h, j):  # traced like a tick (input and index vary per stage)
-      h_out, (treedef, kept, where) = stage_vjp(prm, vary(h), vary(j))
-      return kept
-    kept_shapes = jax.eval_shape(probe, params, xs[0], jnp.int32(0))
+    if recompute:
+      kept_shapes = [jax.ShapeDtypeStruct(xs.shape[1:], xs.dtype)]
+    else:
+      def probe(prm, h, j):  # traced like a tick (input and index vary per stage)
+        h_out, (treedef, kept, where) = stage_vjp(prm, vary(h), vary(j))
+        return kept
+      kept_shapes = jax.eval_shape(probe, params, xs[0], jnp.int32(0))
     ring0 = [jnp.zeros((ring_slots, *s.shape), s.dtype) for s in kept_shapes]
     tabs = jnp.asarray(np.stack([fwd_tab, bwd_tab, recv_f, recv_b, write_slot], -1))  # [T, P, 5]
 
@@ -342,14 +357,21 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m):
       jf, jb, rf, rb, ws = (row[stage, i] for i in range(5))
       do_b = jb >= 0
       jf_c, jb_c = jnp.maximum(jf, 0), jnp.maximum(jb, 0)
-      # Forward of microbatch jf; its residuals go to ring slot jf % (P + 1).
+      # Forward of microbatch jf; its input (recompute) or residuals go to ring slot ws.
       h_f = jnp.where(stage == 0, xs[jf_c], inbox_f[jf_c % slots])
-      h_out, (treedef, kept, where) = stage_vjp(params, h_f, jf_c)
-      ring = [r.at[ws].set(k) for r, k in zip(ring, kept, strict=True)]
+      if recompute:
+        h_out, _ = run_stage(params, h_f, pos_of(jf_c))
+        ring = [ring[0].at[ws].set(h_f)]
+      else:
+        h_out, (treedef, kept, where) = stage_vjp(params, h_f, jf_c)
+        ring = [r.at[ws].set(k) for r, k in zip(ring, kept, strict=True)]
       # Backward of microbatch jb from its slot (the last stage: the one just written).
       ct_h = jnp.where(last, d_outs[jb_c], inbox_b[jb_c % slots])
       res = [r[jb_c % ring_slots] for r in ring]
-      pull = _join_residuals(treedef, res, where, param_leaves_of(params))
+      if recompute:
+        _, pull = jax.vjp(lambda q, hh: run_stage(q, hh, pos_of(jb_c)), params, res[0])
+      else:
+        pull = _join_residuals(treedef, res, where, param_leaves_of(params))
       d_prm, d_h = pull(vary((ct_h, ct_aux)))
       grads = jax.tree.map(lambda g, d: g + jnp.where(do_b, d, 0), grads, d_prm)
       d_xs = d_xs.at[jb_c].set(jnp.where(do_b & (stage == 0), d_h, d_xs[jb_c]))
@@ -369,8 +391,10 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m):
   return body
 
 
-def one_f_one_b(mesh, microbatches: int) -> Callable:
-  """A ``layer_stack`` implementation: the GPipe forward with a 1F1B backward (module doc)."""
+def one_f_one_b(mesh, microbatches: int, recompute: bool = True) -> Callable:
+  """A ``layer_stack`` implementation: the GPipe forward with a 1F1B backward (module doc);
+  ``recompute``: the ring holds stage inputs and the backward recomputes the stage (the
+  default, what the recipe's ``1f1b`` runs), else it holds the stage's residuals."""
   m = microbatches
 
   def impl(apply_unit, unit_params, carry, positions):
@@ -394,7 +418,7 @@ def one_f_one_b(mesh, microbatches: int) -> Callable:
     def bwd(res, ct):
       params, xs, f_bar = res
       d_outs, d_acc = ct
-      body = _backward_1f1b(apply_unit, acc_shapes, n_stages, m)
+      body = _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute)
       grads, d_xs = jax.shard_map(
           body, mesh=cmesh, in_specs=(param_specs, P(), P(), P(), P(), P(PIPE)),
           out_specs=(param_specs, P()), axis_names=frozenset({PIPE}))(

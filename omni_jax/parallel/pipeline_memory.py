@@ -11,6 +11,8 @@ is per device (= per stage), measured, not modelled.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
@@ -18,13 +20,24 @@ from jax.sharding import PartitionSpec as P
 
 from omni_jax.models import named_ops
 from omni_jax.models.transformer import Backbone, BackboneSpec
-from omni_jax.parallel import layout
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.parallel.pipeline import PIPE, SCHEDULES
+from omni_jax.parallel.pipeline import PIPE, gpipe, one_f_one_b
+
+# What is compiled: the two schedules the recipe ships, and two references. ``gpipe_remat``:
+# GPipe with the same per-stage rematerialisation as 1F1B (it keeps each tick's stage input
+# and recomputes the stage in the backward), the fair reference for 1F1B's memory;
+# ``1f1b_residual_ring``: 1F1B keeping each in-flight microbatch's stage residuals instead
+# (one stage forward fewer per microbatch, the design before session 12).
+VARIANTS = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "gpipe_remat": functools.partial(gpipe, remat=True),
+    "1f1b_residual_ring": functools.partial(one_f_one_b, recompute=False),
+}
 
 
 def schedule_memory(spec: BackboneSpec, batch: int, seq_len: int, n_stages: int,
-                    microbatches: int, schedules=SCHEDULES) -> dict[str, dict[str, int]]:
+                    microbatches: int, schedules=tuple(VARIANTS)) -> dict[str, dict[str, int]]:
   """``{schedule: {temp_bytes, argument_bytes, output_bytes}}`` of the compiled backbone
   ``value_and_grad`` (loss: a fixed projection of the hidden states plus the MoE aux) with
   ``n_stages`` stages and ``microbatches`` microbatches of ``batch`` rows of ``seq_len``."""
@@ -46,7 +59,7 @@ def schedule_memory(spec: BackboneSpec, batch: int, seq_len: int, n_stages: int,
   x, pos = (jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep) for a in (x, pos))
   out = {}
   for schedule in schedules:
-    ops = layout.ops(mesh, {"pipeline": schedule}, microbatches)
+    ops = {"layer_stack": VARIANTS[schedule](mesh, microbatches)}
 
     def loss(p, h, positions, ops=ops):
       with named_ops.override(**ops):

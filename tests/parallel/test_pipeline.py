@@ -46,6 +46,22 @@ def test_schedules_match_one_device(mesh_cfg, n_micro, micro):
   assert _max_rel(grads["1f1b"], grads["gpipe"]) <= 1e-5
 
 
+@pytest.mark.slow  # the memory references of experiments/pipeline_memory.py: same values too
+def test_reference_variants_match_one_device(micro):
+  from omni_jax.parallel.pipeline_memory import VARIANTS
+  _, _, loss, params, batch = micro(lb_coef=1.0, num_layers=2)
+  l1, g1 = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, {})))(params, batch)
+  mesh = mesh_lib.make_mesh(dict(pipeline=2, fsdp=4))
+  sh, _ = recipes.resolve(recipes.RECIPES.get("omni"), params, mesh)
+  for name in ("gpipe_remat", "1f1b_residual_ring"):
+    ops = {"layer_stack": VARIANTS[name](mesh, 4)}
+    f = jax.jit(jax.value_and_grad(lambda p, b, ops=ops: loss(p, b, ops)),
+                out_shardings=(None, sh))
+    lp, g = f(jax.device_put(params, sh), mesh_lib.put_batch(mesh, batch))
+    assert abs(float(lp) - float(l1)) <= 1e-5 * abs(float(l1)), name
+    assert _max_rel(g, g1) <= 1e-5, name
+
+
 @pytest.mark.parametrize("n_stages,m", [(2, 1), (2, 4), (2, 8), (3, 5), (4, 8), (4, 16)])
 def test_1f1b_schedule(n_stages, m):
   fwd, bwd = schedule_1f1b(n_stages, m)
@@ -94,7 +110,8 @@ def test_1f1b_holds_less_than_gpipe(micro):
   # of P + 1 = 3 slots plus one tick's working set (0.59 of GPipe's on the tiny config).
   from omni_jax.parallel.pipeline_memory import schedule_memory
   spec, cfg, *_ = micro(num_layers=2)
-  mem = schedule_memory(spec.backbone, cfg.data.batch_size, cfg.data.seq_len, 2, 8)
+  mem = schedule_memory(spec.backbone, cfg.data.batch_size, cfg.data.seq_len, 2, 8,
+                        ("gpipe", "1f1b"))
   assert mem["1f1b"]["temp_bytes"] < 0.75 * mem["gpipe"]["temp_bytes"], mem
 
 
