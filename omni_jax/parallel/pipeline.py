@@ -342,8 +342,27 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
       (h_out, _), pull = jax.vjp(lambda q, hh: run_stage(q, hh, pos_of(j)), prm, h)
       return h_out, _split_residuals(pull, param_leaves_of(prm))
 
+    zero_aux = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), acc_shapes)
+
+    def forward_keeping_inputs(prm, h, j):
+      """The stage forward without residuals; returns its output and each unit's input."""
+      def one(h, p):
+        return apply_unit(p, vary((h, zero_aux())), pos_of(j))[0], h
+      return jax.lax.scan(one, vary(h), prm)
+
+    def backward_from_inputs(prm, h_units, j, ct_h):
+      """The stage backward, one unit at a time (last first): each unit is recomputed from
+      its input under ``jax.vjp`` and pulled back, so only one unit's residuals are live."""
+      def one(d_h, xs_u):
+        p, h, ct_a = xs_u
+        _, pull = jax.vjp(lambda q, hh: apply_unit(q, vary((hh, zero_aux())), pos_of(j)), p, h)
+        d_p, d_h = pull(vary((d_h, ct_a)))
+        return d_h, d_p
+      d_h, d_prm = jax.lax.scan(one, vary(ct_h), (prm, h_units, ct_aux), reverse=True)
+      return d_prm, d_h
+
     if recompute:
-      kept_shapes = [jax.ShapeDtypeStruct(xs.shape[1:], xs.dtype)]
+      kept_shapes = [jax.ShapeDtypeStruct((units, *xs.shape[1:]), xs.dtype)]
     else:
       def probe(prm, h, j):  # traced like a tick (input and index vary per stage)
         h_out, (treedef, kept, where) = stage_vjp(prm, vary(h), vary(j))
@@ -360,8 +379,8 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
       # Forward of microbatch jf; its input (recompute) or residuals go to ring slot ws.
       h_f = jnp.where(stage == 0, xs[jf_c], inbox_f[jf_c % slots])
       if recompute:
-        h_out, _ = run_stage(params, h_f, pos_of(jf_c))
-        ring = [ring[0].at[ws].set(h_f)]
+        h_out, h_units = forward_keeping_inputs(params, h_f, jf_c)
+        ring = [ring[0].at[ws].set(h_units)]
       else:
         h_out, (treedef, kept, where) = stage_vjp(params, h_f, jf_c)
         ring = [r.at[ws].set(k) for r, k in zip(ring, kept, strict=True)]
@@ -369,10 +388,10 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
       ct_h = jnp.where(last, d_outs[jb_c], inbox_b[jb_c % slots])
       res = [r[jb_c % ring_slots] for r in ring]
       if recompute:
-        _, pull = jax.vjp(lambda q, hh: run_stage(q, hh, pos_of(jb_c)), params, res[0])
+        d_prm, d_h = backward_from_inputs(params, res[0], jb_c, ct_h)
       else:
         pull = _join_residuals(treedef, res, where, param_leaves_of(params))
-      d_prm, d_h = pull(vary((ct_h, ct_aux)))
+        d_prm, d_h = pull(vary((ct_h, ct_aux)))
       grads = jax.tree.map(lambda g, d: g + jnp.where(do_b, d, 0), grads, d_prm)
       d_xs = d_xs.at[jb_c].set(jnp.where(do_b & (stage == 0), d_h, d_xs[jb_c]))
       # Neighbours' sends land in the inboxes.

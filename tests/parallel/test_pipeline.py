@@ -21,16 +21,18 @@ def _max_rel(a_tree, b_tree):
 
 
 # Two stages of one unit each in the default suite (each case compiles the 8-device step once
-# per schedule); four stages and the data split run slow. The load-balancing loss is on with
-# a large coefficient: the pipeline rebuilds the whole batch's E * sum_e f_e P_e per unit, so
-# it must match one device as exactly as the cross-entropy does (f32).
-@pytest.mark.parametrize("mesh_cfg,n_micro", [
-    (dict(pipeline=2, fsdp=4), 4),
-    pytest.param(dict(pipeline=4, fsdp=2), 4, marks=pytest.mark.slow),
-    pytest.param(dict(pipeline=2, data=4), 4, marks=pytest.mark.slow),
+# per schedule); four stages and the data split (with two units per stage: 1F1B's backward
+# walks a stage's units in reverse) run slow. The load-balancing loss is on with a large
+# coefficient: the pipeline rebuilds the whole batch's E * sum_e f_e P_e per unit, so it must
+# match one device as exactly as the cross-entropy does (f32).
+@pytest.mark.parametrize("mesh_cfg,n_micro,units_per_stage", [
+    (dict(pipeline=2, fsdp=4), 4, 1),
+    pytest.param(dict(pipeline=4, fsdp=2), 4, 1, marks=pytest.mark.slow),
+    pytest.param(dict(pipeline=2, data=4), 4, 2, marks=pytest.mark.slow),
 ])
-def test_schedules_match_one_device(mesh_cfg, n_micro, micro):
-  _, _, loss, params, batch = micro(lb_coef=1.0, num_layers=mesh_cfg["pipeline"])
+def test_schedules_match_one_device(mesh_cfg, n_micro, units_per_stage, micro):
+  _, _, loss, params, batch = micro(lb_coef=1.0,
+                                    num_layers=mesh_cfg["pipeline"] * units_per_stage)
   l1, g1 = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, {})))(params, batch)
   mesh = mesh_lib.make_mesh(mesh_cfg)
   sh, _ = recipes.resolve(recipes.RECIPES.get("omni"), params, mesh)
