@@ -159,12 +159,23 @@ def _check_shapes(n_stages, m, unit_params, x):
 
 
 def _split(a, m):
-  """``[B, ...] -> [M, B/M, ...]``; microbatch j holds rows j, j + M, ..."""
-  return a.reshape(a.shape[0] // m, m, *a.shape[1:]).swapaxes(0, 1)
+  """``[B, ...] -> [B/M, M, ...]`` (a reshape, no copy): microbatch j (:func:`_mb`) holds rows
+  j, j + M, ... The microbatch axis stays second so that splitting and merging the batch
+  never transposes (copies) a batch-sized array."""
+  return a.reshape(a.shape[0] // m, m, *a.shape[1:])
+
+
+def _mb(a, j):
+  """Microbatch ``j`` of a :func:`_split` array."""
+  return jax.lax.dynamic_index_in_dim(a, j, axis=1, keepdims=False)
+
+
+def _set_mb(a, j, value):
+  return jax.lax.dynamic_update_index_in_dim(a, value, j, axis=1)
 
 
 def _merge(a):
-  return a.swapaxes(0, 1).reshape(-1, *a.shape[2:])
+  return a.reshape(-1, *a.shape[2:])
 
 
 def _stage_fn(apply_unit, acc_shapes, remat=False):
@@ -207,7 +218,7 @@ def _aux_cotangent(d_acc, f_bar, m, units):
 
 def _forward(apply_unit, acc_shapes, n_stages, m, remat=False):
   """The shard_map body of the pipelined forward (GPipe ticks): ``(params, xs, ps) ->
-  (outs [M, ...] (every stage), aux (summed over stages), f_bar [units, E])``."""
+  (outs [B/M, M, ...] (every stage), aux (summed over stages), f_bar [units, E])``."""
   def body(params, xs, ps):
     stage = jax.lax.axis_index(PIPE)
     last = stage == n_stages - 1
@@ -221,13 +232,13 @@ def _forward(apply_unit, acc_shapes, n_stages, m, remat=False):
       mb = t - stage                                     # microbatch this stage works on
       valid = (mb >= 0) & (mb < m)
       mb_c = jnp.clip(mb, 0, m - 1)
-      h_in = jnp.where(stage == 0, xs[jnp.clip(t, 0, m - 1)], inbox)
-      h, aux = run_stage(params, h_in, jax.tree.map(lambda a: a[mb_c], ps))
+      h_in = jnp.where(stage == 0, _mb(xs, jnp.clip(t, 0, m - 1)), inbox)
+      h, aux = run_stage(params, h_in, jax.tree.map(lambda a: _mb(a, mb_c), ps))
       sums = jax.tree.map(lambda s, v: s + jnp.where(valid, v, 0), sums, aux)
-      outs = outs.at[mb_c].set(jnp.where(last & valid, h, outs[mb_c]))
+      outs = _set_mb(outs, mb_c, jnp.where(last & valid, h, _mb(outs, mb_c)))
       return (jax.lax.ppermute(h, PIPE, shift), outs, sums), None
 
-    init = vary((jnp.zeros_like(xs[0]), jnp.zeros_like(xs), aux0))
+    init = vary((jnp.zeros_like(_mb(xs, 0)), jnp.zeros_like(xs), aux0))
     (_, outs, sums), _ = jax.lax.scan(tick, init, jnp.arange(m + n_stages - 1))
     acc = jax.tree.map(lambda v: jax.lax.psum(v, PIPE), _finish_aux(sums, m))  # scalars / [E]
     f_bar = jax.lax.stop_gradient(sums["expert_load"] / m)
@@ -306,8 +317,8 @@ def _join_residuals(treedef, kept, where, param_leaves):
 
 
 def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
-  """The shard_map body of the 1F1B backward: ``(params, xs, ps, d_outs [M, ...], d_acc,
-  f_bar [units, E]) -> (d_params, d_xs [M, ...] (every stage))``. ``recompute``: the ring
+  """The shard_map body of the 1F1B backward: ``(params, xs, ps, d_outs [B/M, M, ...], d_acc,
+  f_bar [units, E]) -> (d_params, d_xs [B/M, M, ...] (every stage))``. ``recompute``: the ring
   holds each in-flight microbatch's stage input and its backward recomputes the stage under
   ``jax.vjp``; else the ring holds the stage's residuals."""
   fwd_tab, bwd_tab = schedule_1f1b(n_stages, m)
@@ -336,7 +347,8 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
     units = jax.tree.leaves(params)[0].shape[0]
     ct_aux = _aux_cotangent(d_acc, f_bar, m, units)
     param_leaves_of = lambda prm: jax.tree.leaves(prm)
-    pos_of = lambda j: jax.tree.map(lambda a: a[j], ps)
+    pos_of = lambda j: jax.tree.map(lambda a: _mb(a, j), ps)
+    mb_shape = _mb(xs, 0).shape
 
     def stage_vjp(prm, h, j):
       (h_out, _), pull = jax.vjp(lambda q, hh: run_stage(q, hh, pos_of(j)), prm, h)
@@ -362,12 +374,12 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
       return d_prm, d_h
 
     if recompute:
-      kept_shapes = [jax.ShapeDtypeStruct((units, *xs.shape[1:]), xs.dtype)]
+      kept_shapes = [jax.ShapeDtypeStruct((units, *mb_shape), xs.dtype)]
     else:
       def probe(prm, h, j):  # traced like a tick (input and index vary per stage)
         h_out, (treedef, kept, where) = stage_vjp(prm, vary(h), vary(j))
         return kept
-      kept_shapes = jax.eval_shape(probe, params, xs[0], jnp.int32(0))
+      kept_shapes = jax.eval_shape(probe, params, _mb(xs, 0), jnp.int32(0))
     ring0 = [jnp.zeros((ring_slots, *s.shape), s.dtype) for s in kept_shapes]
     tabs = jnp.asarray(np.stack([fwd_tab, bwd_tab, recv_f, recv_b, write_slot], -1))  # [T, P, 5]
 
@@ -377,7 +389,7 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
       do_b = jb >= 0
       jf_c, jb_c = jnp.maximum(jf, 0), jnp.maximum(jb, 0)
       # Forward of microbatch jf; its input (recompute) or residuals go to ring slot ws.
-      h_f = jnp.where(stage == 0, xs[jf_c], inbox_f[jf_c % slots])
+      h_f = jnp.where(stage == 0, _mb(xs, jf_c), inbox_f[jf_c % slots])
       if recompute:
         h_out, h_units = forward_keeping_inputs(params, h_f, jf_c)
         ring = [ring[0].at[ws].set(h_units)]
@@ -385,7 +397,7 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
         h_out, (treedef, kept, where) = stage_vjp(params, h_f, jf_c)
         ring = [r.at[ws].set(k) for r, k in zip(ring, kept, strict=True)]
       # Backward of microbatch jb from its slot (the last stage: the one just written).
-      ct_h = jnp.where(last, d_outs[jb_c], inbox_b[jb_c % slots])
+      ct_h = jnp.where(last, _mb(d_outs, jb_c), inbox_b[jb_c % slots])
       res = [r[jb_c % ring_slots] for r in ring]
       if recompute:
         d_prm, d_h = backward_from_inputs(params, res[0], jb_c, ct_h)
@@ -393,7 +405,7 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
         pull = _join_residuals(treedef, res, where, param_leaves_of(params))
         d_prm, d_h = pull(vary((ct_h, ct_aux)))
       grads = jax.tree.map(lambda g, d: g + jnp.where(do_b, d, 0), grads, d_prm)
-      d_xs = d_xs.at[jb_c].set(jnp.where(do_b & (stage == 0), d_h, d_xs[jb_c]))
+      d_xs = _set_mb(d_xs, jb_c, jnp.where(do_b & (stage == 0), d_h, _mb(d_xs, jb_c)))
       # Neighbours' sends land in the inboxes.
       got_h = jax.lax.ppermute(h_out, PIPE, fwd_shift)
       got_d = jax.lax.ppermute(d_h, PIPE, bwd_shift)
@@ -402,7 +414,7 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
       inbox_b = inbox_b.at[rb_s].set(jnp.where(rb >= 0, got_d, inbox_b[rb_s]))
       return (params, ring, inbox_f, inbox_b, grads, d_xs), None
 
-    box = jnp.zeros((slots, *xs.shape[1:]), xs.dtype)
+    box = jnp.zeros((slots, *mb_shape), xs.dtype)
     init = vary((params, ring0, box, box, jax.tree.map(jnp.zeros_like, params),
                  jnp.zeros_like(xs)))
     (_, _, _, _, grads, d_xs), _ = jax.lax.scan(tick, init, tabs, length=n_ticks)
