@@ -24,9 +24,10 @@ manual over ``pipeline`` only (the other axes stay with the compiler and the pla
   its stage input, the backward recomputes the stage): the like-for-like memory reference
   for 1F1B (docs/pipeline.md).
 
-The stage output leaves the last stage by :func:`broadcast_from` (a ``psum`` masked to that
-stage: the heads outside run replicated over the stages and need it); under 1F1B the
-gradient of the pipeline input leaves stage 0 the same way.
+Each microbatch's stage output reaches every stage in the tick it leaves the last stage
+(:func:`_publish`: a microbatch-sized ``psum`` masked to that stage; the heads outside run
+replicated over the stages and need the output); under 1F1B each microbatch's gradient of
+the pipeline input leaves stage 0 the same way. No whole-batch reduction follows the loop.
 
 MoE auxiliaries are kept per unit and per microbatch and combined exactly: every aux term
 is a token mean (averaged over the equal-sized microbatches) except the load-balancing loss
@@ -235,27 +236,34 @@ def _forward(apply_unit, acc_shapes, n_stages, m, remat=False):
       h_in = jnp.where(stage == 0, _mb(xs, jnp.clip(t, 0, m - 1)), inbox)
       h, aux = run_stage(params, h_in, jax.tree.map(lambda a: _mb(a, mb_c), ps))
       sums = jax.tree.map(lambda s, v: s + jnp.where(valid, v, 0), sums, aux)
-      outs = _set_mb(outs, mb_c, jnp.where(last & valid, h, _mb(outs, mb_c)))
+      # Microbatch t - (P - 1) leaves the last stage: every stage gets it now.
+      outs = _publish(outs, t - (n_stages - 1), h, last)
       return (jax.lax.ppermute(h, PIPE, shift), outs, sums), None
 
-    init = vary((jnp.zeros_like(_mb(xs, 0)), jnp.zeros_like(xs), aux0))
+    init = (vary(jnp.zeros_like(_mb(xs, 0))), jnp.zeros_like(xs), vary(aux0))
     (_, outs, sums), _ = jax.lax.scan(tick, init, jnp.arange(m + n_stages - 1))
     acc = jax.tree.map(lambda v: jax.lax.psum(v, PIPE), _finish_aux(sums, m))  # scalars / [E]
     f_bar = jax.lax.stop_gradient(sums["expert_load"] / m)
-    return broadcast_from(n_stages - 1, outs, n_stages), acc, f_bar
+    return outs, acc, f_bar
   return body
 
 
-def broadcast_from(src: int, value, n_stages: int):
-  """``value`` of stage ``src`` on every stage: a ``psum`` of the value masked to ``src``.
+def _publish(buf, j, value, owner):
+  """``buf`` (``[B/M, M, ...]``, the same on every stage) with microbatch ``j`` set to the
+  ``value`` of the stage where ``owner`` holds, if ``0 <= j < M`` (``j`` the same on every
+  stage); else ``buf``. One microbatch-sized ``psum`` masked to the owner, inside a ``cond``
+  so that ticks without a microbatch move nothing: the pipeline's output (and 1F1B's input
+  gradient) reaches every stage as each microbatch finishes, with no whole-batch reduction
+  after the loop. A ``psum`` because it is what types the result as the same on every
+  stage; a ``ppermute`` relay plus an invariant ``all_gather`` was tried (session 10): XLA
+  then also gathered the batch axes inside the stages, 3.5x the bytes."""
+  m = buf.shape[1]
+  j_c = jnp.clip(j, 0, m - 1)
 
-  A reduction-free broadcast (``ppermute`` one chunk per stage, then an invariant
-  ``all_gather``) was tried: XLA then also gathered the batch axes inside the stages and
-  moved 3.5x the bytes of this ``psum`` on the micro model (pipeline=2, fsdp=4), so the psum
-  stays (for P = 2 its wire bytes equal a broadcast's)."""
-  del n_stages
-  stage = jax.lax.axis_index(PIPE)
-  return jax.lax.psum(jnp.where(stage == src, value, 0), PIPE)
+  def put():
+    got = jax.lax.psum(jnp.where(owner, value, 0), PIPE)
+    return _set_mb(buf, j_c, got)
+  return jax.lax.cond((j >= 0) & (j < m), put, lambda: buf)
 
 
 def _prepare(mesh, m, unit_params, carry, positions):
@@ -405,7 +413,7 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
         pull = _join_residuals(treedef, res, where, param_leaves_of(params))
         d_prm, d_h = pull(vary((ct_h, ct_aux)))
       grads = jax.tree.map(lambda g, d: g + jnp.where(do_b, d, 0), grads, d_prm)
-      d_xs = _set_mb(d_xs, jb_c, jnp.where(do_b & (stage == 0), d_h, _mb(d_xs, jb_c)))
+      d_xs = _publish(d_xs, row[0, 1], d_h, stage == 0)  # stage 0's backward microbatch
       # Neighbours' sends land in the inboxes.
       got_h = jax.lax.ppermute(h_out, PIPE, fwd_shift)
       got_d = jax.lax.ppermute(d_h, PIPE, bwd_shift)
@@ -415,10 +423,10 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
       return (params, ring, inbox_f, inbox_b, grads, d_xs), None
 
     box = jnp.zeros((slots, *mb_shape), xs.dtype)
-    init = vary((params, ring0, box, box, jax.tree.map(jnp.zeros_like, params),
-                 jnp.zeros_like(xs)))
+    init = (*vary((params, ring0, box, box, jax.tree.map(jnp.zeros_like, params))),
+            jnp.zeros_like(xs))
     (_, _, _, _, grads, d_xs), _ = jax.lax.scan(tick, init, tabs, length=n_ticks)
-    return grads, broadcast_from(0, d_xs, n_stages)
+    return grads, d_xs
   return body
 
 
