@@ -9,7 +9,8 @@ summary.json: per schedule (the shipped ``gpipe`` and ``1f1b``, and the referenc
 temp / argument / output bytes per stage; ``f1b_over_gpipe_activation_memory`` (1F1B temp
 bytes / GPipe temp bytes, both as shipped) beside its goal ``(P / M) * 1.1``, and
 ``f1b_over_gpipe_remat_activation_memory`` (1F1B / GPipe with the same per-stage remat, the
-like-for-like comparison).
+like-for-like comparison); ``flops_over_gpipe`` per schedule (compiled FLOPs per stage, loops
+counted, over GPipe's).
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ def main(argv):
              "num_units": spec.num_units, "d_model": spec.d_model, "schedules": mem,
              "f1b_over_gpipe_activation_memory": ratio, "goal": p / m * 1.1,
              "f1b_over_gpipe_remat_activation_memory": temp["1f1b"] / temp["gpipe_remat"]}
+  # Compute per stage relative to GPipe's (the price of each schedule's recomputation).
+  summary["flops_over_gpipe"] = {name: row["flops"] / mem["gpipe"]["flops"]
+                                 for name, row in mem.items()}
   for name, t in temp.items():
-    logging.info("%s: temp %.2f MiB per stage", name, t / 2**20)
+    logging.info("%s: temp %.2f MiB per stage, FLOPs %.2fx GPipe's", name, t / 2**20,
+                 summary["flops_over_gpipe"][name])
   logging.info("1F1B / GPipe temp memory %.3f (goal <= %.3f); 1F1B / GPipe-remat %.3f", ratio,
                p / m * 1.1, summary["f1b_over_gpipe_remat_activation_memory"])
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)

@@ -1,12 +1,15 @@
-"""Compiled per-stage memory of the pipeline schedules (GPipe vs 1F1B), from XLA itself.
+"""Compiled per-stage memory and compute of the pipeline schedules (GPipe vs 1F1B), from XLA.
 
 :func:`schedule_memory` compiles ``value_and_grad`` of the omni backbone alone (the part the
 pipeline runs; embedding, encoders and heads are the same for every schedule) on a mesh of
 P devices, one per stage, once per schedule, and reads each executable's
 ``memory_analysis()``: ``temp_size_in_bytes`` is the stage's scratch memory over the step
-— the saved activations (GPipe: all M + P - 1 ticks' residuals; 1F1B: the ring of P + 1 slots)
-plus the working set of one tick, the inboxes and the gradient accumulators. Every figure
-is per device (= per stage), measured, not modelled.
+— the saved activations (GPipe: all M + P - 1 ticks' residuals; 1F1B: the ring of P + 1
+slots of stage inputs) plus the working set of one tick, the inboxes, the gradient
+accumulators and the batch-sized input / output cotangents — and its FLOPs per device with
+loops counted (:func:`omni_jax.parallel.hlo_cost.analyze`; idle lockstep ticks compute
+too). Every figure is per device (= per stage), measured on the compiled program, not
+modelled.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from omni_jax.models import named_ops
 from omni_jax.models.transformer import Backbone, BackboneSpec
+from omni_jax.parallel import hlo_cost
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.parallel.pipeline import PIPE, gpipe, one_f_one_b
 
@@ -38,7 +42,7 @@ VARIANTS = {
 
 def schedule_memory(spec: BackboneSpec, batch: int, seq_len: int, n_stages: int,
                     microbatches: int, schedules=tuple(VARIANTS)) -> dict[str, dict[str, int]]:
-  """``{schedule: {temp_bytes, argument_bytes, output_bytes}}`` of the compiled backbone
+  """``{schedule: {temp_bytes, argument_bytes, output_bytes, flops}}`` of the compiled backbone
   ``value_and_grad`` with ``n_stages`` stages and ``microbatches`` microbatches of ``batch``
   rows of ``seq_len``. The loss stands in for the heads: the mean square of a fixed
   projection of the hidden states, plus the MoE aux. Its gradient depends on the hidden
@@ -76,5 +80,6 @@ def schedule_memory(spec: BackboneSpec, batch: int, seq_len: int, n_stages: int,
     mem = compiled.memory_analysis()
     out[schedule] = {"temp_bytes": int(mem.temp_size_in_bytes),
                      "argument_bytes": int(mem.argument_size_in_bytes),
-                     "output_bytes": int(mem.output_size_in_bytes)}
+                     "output_bytes": int(mem.output_size_in_bytes),
+                     "flops": float(hlo_cost.analyze(compiled.as_text())["flops"])}
   return out
