@@ -109,12 +109,13 @@ def test_pipeline_config_errors(micro):
 def test_1f1b_holds_less_than_gpipe(micro):
   # The point of 1F1B, measured on the compiled executables (per-stage temp bytes of the
   # backbone's value_and_grad): GPipe keeps the residuals of M + P - 1 = 9 ticks, 1F1B a ring
-  # of P + 1 = 3 slots plus one tick's working set (0.59 of GPipe's on the tiny config).
+  # of P + 1 = 3 microbatches' stage inputs plus one unit's recomputed residuals (0.31 of
+  # GPipe's on this config, 0.33 on the tiny one; 0.59 with the residual ring of session 11).
   from omni_jax.parallel.pipeline_memory import schedule_memory
   spec, cfg, *_ = micro(num_layers=2)
   mem = schedule_memory(spec.backbone, cfg.data.batch_size, cfg.data.seq_len, 2, 8,
                         ("gpipe", "1f1b"))
-  assert mem["1f1b"]["temp_bytes"] < 0.75 * mem["gpipe"]["temp_bytes"], mem
+  assert mem["1f1b"]["temp_bytes"] < 0.4 * mem["gpipe"]["temp_bytes"], mem
 
 
 def test_1f1b_aux_cotangent_is_the_gradient_of_the_whole_batch_aux():
