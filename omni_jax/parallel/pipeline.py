@@ -327,8 +327,8 @@ def _join_residuals(treedef, kept, where, param_leaves):
 def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
   """The shard_map body of the 1F1B backward: ``(params, xs, ps, d_outs [B/M, M, ...], d_acc,
   f_bar [units, E]) -> (d_params, d_xs [B/M, M, ...] (every stage))``. ``recompute``: the ring
-  holds each in-flight microbatch's stage input and its backward recomputes the stage under
-  ``jax.vjp``; else the ring holds the stage's residuals."""
+  holds each in-flight microbatch's unit inputs and its backward recomputes the units one at
+  a time under ``jax.vjp``; else the ring holds the stage's residuals."""
   fwd_tab, bwd_tab = schedule_1f1b(n_stages, m)
   n_ticks = fwd_tab.shape[0]
   # Inbox tables: what a stage receives at the end of tick t (sent by its neighbours).
@@ -432,7 +432,7 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
 
 def one_f_one_b(mesh, microbatches: int, recompute: bool = True) -> Callable:
   """A ``layer_stack`` implementation: the GPipe forward with a 1F1B backward (module doc);
-  ``recompute``: the ring holds stage inputs and the backward recomputes the stage (the
+  ``recompute``: the ring holds unit inputs and the backward recomputes the units (the
   default, what the recipe's ``1f1b`` runs), else it holds the stage's residuals."""
   m = microbatches
 
