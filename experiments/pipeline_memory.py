@@ -4,9 +4,13 @@ r"""Per-stage compiled memory of the pipeline schedules: 1F1B against GPipe.
 
 Compiles the backbone's value_and_grad of ``--config``'s model with --stages stages and
 --microbatches microbatches of --batch rows of --seq_len tokens, once per schedule, and writes
-summary.json: per schedule the compiled temp / argument / output bytes per stage, and
-``f1b_over_gpipe_activation_memory`` (1F1B temp bytes / GPipe temp bytes) beside its goal
-``(P / M) * 1.1``. Logic: omni_jax/parallel/pipeline_memory.py.
+summary.json: per schedule (the shipped ``gpipe`` and ``1f1b``, and the references
+``gpipe_remat`` and ``1f1b_residual_ring``, omni_jax/parallel/pipeline_memory.py) the compiled
+temp / argument / output bytes per stage; ``f1b_over_gpipe_activation_memory`` (1F1B temp
+bytes / GPipe temp bytes, both as shipped) beside its goal ``(P / M) * 1.1``, and
+``f1b_over_gpipe_remat_activation_memory`` (1F1B / GPipe with the same per-stage remat, the
+like-for-like comparison); ``flops_over_gpipe`` per schedule (compiled FLOPs per stage, loops
+counted, over GPipe's).
 """
 
 from __future__ import annotations
@@ -39,13 +43,20 @@ def main(argv):
   batch, seq = _BATCH.value or config.data.batch_size, _SEQ.value or config.data.seq_len
   p, m = _STAGES.value, _MICRO.value
   mem = schedule_memory(spec, batch, seq, p, m)
-  ratio = mem["1f1b"]["temp_bytes"] / mem["gpipe"]["temp_bytes"]
+  temp = {name: row["temp_bytes"] for name, row in mem.items()}
+  ratio = temp["1f1b"] / temp["gpipe"]
   summary = {"stages": p, "microbatches": m, "batch": batch, "seq_len": seq,
              "num_units": spec.num_units, "d_model": spec.d_model, "schedules": mem,
-             "f1b_over_gpipe_activation_memory": ratio, "goal": p / m * 1.1}
-  for name, row in mem.items():
-    logging.info("%s: temp %.2f MB per stage", name, row["temp_bytes"] / 2**20)
-  logging.info("1F1B / GPipe temp memory %.3f (goal <= %.3f)", ratio, p / m * 1.1)
+             "f1b_over_gpipe_activation_memory": ratio, "goal": p / m * 1.1,
+             "f1b_over_gpipe_remat_activation_memory": temp["1f1b"] / temp["gpipe_remat"]}
+  # Compute per stage relative to GPipe's (the price of each schedule's recomputation).
+  summary["flops_over_gpipe"] = {name: row["flops"] / mem["gpipe"]["flops"]
+                                 for name, row in mem.items()}
+  for name, t in temp.items():
+    logging.info("%s: temp %.2f MiB per stage, FLOPs %.2fx GPipe's", name, t / 2**20,
+                 summary["flops_over_gpipe"][name])
+  logging.info("1F1B / GPipe temp memory %.3f (goal <= %.3f); 1F1B / GPipe-remat %.3f", ratio,
+               p / m * 1.1, summary["f1b_over_gpipe_remat_activation_memory"])
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)
 
 

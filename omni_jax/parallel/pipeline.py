@@ -12,15 +12,22 @@ manual over ``pipeline`` only (the other axes stay with the compiler and the pla
   residuals of all M + P - 1 ticks.
 * :func:`one_f_one_b`: the same forward for the primal value, with a ``custom_vjp`` whose
   backward is a hand-scheduled 1F1B loop (:func:`schedule_1f1b`): per tick a stage runs at
-  most one stage forward under ``jax.vjp`` (its residuals go to a ring buffer of P + 1 slots)
-  and one stage backward (from a ring slot, with the cotangent that the next stage sent by
-  ``ppermute`` one tick earlier), accumulating the stage's parameter gradients. A stage
-  holds at most P - p microbatches in flight instead of all of them; the price is one extra
-  stage forward per microbatch (the primal pass is not kept), like full rematerialisation.
+  most one stage forward (for its successor; the stage input goes to a ring buffer of P + 1
+  slots) and one stage backward (it recomputes the stage from the ring slot under
+  ``jax.vjp`` and pulls back the cotangent that the next stage sent by ``ppermute`` one tick
+  earlier), accumulating the stage's parameter gradients. A stage holds at most P - p
+  microbatches' stage inputs and one microbatch's residuals at a time, instead of every
+  microbatch's residuals; the price is two extra stage forwards per microbatch (the primal
+  pass is not kept, and the backward recomputes). ``recompute=False`` keeps the in-flight
+  microbatches' residuals in the ring instead (one extra forward, more memory).
+* ``gpipe(..., remat=True)``: GPipe with the stage under ``jax.checkpoint`` (each tick keeps
+  its stage input, the backward recomputes the stage): the like-for-like memory reference
+  for 1F1B (docs/pipeline.md).
 
-The stage output leaves the last stage by :func:`broadcast_from` (a ``psum`` masked to that
-stage: the heads outside run replicated over the stages and need it); under 1F1B the
-gradient of the pipeline input leaves stage 0 the same way.
+Each microbatch's stage output reaches every stage in the tick it leaves the last stage
+(:func:`_publish`: a microbatch-sized ``psum`` masked to that stage; the heads outside run
+replicated over the stages and need the output); under 1F1B each microbatch's gradient of
+the pipeline input leaves stage 0 the same way. No whole-batch reduction follows the loop.
 
 MoE auxiliaries are kept per unit and per microbatch and combined exactly: every aux term
 is a token mean (averaged over the equal-sized microbatches) except the load-balancing loss
@@ -153,15 +160,26 @@ def _check_shapes(n_stages, m, unit_params, x):
 
 
 def _split(a, m):
-  """``[B, ...] -> [M, B/M, ...]``; microbatch j holds rows j, j + M, ..."""
-  return a.reshape(a.shape[0] // m, m, *a.shape[1:]).swapaxes(0, 1)
+  """``[B, ...] -> [B/M, M, ...]`` (a reshape, no copy): microbatch j (:func:`_mb`) holds rows
+  j, j + M, ... The microbatch axis stays second so that splitting and merging the batch
+  never transposes (copies) a batch-sized array."""
+  return a.reshape(a.shape[0] // m, m, *a.shape[1:])
+
+
+def _mb(a, j):
+  """Microbatch ``j`` of a :func:`_split` array."""
+  return jax.lax.dynamic_index_in_dim(a, j, axis=1, keepdims=False)
+
+
+def _set_mb(a, j, value):
+  return jax.lax.dynamic_update_index_in_dim(a, value, j, axis=1)
 
 
 def _merge(a):
-  return a.swapaxes(0, 1).reshape(-1, *a.shape[2:])
+  return a.reshape(-1, *a.shape[2:])
 
 
-def _stage_fn(apply_unit, acc_shapes):
+def _stage_fn(apply_unit, acc_shapes, remat=False):
   """``(stage_params, h, pos) -> (h, aux)``: the stage's units in order; ``aux`` holds each
   unit's own MoE aux, stacked ``[units_per_stage, ...]``."""
   def run(params, h, pos):
@@ -169,7 +187,7 @@ def _stage_fn(apply_unit, acc_shapes):
       zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), acc_shapes)
       return apply_unit(p, vary((h, zero)), pos)
     return jax.lax.scan(one, vary(h), params)
-  return run
+  return jax.checkpoint(run) if remat else run
 
 
 def _finish_aux(sums, m):
@@ -199,14 +217,14 @@ def _aux_cotangent(d_acc, f_bar, m, units):
   return ct
 
 
-def _forward(apply_unit, acc_shapes, n_stages, m):
+def _forward(apply_unit, acc_shapes, n_stages, m, remat=False):
   """The shard_map body of the pipelined forward (GPipe ticks): ``(params, xs, ps) ->
-  (outs [M, ...] (every stage), aux (summed over stages), f_bar [units, E])``."""
+  (outs [B/M, M, ...] (every stage), aux (summed over stages), f_bar [units, E])``."""
   def body(params, xs, ps):
     stage = jax.lax.axis_index(PIPE)
     last = stage == n_stages - 1
     shift = [(i, (i + 1) % n_stages) for i in range(n_stages)]
-    run_stage = _stage_fn(apply_unit, acc_shapes)
+    run_stage = _stage_fn(apply_unit, acc_shapes, remat)
     units = jax.tree.leaves(params)[0].shape[0]
     aux0 = jax.tree.map(lambda s: jnp.zeros((units, *s.shape), s.dtype), acc_shapes)
 
@@ -215,30 +233,37 @@ def _forward(apply_unit, acc_shapes, n_stages, m):
       mb = t - stage                                     # microbatch this stage works on
       valid = (mb >= 0) & (mb < m)
       mb_c = jnp.clip(mb, 0, m - 1)
-      h_in = jnp.where(stage == 0, xs[jnp.clip(t, 0, m - 1)], inbox)
-      h, aux = run_stage(params, h_in, jax.tree.map(lambda a: a[mb_c], ps))
+      h_in = jnp.where(stage == 0, _mb(xs, jnp.clip(t, 0, m - 1)), inbox)
+      h, aux = run_stage(params, h_in, jax.tree.map(lambda a: _mb(a, mb_c), ps))
       sums = jax.tree.map(lambda s, v: s + jnp.where(valid, v, 0), sums, aux)
-      outs = outs.at[mb_c].set(jnp.where(last & valid, h, outs[mb_c]))
+      # Microbatch t - (P - 1) leaves the last stage: every stage gets it now.
+      outs = _publish(outs, t - (n_stages - 1), h, last)
       return (jax.lax.ppermute(h, PIPE, shift), outs, sums), None
 
-    init = vary((jnp.zeros_like(xs[0]), jnp.zeros_like(xs), aux0))
+    init = (vary(jnp.zeros_like(_mb(xs, 0))), jnp.zeros_like(xs), vary(aux0))
     (_, outs, sums), _ = jax.lax.scan(tick, init, jnp.arange(m + n_stages - 1))
     acc = jax.tree.map(lambda v: jax.lax.psum(v, PIPE), _finish_aux(sums, m))  # scalars / [E]
     f_bar = jax.lax.stop_gradient(sums["expert_load"] / m)
-    return broadcast_from(n_stages - 1, outs, n_stages), acc, f_bar
+    return outs, acc, f_bar
   return body
 
 
-def broadcast_from(src: int, value, n_stages: int):
-  """``value`` of stage ``src`` on every stage: a ``psum`` of the value masked to ``src``.
+def _publish(buf, j, value, owner):
+  """``buf`` (``[B/M, M, ...]``, the same on every stage) with microbatch ``j`` set to the
+  ``value`` of the stage where ``owner`` holds, if ``0 <= j < M`` (``j`` the same on every
+  stage); else ``buf``. One microbatch-sized ``psum`` masked to the owner, inside a ``cond``
+  so that ticks without a microbatch move nothing: the pipeline's output (and 1F1B's input
+  gradient) reaches every stage as each microbatch finishes, with no whole-batch reduction
+  after the loop. A ``psum`` because it is what types the result as the same on every
+  stage; a ``ppermute`` relay plus an invariant ``all_gather`` was tried (session 10): XLA
+  then also gathered the batch axes inside the stages, 3.5x the bytes."""
+  m = buf.shape[1]
+  j_c = jnp.clip(j, 0, m - 1)
 
-  A reduction-free broadcast (``ppermute`` one chunk per stage, then an invariant
-  ``all_gather``) was tried: XLA then also gathered the batch axes inside the stages and
-  moved 3.5x the bytes of this ``psum`` on the micro model (pipeline=2, fsdp=4), so the psum
-  stays (for P = 2 its wire bytes equal a broadcast's)."""
-  del n_stages
-  stage = jax.lax.axis_index(PIPE)
-  return jax.lax.psum(jnp.where(stage == src, value, 0), PIPE)
+  def put():
+    got = jax.lax.psum(jnp.where(owner, value, 0), PIPE)
+    return _set_mb(buf, j_c, got)
+  return jax.lax.cond((j >= 0) & (j < m), put, lambda: buf)
 
 
 def _prepare(mesh, m, unit_params, carry, positions):
@@ -251,9 +276,11 @@ def _prepare(mesh, m, unit_params, carry, positions):
   return n_stages, acc0, acc_shapes, xs, ps, param_specs
 
 
-def _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, unit_params, xs, ps):
-  return jax.shard_map(_forward(apply_unit, acc_shapes, n_stages, m), mesh=context_mesh(mesh),
-                       in_specs=(param_specs, P(), P()), out_specs=(P(), P(), P(PIPE)),
+def _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, unit_params, xs, ps,
+                 remat=False):
+  return jax.shard_map(_forward(apply_unit, acc_shapes, n_stages, m, remat),
+                       mesh=context_mesh(mesh), in_specs=(param_specs, P(), P()),
+                       out_specs=(P(), P(), P(PIPE)),
                        axis_names=frozenset({PIPE}))(unit_params, xs, ps)
 
 
@@ -261,15 +288,17 @@ def _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, unit_pa
 # GPipe
 # ------------------------------------------------------------------------------------------
 
-def gpipe(mesh, microbatches: int) -> Callable:
-  """A ``layer_stack`` implementation: GPipe over ``pipeline`` with ``microbatches``."""
+def gpipe(mesh, microbatches: int, remat: bool = False) -> Callable:
+  """A ``layer_stack`` implementation: GPipe over ``pipeline`` with ``microbatches``;
+  ``remat``: each stage under ``jax.checkpoint`` (keeps its input, recomputes in the
+  backward)."""
   m = microbatches
 
   def impl(apply_unit, unit_params, carry, positions):
     n_stages, acc0, acc_shapes, xs, ps, param_specs = _prepare(mesh, m, unit_params, carry,
                                                                positions)
     outs, acc, _ = _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs,
-                                unit_params, xs, ps)
+                                unit_params, xs, ps, remat)
     return _merge(outs), jax.tree.map(jnp.add, acc0, acc)
   return impl
 
@@ -295,9 +324,11 @@ def _join_residuals(treedef, kept, where, param_leaves):
   return jax.tree.unflatten(treedef, leaves)
 
 
-def _backward_1f1b(apply_unit, acc_shapes, n_stages, m):
-  """The shard_map body of the 1F1B backward: ``(params, xs, ps, d_outs [M, ...], d_acc,
-  f_bar [units, E]) -> (d_params, d_xs [M, ...] (every stage))``."""
+def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
+  """The shard_map body of the 1F1B backward: ``(params, xs, ps, d_outs [B/M, M, ...], d_acc,
+  f_bar [units, E]) -> (d_params, d_xs [B/M, M, ...] (every stage))``. ``recompute``: the ring
+  holds each in-flight microbatch's unit inputs and its backward recomputes the units one at
+  a time under ``jax.vjp``; else the ring holds the stage's residuals."""
   fwd_tab, bwd_tab = schedule_1f1b(n_stages, m)
   n_ticks = fwd_tab.shape[0]
   # Inbox tables: what a stage receives at the end of tick t (sent by its neighbours).
@@ -324,16 +355,39 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m):
     units = jax.tree.leaves(params)[0].shape[0]
     ct_aux = _aux_cotangent(d_acc, f_bar, m, units)
     param_leaves_of = lambda prm: jax.tree.leaves(prm)
+    pos_of = lambda j: jax.tree.map(lambda a: _mb(a, j), ps)
+    mb_shape = _mb(xs, 0).shape
 
     def stage_vjp(prm, h, j):
-      pos = jax.tree.map(lambda a: a[j], ps)
-      (h_out, _), pull = jax.vjp(lambda q, hh: run_stage(q, hh, pos), prm, h)
+      (h_out, _), pull = jax.vjp(lambda q, hh: run_stage(q, hh, pos_of(j)), prm, h)
       return h_out, _split_residuals(pull, param_leaves_of(prm))
 
-    def probe(prm, h, j):  # traced like a tick (input and index vary per stage)
-      h_out, (treedef, kept, where) = stage_vjp(prm, vary(h), vary(j))
-      return kept
-    kept_shapes = jax.eval_shape(probe, params, xs[0], jnp.int32(0))
+    zero_aux = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), acc_shapes)
+
+    def forward_keeping_inputs(prm, h, j):
+      """The stage forward without residuals; returns its output and each unit's input."""
+      def one(h, p):
+        return apply_unit(p, vary((h, zero_aux())), pos_of(j))[0], h
+      return jax.lax.scan(one, vary(h), prm)
+
+    def backward_from_inputs(prm, h_units, j, ct_h):
+      """The stage backward, one unit at a time (last first): each unit is recomputed from
+      its input under ``jax.vjp`` and pulled back, so only one unit's residuals are live."""
+      def one(d_h, xs_u):
+        p, h, ct_a = xs_u
+        _, pull = jax.vjp(lambda q, hh: apply_unit(q, vary((hh, zero_aux())), pos_of(j)), p, h)
+        d_p, d_h = pull(vary((d_h, ct_a)))
+        return d_h, d_p
+      d_h, d_prm = jax.lax.scan(one, vary(ct_h), (prm, h_units, ct_aux), reverse=True)
+      return d_prm, d_h
+
+    if recompute:
+      kept_shapes = [jax.ShapeDtypeStruct((units, *mb_shape), xs.dtype)]
+    else:
+      def probe(prm, h, j):  # traced like a tick (input and index vary per stage)
+        h_out, (treedef, kept, where) = stage_vjp(prm, vary(h), vary(j))
+        return kept
+      kept_shapes = jax.eval_shape(probe, params, _mb(xs, 0), jnp.int32(0))
     ring0 = [jnp.zeros((ring_slots, *s.shape), s.dtype) for s in kept_shapes]
     tabs = jnp.asarray(np.stack([fwd_tab, bwd_tab, recv_f, recv_b, write_slot], -1))  # [T, P, 5]
 
@@ -342,17 +396,24 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m):
       jf, jb, rf, rb, ws = (row[stage, i] for i in range(5))
       do_b = jb >= 0
       jf_c, jb_c = jnp.maximum(jf, 0), jnp.maximum(jb, 0)
-      # Forward of microbatch jf; its residuals go to ring slot jf % (P + 1).
-      h_f = jnp.where(stage == 0, xs[jf_c], inbox_f[jf_c % slots])
-      h_out, (treedef, kept, where) = stage_vjp(params, h_f, jf_c)
-      ring = [r.at[ws].set(k) for r, k in zip(ring, kept, strict=True)]
+      # Forward of microbatch jf; its input (recompute) or residuals go to ring slot ws.
+      h_f = jnp.where(stage == 0, _mb(xs, jf_c), inbox_f[jf_c % slots])
+      if recompute:
+        h_out, h_units = forward_keeping_inputs(params, h_f, jf_c)
+        ring = [ring[0].at[ws].set(h_units)]
+      else:
+        h_out, (treedef, kept, where) = stage_vjp(params, h_f, jf_c)
+        ring = [r.at[ws].set(k) for r, k in zip(ring, kept, strict=True)]
       # Backward of microbatch jb from its slot (the last stage: the one just written).
-      ct_h = jnp.where(last, d_outs[jb_c], inbox_b[jb_c % slots])
+      ct_h = jnp.where(last, _mb(d_outs, jb_c), inbox_b[jb_c % slots])
       res = [r[jb_c % ring_slots] for r in ring]
-      pull = _join_residuals(treedef, res, where, param_leaves_of(params))
-      d_prm, d_h = pull(vary((ct_h, ct_aux)))
+      if recompute:
+        d_prm, d_h = backward_from_inputs(params, res[0], jb_c, ct_h)
+      else:
+        pull = _join_residuals(treedef, res, where, param_leaves_of(params))
+        d_prm, d_h = pull(vary((ct_h, ct_aux)))
       grads = jax.tree.map(lambda g, d: g + jnp.where(do_b, d, 0), grads, d_prm)
-      d_xs = d_xs.at[jb_c].set(jnp.where(do_b & (stage == 0), d_h, d_xs[jb_c]))
+      d_xs = _publish(d_xs, row[0, 1], d_h, stage == 0)  # stage 0's backward microbatch
       # Neighbours' sends land in the inboxes.
       got_h = jax.lax.ppermute(h_out, PIPE, fwd_shift)
       got_d = jax.lax.ppermute(d_h, PIPE, bwd_shift)
@@ -361,16 +422,18 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m):
       inbox_b = inbox_b.at[rb_s].set(jnp.where(rb >= 0, got_d, inbox_b[rb_s]))
       return (params, ring, inbox_f, inbox_b, grads, d_xs), None
 
-    box = jnp.zeros((slots, *xs.shape[1:]), xs.dtype)
-    init = vary((params, ring0, box, box, jax.tree.map(jnp.zeros_like, params),
-                 jnp.zeros_like(xs)))
+    box = jnp.zeros((slots, *mb_shape), xs.dtype)
+    init = (*vary((params, ring0, box, box, jax.tree.map(jnp.zeros_like, params))),
+            jnp.zeros_like(xs))
     (_, _, _, _, grads, d_xs), _ = jax.lax.scan(tick, init, tabs, length=n_ticks)
-    return grads, broadcast_from(0, d_xs, n_stages)
+    return grads, d_xs
   return body
 
 
-def one_f_one_b(mesh, microbatches: int) -> Callable:
-  """A ``layer_stack`` implementation: the GPipe forward with a 1F1B backward (module doc)."""
+def one_f_one_b(mesh, microbatches: int, recompute: bool = True) -> Callable:
+  """A ``layer_stack`` implementation: the GPipe forward with a 1F1B backward (module doc);
+  ``recompute``: the ring holds unit inputs and the backward recomputes the units (the
+  default, what the recipe's ``1f1b`` runs), else it holds the stage's residuals."""
   m = microbatches
 
   def impl(apply_unit, unit_params, carry, positions):
@@ -394,7 +457,7 @@ def one_f_one_b(mesh, microbatches: int) -> Callable:
     def bwd(res, ct):
       params, xs, f_bar = res
       d_outs, d_acc = ct
-      body = _backward_1f1b(apply_unit, acc_shapes, n_stages, m)
+      body = _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute)
       grads, d_xs = jax.shard_map(
           body, mesh=cmesh, in_specs=(param_specs, P(), P(), P(), P(), P(PIPE)),
           out_specs=(param_specs, P()), axis_names=frozenset({PIPE}))(
