@@ -184,7 +184,9 @@ def test_four_workers_learn_as_one_worker_with_four_times_the_envs():
   within 2 pooled standard errors of the seed means + 25 (5 % of the 500 cap, for the seeds'
   bimodality: a seed either reaches 500 or stalls) of the single worker's, and the single
   worker must itself learn (mean >= 400), so a broken aggregation, not noise, fails it.
-  Wall time: see docs/iswitch_rl.md ("Workers vs environments")."""
+  Measured (session 12): 554 s wall, 256 s CPU, at load average 11-14 on the shared 2-core
+  machine (a quiet one should take about half); every seed of every mode gave 500
+  (docs/iswitch_rl.md, "Workers vs environments")."""
   def eval_returns(cfg):
     run = runner.build(cfg)
     state, _ = runner.train_fn(run)()
@@ -192,8 +194,11 @@ def test_four_workers_learn_as_one_worker_with_four_times_the_envs():
     return np.asarray(ev["eval_returns"]).mean(-1)   # per seed
 
   one = eval_returns(_ppo_cfg(1, W * E, "none"))
+  print(f"1 worker x {W * E} envs: greedy return per seed {one.tolist()}")
   assert one.mean() >= 400, one
   for agg, s in (("allreduce", 0), ("switch", 0), ("async", 2)):
     got = eval_returns(_ppo_cfg(W, E, agg, s))
     se = np.sqrt(got.var(ddof=1) / len(got) + one.var(ddof=1) / len(one))
+    print(f"{W} workers x {E} envs, {agg} S={s}: per seed {got.tolist()}, |diff| "
+          f"{abs(got.mean() - one.mean()):.1f}, bound {2 * se + 25:.1f}")
     assert abs(got.mean() - one.mean()) <= 2 * se + 25, (agg, got, one)
