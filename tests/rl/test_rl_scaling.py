@@ -127,12 +127,12 @@ def test_every_synchronous_mode_gives_the_pooled_update(one_update):
 
 
 def test_lossy_codecs_stay_within_their_stated_error(one_update):
-  """INCEPTIONN: every encoding errs by < e = 2^-10 per value (values >= 1 pass exactly); the
-  ring's mean takes W encodings of each value's partial sums (W - 1 reduce-scatter hops, one
-  all-gather), the switch one per worker, so the mean errs by < e either way. QSGD (switch,
-  parameter server: one encoding per worker): value i errs by < ||bucket of i||_2 / s, so the
-  mean by < mean_w ||g_w's bucket of i|| / s. Both must also differ from the exact mean (the
-  codec is really in the path)."""
+  """INCEPTIONN on the ring: every encoding errs by < e = 2^-10 per value (values >= 1 pass
+  exactly) and the ring's sum takes W encodings of each value's partial sums (W - 1
+  reduce-scatter hops, one all-gather), so the mean errs by < e. QSGD through the switch (one
+  encoding per worker): value i errs by < ||bucket of i||_2 / s, so the mean by
+  < mean_w ||g_w's bucket of i|| / s. Both must also differ from the exact mean (the codec is
+  really in the path)."""
   u = one_update
   ref_g = _flat(u["ref_grad"])
   for (name, agg, lossy), pt in zip(u["modes"], u["parts"], strict=True):
