@@ -13,6 +13,10 @@ dense parts, as in VeOmni). Per MoE layer, inside ``jax.shard_map``:
    matmul, whose XLA:CPU lowering multiplies the FLOPs and the buffers by E/ep);
 4. all-to-all back, and each token combines its k expert outputs with its gates.
 
+Each local expert's model dimension stays split over ``fsdp`` into the ``shard_map`` and is
+all-gathered inside it (EP x EP-FSDP), so the backward reduce-scatters the experts'
+gradients over ``fsdp`` rather than all-reducing whole ones at the boundary.
+
 Dropless (``exchange="ragged"``, the default) sends exactly the routed tokens instead: the
 assignments are sorted by expert (hence by owning device), per-(destination, local expert)
 counts go out by a small all-to-all, and :func:`~omni_jax.parallel.ragged_exchange.
@@ -52,6 +56,7 @@ from omni_jax.parallel.ragged_exchange import ragged_all_to_all, resolve_impl
 EXCHANGES = ("ragged", "padded")
 
 EXPERT = "expert"
+FSDP = "fsdp"
 
 
 def _slots(dest: jax.Array, num_dest: int) -> jax.Array:
@@ -123,7 +128,7 @@ def ep_moe_dispatch(mesh, *, exchange: str = "ragged", ragged_impl: str = "auto"
   tok_axes = (*BATCH_AXES, "sequence")
   n_shards = math.prod(mesh.shape[a] for a in tok_axes)
   tokens = P(BATCH_AXES, "sequence")
-  experts = P(EXPERT)
+  f = mesh.shape[FSDP]
 
   def dispatch(x, expert_ids, gates, wi_gate, wi_up, wo, *, impl, capacity):
     num_experts = wi_gate.shape[0]
@@ -131,8 +136,15 @@ def ep_moe_dispatch(mesh, *, exchange: str = "ragged", ragged_impl: str = "auto"
       raise ValueError(f"expert parallelism splits {num_experts} experts over expert={ep}: "
                        "choose mesh.expert dividing model.moe.num_experts")
     e_loc = num_experts // ep
+    # each expert's model dim split over fsdp (as the omni recipe places it), gathered inside
+    # the shard_map: the backward then reduce-scatters the experts' gradients over fsdp
+    zero = FSDP if f > 1 and wi_gate.shape[1] % f == 0 else None
+    col, row = P(EXPERT, zero, None), P(EXPERT, None, zero)
 
     def body(x, ids, g, wg, wu, wo_):
+      if zero:
+        wg, wu = (jax.lax.all_gather(w, FSDP, axis=1, tiled=True) for w in (wg, wu))
+        wo_ = jax.lax.all_gather(wo_, FSDP, axis=2, tiled=True)
       lead, d, k = x.shape[:-1], x.shape[-1], ids.shape[-1]
       xf, idf, gf = x.reshape(-1, d), ids.reshape(-1), g.reshape(-1, k)
       n = xf.shape[0]
@@ -177,6 +189,6 @@ def ep_moe_dispatch(mesh, *, exchange: str = "ragged", ragged_impl: str = "auto"
       dropped = jnp.mean(1.0 - keep.astype(jnp.float32))
       return yt.astype(x.dtype).reshape(*lead, d), jax.lax.pmean(dropped, tok_axes)
     return jax.shard_map(body, mesh=context_mesh(mesh),
-                         in_specs=(tokens, tokens, tokens, experts, experts, experts),
+                         in_specs=(tokens, tokens, tokens, col, col, row),
                          out_specs=(tokens, P()))(x, expert_ids, gates, wi_gate, wi_up, wo)
   return dispatch
