@@ -140,7 +140,8 @@ def profile(cfg, model, params, workdir: str) -> pf.ModelProfile:
   path = os.path.join(workdir, "profile.json")
   key = {"model": to_dict(cfg.model), "sizes": sorted(cfg.microbatch_sizes),
          "measure": bool(cfg.execute), "flops_per_s": cfg.hardware.flops_per_s,
-         "timing": f"best of {cfg.profile_repeats}"}
+         "timing": f"best of {cfg.profile_repeats}",
+         "fields": "param_leaves, act_leaves"}   # profiles from before the array counts
   if os.path.exists(path):
     saved = json.load(open(path))
     if saved.get("key") == key:

@@ -3,12 +3,13 @@ run by the real executors (issue 22, ``configs/harmony.py:validate``).
 
 Each configuration is (model width, blocks, microbatch size, model-to-budget ratio, mode):
 a GPT stack is profiled on this machine (per-layer forward / backward seconds,
-:func:`~omni_jax.memory.profiler.profile_model`); this machine's copy and Adam rates
+:func:`~omni_jax.memory.profiler.profile_model`); this machine's Adam rates
 (:func:`~omni_jax.memory.study.measure_hardware`, on one block of a width no configuration
-uses) and the fixed cost of one swap (:func:`measure_transfer_overhead`) are measured once,
-apart from the configurations; the schedule of ``mode`` (``harmony`` or ``lms``) is planned
-at that microbatch size under the budget and its iteration time predicted by
-:func:`~omni_jax.memory.costmodel.simulate`; then the same plan trains for real
+uses) and the executors' copy rates and fixed costs per call and per array
+(:func:`measure_overheads`) are measured once, apart from the configurations; the schedule
+of ``mode`` (``harmony`` or ``lms``) is planned at that microbatch size under the budget
+and its iteration time predicted by :func:`~omni_jax.memory.costmodel.simulate`; then the
+same plan trains for real
 (:func:`~omni_jax.memory.study.execute`) and its steady iterations are the measurement. All
 timings, both sides, take the same statistic of their repeats (``cfg.timing``). Per
 configuration the predicted and measured busy seconds of each stream (compute, swap in,
@@ -154,13 +155,14 @@ def run_configuration(cfg, c: Configuration, model, prof, hw: Hardware, inputs, 
   t0 = time.time()
   real = study.execute(run_cfg, c.mode, r.plan, model, inputs, targets, sub)
   # ablations: the same plan priced with swaps, compute and updates on separate streams, and
-  # without the fixed cost per swap
+  # without the fixed costs per call and per array
   separate = dataclasses.replace(hw, shared_cores=False)
   t_sep = makespan(simulate(sch.build_graph(r.plan, prof, separate), separate))
-  no_oh = dataclasses.replace(hw, transfer_overhead_s=0.0)
+  no_oh = dataclasses.replace(hw, transfer_overhead_s=0.0, transfer_leaf_s=0.0,
+                              program_overhead_s=0.0, program_leaf_s=0.0)
   t_no_oh = makespan(simulate(sch.build_graph(r.plan, prof, no_oh), no_oh))
   return {"name": c.name, **dataclasses.asdict(c), "budget_bytes": budget,
-          "predicted_separate_streams_s": t_sep, "predicted_no_transfer_overhead_s": t_no_oh,
+          "predicted_separate_streams_s": t_sep, "predicted_no_overheads_s": t_no_oh,
           "model_bytes": prof.model_bytes, "microbatches": r.plan.m,
           "keep_resid": list(r.plan.keep_resid), "keep_grads": r.plan.keep_grads,
           "fwd_packs": [list(p) for p in r.plan.fwd_packs],
@@ -186,20 +188,69 @@ def _busy_ratios(rows: list[dict]) -> dict[str, float]:
   return out
 
 
-def measure_transfer_overhead(stat: str = "median", repeats: int = 20) -> float:
-  """Seconds one swap of a negligible array (4 bytes) takes through the executors'
-  :class:`~omni_jax.memory.executor.Mover` in its on-demand mode: issuing, bookkeeping and
-  waiting, with next to no bytes to move. A micro-benchmark, apart from any configuration."""
+def _fit(xs: list[list[float]], ts: list[float]) -> list[float]:
+  """Least-squares coefficients of ``t = x . c`` (clipped at 0: a cost is never negative)."""
+  c = np.linalg.lstsq(np.asarray(xs, float), np.asarray(ts, float), rcond=None)[0]
+  return [float(max(v, 0.0)) for v in c]
+
+
+SWAP_POINTS = ((1, 64), (32, 64), (1, 2**20), (8, 2**17))   # (arrays, float32 per array)
+PROGRAM_LEAVES = (1, 32)                                      # arrays in (and out)
+
+
+def measure_overheads(stat: str = "median", repeats: int = 20) -> dict:
+  """The executors' fixed costs and copy rates, from micro-benchmarks apart from any
+  configuration (``stat`` of ``repeats`` timed runs after a warm-up).
+
+  Swaps: pytrees of ``SWAP_POINTS`` (few or many arrays, small or large) moved through the
+  executors' :class:`~omni_jax.memory.executor.Mover` in its on-demand mode (issue, wait,
+  free) in each direction; a least-squares fit of ``t = per_call + arrays * per_array +
+  bytes / rate`` gives ``transfer_overhead_s``, ``transfer_leaf_s`` and ``swap_bw_in`` /
+  ``swap_bw_out`` (``jax.device_put`` copies each leaf on its own, so a pytree of many small
+  arrays costs far more than its bytes say). Programs: an elementwise program over k = 1 and
+  32 small arrays, run through ``Mover.run`` and called plainly as the profiler calls a
+  layer; the difference (the executor's bookkeeping, the ledger, the timeline) fitted as
+  ``program_overhead_s + 2k * program_leaf_s``."""
   from omni_jax.memory import executor as ex
+  from omni_jax.train.progress import time_calls
   mover = ex.Mover(2**62, blocking=True)
-  x = jax.device_put(np.zeros((1,), np.float32), mover.host)
-  ts = []
-  for _ in range(repeats + 1):     # the first one warms up
-    t0 = time.perf_counter()
-    mover.free(mover.to_device(x, "calibration"))
-    ts.append(time.perf_counter() - t0)
+
+  def timed(fn, *args):
+    return float(STATS[stat](time_calls(fn, *args, repeats=repeats)))
+
+  def swap_in(h):
+    mover.free(mover.to_device(h, "calibration"))
+
+  def swap_out(d):
+    mover.to_host(d, "calibration", free=False)
+
+  rows, t_in, t_out = [], [], []
+  for k, n in SWAP_POINTS:
+    tree = [np.ones((n,), np.float32) for _ in range(k)]
+    h, d = jax.device_put(tree, mover.host), jax.device_put(tree, mover.dev)
+    rows.append([1.0, float(k), 4.0 * k * n])
+    t_in.append(timed(swap_in, h))
+    t_out.append(timed(swap_out, d))
+  a_in, b_in, c_in = _fit(rows, t_in)
+  _, _, c_out = _fit(rows, t_out)
+  prows, extra = [], []
+  for k in PROGRAM_LEAVES:
+    tree = jax.device_put([np.ones((64,), np.float32) for _ in range(k)], mover.dev)
+    prog = ex.Program(jax.jit(lambda t: [x + 1.0 for x in t]), tree)
+
+    def via_mover(prog=prog, tree=tree):
+      mover.free(mover.run(prog, "calibration", tree))
+    prows.append([1.0, 2.0 * k])
+    extra.append(timed(via_mover) - timed(prog, tree))
+  p0, p1 = _fit(prows, extra)
   mover.timeline.sync()
-  return float(STATS[stat](ts[1:]))
+  fastest = 1e-12          # a copy faster than 1 TB/s is noise: cap the rate there
+  return {"transfer_overhead_s": a_in, "transfer_leaf_s": b_in,
+          "swap_bw_in": 1.0 / max(c_in, fastest), "swap_bw_out": 1.0 / max(c_out, fastest),
+          "program_overhead_s": p0, "program_leaf_s": p1,
+          "swap_points": {"arrays_floats": [list(p) for p in SWAP_POINTS], "in_s": t_in,
+                          "out_s": t_out},
+          "program_points": {"arrays": list(PROGRAM_LEAVES), "extra_s": extra}}
 
 
 # ---------------------------------------------------------------- the sweep
@@ -215,11 +266,18 @@ def run(cfg, workdir: str) -> dict:
   cal = sm.gpt_stack(mc.vocab, mc.seq_len, d_cal, mc.num_heads, 1)
   hw_m = study.measure_hardware(stat=cfg.timing, repeats=cfg.profile_repeats,
                                 params=jax.jit(cal.layers[1].init)(jax.random.key(cfg.seed)))
-  bw = min(hw_m["swap_bw_in"], hw_m["swap_bw_out"])
-  hw_m["transfer_overhead_s"] = measure_transfer_overhead(cfg.timing, cfg.profile_repeats)
-  hw = Hardware(1, bw, bw, True, hw_m["host_update_params_per_s"],
+  # copy rates and fixed costs from the executors' own micro-benchmarks (the block's copy
+  # rates above fold its per-array cost into the rate; kept for the record)
+  oh = measure_overheads(cfg.timing, cfg.profile_repeats)
+  hw_m["block_swap_bw_in"], hw_m["block_swap_bw_out"] = hw_m["swap_bw_in"], hw_m["swap_bw_out"]
+  hw_m.update(oh)
+  hw = Hardware(1, oh["swap_bw_in"], oh["swap_bw_in"], True, hw_m["host_update_params_per_s"],
                 hw_m["device_update_params_per_s"], shared_cores=cfg.hardware.shared_cores,
-                transfer_overhead_s=hw_m["transfer_overhead_s"])
+                transfer_overhead_s=oh["transfer_overhead_s"],
+                transfer_leaf_s=oh["transfer_leaf_s"],
+                program_overhead_s=oh["program_overhead_s"],
+                program_leaf_s=oh["program_leaf_s"],
+                out_bw_ratio=oh["swap_bw_out"] / oh["swap_bw_in"])
   logging.info("measured hardware: %s", hw_m)
   rows, profiles = [], {}
   by_model: dict[tuple[int, int], list[Configuration]] = {}
@@ -257,8 +315,8 @@ def run(cfg, workdir: str) -> dict:
              "model_error_median_separate_streams": float(np.median(relative_errors(
                  [r["predicted_separate_streams_s"] for r in rows],
                  [r["measured_iter_time_s"] for r in rows]))),
-             "model_error_median_no_transfer_overhead": float(np.median(relative_errors(
-                 [r["predicted_no_transfer_overhead_s"] for r in rows],
+             "model_error_median_no_overheads": float(np.median(relative_errors(
+                 [r["predicted_no_overheads_s"] for r in rows],
                  [r["measured_iter_time_s"] for r in rows]))),
              "time_source": "predicted: cost model with this machine's profiled layer times "
                             "and measured copy / Adam rates; measured: iterations "
