@@ -110,12 +110,13 @@ def validate_config() -> ml_collections.ConfigDict:
   # timed repeats: "median" (typical; robust to other jobs' bursts, and, unlike "min", not
   # falling as repeats are added), "min" (best: capacity, as the study's profile) or "mean".
   c.timing = "median"
-  # Copy and host / device Adam rates are calibrated on one GPT block of width
-  # calibration_d_model (its parameter pytree: the leaf sizes the executors move), a width no
-  # configuration below uses. shared_cores: on XLA:CPU the "device" is host RAM and a swap a
-  # memcpy on the same cores as the programs and host updates, so the cost model runs them
-  # one at a time.
-  c.hardware = dict(calibration_d_model=160, shared_cores=True)
+  # Host / device Adam rates are calibrated on one GPT block of width calibration_d_model, a
+  # width no configuration below uses; copy rates and the executors' fixed costs per call
+  # and per array by micro-benchmarks (tiny arrays, that block's parameter pytree) through
+  # the executors' Mover (validate.measure_overheads). shared_cores: on XLA:CPU the "device"
+  # is host RAM and a swap a memcpy on the same cores as the programs and host updates, so
+  # the cost model runs at most `cores` of them at a time (1: one at a time).
+  c.hardware = dict(calibration_d_model=160, shared_cores=True, cores=1)
   # two widths (14.5 / 32.3 MB of parameters + Adam state), u in {1, 2, 4}, budgets 1.5x /
   # 2x / 3x below the model, both modes
   c.configurations = (

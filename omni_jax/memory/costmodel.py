@@ -13,7 +13,8 @@ simulator (PCIe peer-to-peer through the switch, 8.2 GiB/s per direction by defa
 With ``shared_cores`` (a host-as-device backend such as XLA:CPU, where the "device" is host
 RAM and a swap is a memcpy run by the same CPU threads as the programs and the host
 updates) swaps, compute and host updates of every stream take turns on one resource, the
-machine's cores: one task at a time, the first ready one in program order.
+machine's cores: ``cores`` tasks at a time (each at full speed; transfers still share the
+link's bandwidth), the first ready ones in program order.
 Fixed costs the executors pay per call and per array, whatever the bytes (issuing work from
 Python: the runtime's dispatch and the executor's bookkeeping; they do not use the link's
 bandwidth): a swap takes ``transfer_overhead_s`` per transfer call plus ``transfer_leaf_s``
@@ -45,6 +46,7 @@ class Hardware:
   device_update_params_per_s: float = 2e10
   p2p_bw: float = 8.2 * 2**30            # GPU->GPU per direction (Harmony's bw_p2p)
   shared_cores: bool = False             # swaps, compute and updates share the CPU cores
+  cores: int = 1                         # ... of which there are this many (shared_cores)
   transfer_overhead_s: float = 0.0       # fixed cost of issuing one swap, on top of its bytes
   transfer_leaf_s: float = 0.0           # ... and per array the swap moves
   program_overhead_s: float = 0.0        # fixed cost of one program call, on top of its time
@@ -54,6 +56,8 @@ class Hardware:
   def __post_init__(self):
     if not isinstance(self.n_gpus, int) or self.n_gpus < 1:
       raise ValueError(f"Hardware.n_gpus = {self.n_gpus!r} must be a positive integer")
+    if not isinstance(self.cores, int) or self.cores < 1:
+      raise ValueError(f"Hardware.cores = {self.cores!r} must be a positive integer")
     for k in ("swap_bw_host", "swap_bw_gpu", "host_update_params_per_s",
               "device_update_params_per_s", "p2p_bw"):
       if not getattr(self, k) > 0:
@@ -132,7 +136,7 @@ def simulate(graph: TaskGraph, hw: Hardware) -> list[Task]:
         raise ValueError(f"task {t.label} depends on a later task (id {d} >= {t.id})")
       users[d].append(t.id)
   ready: dict[tuple, list[tuple[int, int]]] = {}
-  busy: dict[tuple, int] = {}
+  busy: dict[tuple, int] = {}    # (resource, slot) -> running task
   remaining = {t.id: float(t.nbytes) for t in tasks}
   overhead = {t.id: hw.fixed_s(t.stream, t.calls, t.leaves) if _link(t, True) else 0.0
               for t in tasks}
@@ -147,6 +151,9 @@ def simulate(graph: TaskGraph, hw: Hardware) -> list[Task]:
       return ("cores",)
     return (t.gpu, t.stream)
 
+  def slots(res: tuple) -> int:
+    return hw.cores if res == ("cores",) else 1
+
   def make_ready(tid):
     t = tasks[tid]
     heapq.heappush(ready.setdefault(resource(t), []), (t.prio, tid))
@@ -156,10 +163,11 @@ def simulate(graph: TaskGraph, hw: Hardware) -> list[Task]:
       make_ready(t.id)
   while done < len(tasks):
     for res, heap in ready.items():
-      if res not in busy and heap:
-        _, tid = heapq.heappop(heap)
-        busy[res] = tid
-        tasks[tid].start = now
+      for slot in range(slots(res)):
+        if (res, slot) not in busy and heap:
+          _, tid = heapq.heappop(heap)
+          busy[(res, slot)] = tid
+          tasks[tid].start = now
     if not busy:
       raise ValueError("task graph deadlocks: tasks wait on each other")
     # Rates of running transfers under processor sharing of each link.

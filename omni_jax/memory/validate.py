@@ -42,7 +42,7 @@ FIELDS = ("d_model", "num_layers", "u", "model_to_budget", "mode")
 TOP_KEYS = ("variant", "seed", "model", "batch", "steps", "lr", "profile_repeats", "timing",
             "hardware", "configurations")
 MODEL_KEYS = ("vocab", "seq_len", "num_heads")
-HW_KEYS = ("calibration_d_model", "shared_cores")
+HW_KEYS = ("calibration_d_model", "shared_cores", "cores")
 TIMINGS = tuple(STATS)
 
 
@@ -116,6 +116,9 @@ def validate_config(cfg) -> list[Configuration]:
     require(isinstance(cfg[k], int) and cfg[k] >= (0 if k == "seed" else 1), k, cfg[k],
             "must be a positive integer" if k != "seed" else "must be an integer >= 0")
   require(cfg.timing in TIMINGS, "timing", cfg.timing, f"must be one of {TIMINGS}")
+  cores = cfg.hardware.cores
+  require(isinstance(cores, int) and not isinstance(cores, bool) and cores >= 1,
+          "hardware.cores", cores, "must be a positive integer")
   require(cfg.steps >= 2, "steps", cfg.steps, "must be >= 2 (the first one compiles)")
   for k in MODEL_KEYS:
     positive_int(cfg.model, k, "model.")
@@ -194,23 +197,24 @@ def _fit(xs: list[list[float]], ts: list[float]) -> list[float]:
   return [float(max(v, 0.0)) for v in c]
 
 
-SWAP_POINTS = ((1, 64), (32, 64), (1, 2**20), (8, 2**17))   # (arrays, float32 per array)
+TINY, MANY = 64, 32   # float32 per tiny array; arrays in the many-arrays swap point
 PROGRAM_LEAVES = (1, 32)                                      # arrays in (and out)
 
 
-def measure_overheads(stat: str = "median", repeats: int = 20) -> dict:
+def measure_overheads(params, stat: str = "median", repeats: int = 20) -> dict:
   """The executors' fixed costs and copy rates, from micro-benchmarks apart from any
   configuration (``stat`` of ``repeats`` timed runs after a warm-up).
 
-  Swaps: pytrees of ``SWAP_POINTS`` (few or many arrays, small or large) moved through the
-  executors' :class:`~omni_jax.memory.executor.Mover` in its on-demand mode (issue, wait,
-  free) in each direction; a least-squares fit of ``t = per_call + arrays * per_array +
-  bytes / rate`` gives ``transfer_overhead_s``, ``transfer_leaf_s`` and ``swap_bw_in`` /
-  ``swap_bw_out`` (``jax.device_put`` copies each leaf on its own, so a pytree of many small
-  arrays costs far more than its bytes say). Programs: an elementwise program over k = 1 and
-  32 small arrays, run through ``Mover.run`` and called plainly as the profiler calls a
-  layer; the difference (the executor's bookkeeping, the ledger, the timeline) fitted as
-  ``program_overhead_s + 2k * program_leaf_s``."""
+  Swaps, through the executors' :class:`~omni_jax.memory.executor.Mover` in its on-demand
+  mode (issue, wait, free), in each direction, of four pytrees: one tiny array, ``MANY``
+  tiny arrays, the calibration layer's parameters ``params`` and two copies of them (the
+  leaf sizes the executors move); a least-squares fit of ``t = per_call + arrays *
+  per_array + bytes / rate`` gives ``transfer_overhead_s``, ``transfer_leaf_s`` and
+  ``swap_bw_in`` / ``swap_bw_out`` (``jax.device_put`` copies each leaf on its own, so a
+  pytree of many small arrays costs far more than its bytes say). Programs: an elementwise
+  program over k = 1 and 32 small arrays, run through ``Mover.run`` and called plainly as
+  the profiler calls a layer; the difference (the executor's bookkeeping, the ledger, the
+  timeline) fitted as ``program_overhead_s + 2k * program_leaf_s``."""
   from omni_jax.memory import executor as ex
   from omni_jax.train.progress import time_calls
   mover = ex.Mover(2**62, blocking=True)
@@ -224,11 +228,14 @@ def measure_overheads(stat: str = "median", repeats: int = 20) -> dict:
   def swap_out(d):
     mover.to_host(d, "calibration", free=False)
 
+  params = jax.device_get(params)
+  points = {"tiny": [np.ones((TINY,), np.float32)],
+            "many_tiny": [np.ones((TINY,), np.float32) for _ in range(MANY)],
+            "layer": params, "two_layers": [params, params]}
   rows, t_in, t_out = [], [], []
-  for k, n in SWAP_POINTS:
-    tree = [np.ones((n,), np.float32) for _ in range(k)]
+  for tree in points.values():
     h, d = jax.device_put(tree, mover.host), jax.device_put(tree, mover.dev)
-    rows.append([1.0, float(k), 4.0 * k * n])
+    rows.append([1.0, float(len(jax.tree.leaves(tree))), float(pf.tree_bytes(tree))])
     t_in.append(timed(swap_in, h))
     t_out.append(timed(swap_out, d))
   a_in, b_in, c_in = _fit(rows, t_in)
@@ -248,8 +255,8 @@ def measure_overheads(stat: str = "median", repeats: int = 20) -> dict:
   return {"transfer_overhead_s": a_in, "transfer_leaf_s": b_in,
           "swap_bw_in": 1.0 / max(c_in, fastest), "swap_bw_out": 1.0 / max(c_out, fastest),
           "program_overhead_s": p0, "program_leaf_s": p1,
-          "swap_points": {"arrays_floats": [list(p) for p in SWAP_POINTS], "in_s": t_in,
-                          "out_s": t_out},
+          "swap_points": {"names": list(points), "arrays_bytes": [r[1:] for r in rows],
+                          "in_s": t_in, "out_s": t_out},
           "program_points": {"arrays": list(PROGRAM_LEAVES), "extra_s": extra}}
 
 
@@ -264,15 +271,17 @@ def run(cfg, workdir: str) -> dict:
   # rates on one block of a width kept apart from the reported configurations
   d_cal, mc = cfg.hardware.calibration_d_model, cfg.model
   cal = sm.gpt_stack(mc.vocab, mc.seq_len, d_cal, mc.num_heads, 1)
+  cal_params = jax.jit(cal.layers[1].init)(jax.random.key(cfg.seed))
   hw_m = study.measure_hardware(stat=cfg.timing, repeats=cfg.profile_repeats,
-                                params=jax.jit(cal.layers[1].init)(jax.random.key(cfg.seed)))
+                                params=cal_params)
   # copy rates and fixed costs from the executors' own micro-benchmarks (the block's copy
   # rates above fold its per-array cost into the rate; kept for the record)
-  oh = measure_overheads(cfg.timing, cfg.profile_repeats)
+  oh = measure_overheads(cal_params, cfg.timing, cfg.profile_repeats)
   hw_m["block_swap_bw_in"], hw_m["block_swap_bw_out"] = hw_m["swap_bw_in"], hw_m["swap_bw_out"]
   hw_m.update(oh)
   hw = Hardware(1, oh["swap_bw_in"], oh["swap_bw_in"], True, hw_m["host_update_params_per_s"],
                 hw_m["device_update_params_per_s"], shared_cores=cfg.hardware.shared_cores,
+                cores=cfg.hardware.cores,
                 transfer_overhead_s=oh["transfer_overhead_s"],
                 transfer_leaf_s=oh["transfer_leaf_s"],
                 program_overhead_s=oh["program_overhead_s"],

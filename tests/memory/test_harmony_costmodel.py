@@ -273,6 +273,18 @@ def test_shared_cores_run_swaps_compute_and_updates_one_at_a_time():
     return makespan(simulate(g, _hw(n_gpus=1, shared_cores=shared)))
   assert run(False) == pytest.approx(3.0)
   assert run(True) == pytest.approx(3.75)
+  # Two shared cores: W and the swap-out start together (the link is duplex), the update
+  # takes the core the swap-out frees at 0.5 s; F starts when W ends: 1 + 2.
+  g = TaskGraph()
+  w = g.add(0, "in", "W", nbytes=GB)
+  g.add(0, "compute", "F", duration=2.0, deps=[w])
+  y = g.add(0, "out", "y", nbytes=GB // 2)
+  u = g.add(-1, "host", "U", duration=0.25)
+  tasks = simulate(g, _hw(n_gpus=1, shared_cores=True, cores=2))
+  assert makespan(tasks) == pytest.approx(3.0)
+  assert tasks[y].end == pytest.approx(0.5) and tasks[u].start == pytest.approx(0.5)
+  with pytest.raises(ValueError, match="cores"):
+    _hw(cores=0)
 
 
 def test_transfer_overhead_is_a_fixed_cost_per_swap():
