@@ -191,10 +191,11 @@ def _busy_ratios(rows: list[dict]) -> dict[str, float]:
   return out
 
 
-def _fit(xs: list[list[float]], ts: list[float]) -> list[float]:
-  """Least-squares coefficients of ``t = x . c`` (clipped at 0: a cost is never negative)."""
-  c = np.linalg.lstsq(np.asarray(xs, float), np.asarray(ts, float), rcond=None)[0]
-  return [float(max(v, 0.0)) for v in c]
+def _line(x0: float, t0: float, x1: float, t1: float) -> tuple[float, float]:
+  """(intercept, slope) of the line through two timed points, each clipped at 0 (a cost
+  is never negative)."""
+  slope = max((t1 - t0) / (x1 - x0), 0.0)
+  return max(t0 - slope * x0, 0.0), slope
 
 
 TINY, MANY = 64, 32   # float32 per tiny array; arrays in the many-arrays swap point
@@ -206,15 +207,16 @@ def measure_overheads(params, stat: str = "median", repeats: int = 20) -> dict:
   configuration (``stat`` of ``repeats`` timed runs after a warm-up).
 
   Swaps, through the executors' :class:`~omni_jax.memory.executor.Mover` in its on-demand
-  mode (issue, wait, free), in each direction, of four pytrees: one tiny array, ``MANY``
-  tiny arrays, the calibration layer's parameters ``params`` and two copies of them (the
-  leaf sizes the executors move); a least-squares fit of ``t = per_call + arrays *
-  per_array + bytes / rate`` gives ``transfer_overhead_s``, ``transfer_leaf_s`` and
-  ``swap_bw_in`` / ``swap_bw_out`` (``jax.device_put`` copies each leaf on its own, so a
-  pytree of many small arrays costs far more than its bytes say). Programs: an elementwise
-  program over k = 1 and 32 small arrays, run through ``Mover.run`` and called plainly as
-  the profiler calls a layer; the difference (the executor's bookkeeping, the ledger, the
-  timeline) fitted as ``program_overhead_s + 2k * program_leaf_s``."""
+  mode (issue, wait, free), in each direction, of four pytrees: one tiny array and ``MANY``
+  tiny arrays (bytes negligible: the line through them gives ``transfer_overhead_s`` per
+  call and ``transfer_leaf_s`` per array — ``jax.device_put`` copies each leaf on its own,
+  so a pytree of many small arrays costs far more than its bytes say), then the calibration
+  layer's parameters ``params`` and two copies of them (the leaf sizes the executors move):
+  their bytes over their time less those fixed costs give ``swap_bw_in`` / ``swap_bw_out``.
+  Programs: an elementwise program over k = 1 and 32 small arrays, run through
+  ``Mover.run`` and called plainly as the profiler calls a layer; the line through the two
+  differences (the executor's bookkeeping, the ledger, the timeline) gives
+  ``program_overhead_s + 2k * program_leaf_s``."""
   from omni_jax.memory import executor as ex
   from omni_jax.train.progress import time_calls
   mover = ex.Mover(2**62, blocking=True)
@@ -235,27 +237,32 @@ def measure_overheads(params, stat: str = "median", repeats: int = 20) -> dict:
   rows, t_in, t_out = [], [], []
   for tree in points.values():
     h, d = jax.device_put(tree, mover.host), jax.device_put(tree, mover.dev)
-    rows.append([1.0, float(len(jax.tree.leaves(tree))), float(pf.tree_bytes(tree))])
+    rows.append([float(len(jax.tree.leaves(tree))), float(pf.tree_bytes(tree))])
     t_in.append(timed(swap_in, h))
     t_out.append(timed(swap_out, d))
-  a_in, b_in, c_in = _fit(rows, t_in)
-  _, _, c_out = _fit(rows, t_out)
-  prows, extra = [], []
+  fastest = 1e12          # a copy faster than 1 TB/s is noise: cap the rate there
+
+  def rates(ts):
+    a, b = _line(rows[0][0], ts[0], rows[1][0], ts[1])
+    nbytes = rows[2][1] + rows[3][1]
+    net = ts[2] + ts[3] - 2 * a - b * (rows[2][0] + rows[3][0])
+    return a, b, nbytes / max(net, nbytes / fastest)
+  a_in, b_in, bw_in = rates(t_in)
+  _, _, bw_out = rates(t_out)
+  extra = []
   for k in PROGRAM_LEAVES:
     tree = jax.device_put([np.ones((64,), np.float32) for _ in range(k)], mover.dev)
     prog = ex.Program(jax.jit(lambda t: [x + 1.0 for x in t]), tree)
 
     def via_mover(prog=prog, tree=tree):
       mover.free(mover.run(prog, "calibration", tree))
-    prows.append([1.0, 2.0 * k])
     extra.append(timed(via_mover) - timed(prog, tree))
-  p0, p1 = _fit(prows, extra)
+  p0, p1 = _line(2.0 * PROGRAM_LEAVES[0], extra[0], 2.0 * PROGRAM_LEAVES[1], extra[1])
   mover.timeline.sync()
-  fastest = 1e-12          # a copy faster than 1 TB/s is noise: cap the rate there
   return {"transfer_overhead_s": a_in, "transfer_leaf_s": b_in,
-          "swap_bw_in": 1.0 / max(c_in, fastest), "swap_bw_out": 1.0 / max(c_out, fastest),
+          "swap_bw_in": bw_in, "swap_bw_out": bw_out,
           "program_overhead_s": p0, "program_leaf_s": p1,
-          "swap_points": {"names": list(points), "arrays_bytes": [r[1:] for r in rows],
+          "swap_points": {"names": list(points), "arrays_bytes": rows,
                           "in_s": t_in, "out_s": t_out},
           "program_points": {"arrays": list(PROGRAM_LEAVES), "extra_s": extra}}
 
