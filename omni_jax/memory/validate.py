@@ -204,7 +204,8 @@ PROGRAM_LEAVES = (1, 32)                                      # arrays in (and o
 
 def measure_overheads(params, stat: str = "median", repeats: int = 20) -> dict:
   """The executors' fixed costs and copy rates, from micro-benchmarks apart from any
-  configuration (``stat`` of ``repeats`` timed runs after a warm-up).
+  configuration (``stat`` of ``repeats`` timed runs after a warm-up, all points timed in
+  turn).
 
   Swaps, through the executors' :class:`~omni_jax.memory.executor.Mover` in its on-demand
   mode (issue, wait, free), in each direction, of four pytrees: one tiny array and ``MANY``
@@ -218,28 +219,37 @@ def measure_overheads(params, stat: str = "median", repeats: int = 20) -> dict:
   differences (the executor's bookkeeping, the ledger, the timeline) gives
   ``program_overhead_s + 2k * program_leaf_s``."""
   from omni_jax.memory import executor as ex
-  from omni_jax.train.progress import time_calls
   mover = ex.Mover(2**62, blocking=True)
 
-  def timed(fn, *args):
-    return float(STATS[stat](time_calls(fn, *args, repeats=repeats)))
+  def interleaved(fns: list) -> list[float]:
+    """``stat`` of each function's timed calls, the calls taken in turn (round-robin, after
+    one untimed round) so that a burst of other jobs' load hits every point alike."""
+    ts: list[list[float]] = [[] for _ in fns]
+    for r in range(repeats + 1):
+      for i, fn in enumerate(fns):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        if r:
+          ts[i].append(time.perf_counter() - t0)
+    return [float(STATS[stat](t)) for t in ts]
 
   def swap_in(h):
     mover.free(mover.to_device(h, "calibration"))
 
   def swap_out(d):
-    mover.to_host(d, "calibration", free=False)
+    return mover.to_host(d, "calibration", free=False)
 
   params = jax.device_get(params)
   points = {"tiny": [np.ones((TINY,), np.float32)],
             "many_tiny": [np.ones((TINY,), np.float32) for _ in range(MANY)],
             "layer": params, "two_layers": [params, params]}
-  rows, t_in, t_out = [], [], []
+  rows, fns = [], []
   for tree in points.values():
     h, d = jax.device_put(tree, mover.host), jax.device_put(tree, mover.dev)
     rows.append([float(len(jax.tree.leaves(tree))), float(pf.tree_bytes(tree))])
-    t_in.append(timed(swap_in, h))
-    t_out.append(timed(swap_out, d))
+    fns += [lambda h=h: swap_in(h), lambda d=d: swap_out(d)]
+  times = interleaved(fns)
+  t_in, t_out = times[0::2], times[1::2]
   fastest = 1e12          # a copy faster than 1 TB/s is noise: cap the rate there
 
   def rates(ts):
@@ -249,14 +259,16 @@ def measure_overheads(params, stat: str = "median", repeats: int = 20) -> dict:
     return a, b, nbytes / max(net, nbytes / fastest)
   a_in, b_in, bw_in = rates(t_in)
   _, _, bw_out = rates(t_out)
-  extra = []
+  fns = []
   for k in PROGRAM_LEAVES:
     tree = jax.device_put([np.ones((64,), np.float32) for _ in range(k)], mover.dev)
     prog = ex.Program(jax.jit(lambda t: [x + 1.0 for x in t]), tree)
 
     def via_mover(prog=prog, tree=tree):
       mover.free(mover.run(prog, "calibration", tree))
-    extra.append(timed(via_mover) - timed(prog, tree))
+    fns += [via_mover, lambda prog=prog, tree=tree: prog(tree)]
+  times = interleaved(fns)
+  extra = [times[0] - times[1], times[2] - times[3]]
   p0, p1 = _line(2.0 * PROGRAM_LEAVES[0], extra[0], 2.0 * PROGRAM_LEAVES[1], extra[1])
   mover.timeline.sync()
   return {"transfer_overhead_s": a_in, "transfer_leaf_s": b_in,
