@@ -1,6 +1,7 @@
 r"""Harmony-style swap scheduling: train models larger than device memory (issue 6).
 
   python -m experiments.harmony --config=configs/harmony.py:default --workdir=/tmp/harmony
+  python -m experiments.harmony --config=configs/harmony.py:compute_bound --workdir=/tmp/hcb
   python -m experiments.harmony --config=configs/harmony.py:paper --workdir=/tmp/harmony_paper
   python -m experiments.harmony --config=configs/harmony.py:tiny --workdir=/tmp/harmony_tiny
 
