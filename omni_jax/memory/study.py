@@ -471,6 +471,7 @@ def execute(cfg, kind: str, plan: sch.Plan, model, inputs, targets, workdir: str
       logging.info("harmony vs plain training after step 1: %s", out["verify"])
     prog.update(step + 1, f"step {times[-1]:.2f} s, loss {loss:.4f}, "
                 f"{sum(bytes_per_iter.values())} bytes moved", force=True)
+  mover.close()                      # the transfer threads
   t_begin, t_end = mover.steps[-1]   # the last (compiled, steady) iteration
   last = [e for e in mover.events if e[2] >= t_begin]
   busy: dict[str, float] = {}
