@@ -121,20 +121,23 @@ class Timeline:
 
   * *dispatch*: when Python handed the work to JAX (``device_put`` or a compiled call);
     JAX returns at once and the work runs when its inputs are ready.
-  * *end*: when a watcher thread (one per stream, first in first out) saw the work's
-    outputs ready with ``block_until_ready``; an upper bound on the true end by the
-    thread's wake-up latency (and, where a stream finishes out of order, by the wait for
+  * *end*: when a watcher thread (one per stream and issuing thread, first in first out)
+    saw the work's outputs ready with ``block_until_ready``; an upper bound on the true end
+    by the thread's wake-up latency (and, where work finishes out of order, by the wait for
     the items before it). Host updates are timed by the worker thread that runs them.
   * *start*: not observable without a profiler; taken as the latest of the dispatch, the
     ends of the events that produced the work's inputs, and the end of the previous event
-    on the same stream (each stream is assumed to run one piece of work at a time, in
-    order, as a GPU's copy engines and compute stream do). This excludes time spent queued
-    behind inputs, so work is counted "in flight" only while it could actually run.
+    of the same stream issued by the same thread (a *lane*: the programs of the calling
+    thread, the copies of each of the mover's transfer threads; each lane is assumed to run
+    one piece of work at a time, in order, as a GPU's copy engines and compute stream do,
+    while copies of different lanes — weights and activations — may run at once, as they
+    do as memcpys on the CPU's cores). This excludes time spent queued behind inputs, so
+    work is counted "in flight" only while it could actually run.
   """
 
   def __init__(self, t0: float, blocking: bool = False):
     self.t0, self.blocking = t0, blocking
-    self._rec: list[list] = []                 # [stream, label, dispatch, deps, end]
+    self._rec: list[list] = []          # [stream, label, dispatch, deps, end, issuing thread]
     self._producer: dict[int, tuple[Any, int]] = {}   # id(leaf) -> (leaf, event index)
     self._queues: dict[str, queue.Queue] = {}
     self._pending_delete: dict[int, list] = {}   # event index -> leaves freed before its end
@@ -157,7 +160,7 @@ class Timeline:
     with self._lock:
       idx = len(self._rec)
       self._rec.append([stream, label, self.now() if dispatch is None else dispatch, deps,
-                        None])
+                        None, threading.get_ident()])
     if outputs is None:
       return idx
     for x in jax.tree.leaves(outputs):
@@ -224,14 +227,15 @@ class Timeline:
   def events(self) -> list[tuple[str, str, float, float]]:
     """(stream, label, start, end) per event, start as the class docstring defines it."""
     out: list[tuple[str, str, float, float]] = []
-    last: dict[str, float] = {}
-    for stream, label, dispatch, deps, end in self._rec:
+    last: dict[tuple, float] = {}
+    for stream, label, dispatch, deps, end, thread in self._rec:
       if end is None:
         raise RuntimeError(f"event {label!r} not timed yet: call sync() first")
-      start = max([dispatch, last.get(stream, -np.inf)] + [out[d][3] for d in deps])
+      lane = (stream, thread)
+      start = max([dispatch, last.get(lane, -np.inf)] + [out[d][3] for d in deps])
       start = min(start, end)
       out.append((stream, label, start, end))
-      last[stream] = max(last.get(stream, -np.inf), end)
+      last[lane] = max(last.get(lane, -np.inf), end)
     return out
 
 

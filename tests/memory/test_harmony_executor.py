@@ -112,6 +112,24 @@ def test_timeline_records_concurrent_work():
   assert ex.overlap_fraction(mover.events) == pytest.approx((e_in - s_in) / (ce - cs))
 
 
+def test_timeline_serialises_work_per_lane_not_per_stream():
+  """Copies issued by different threads (the mover's weights and activations lanes) may run
+  at once; work issued by one thread runs in order. Hand-timed events: W (1-5) and W2 (4-6)
+  from this thread, x (2-3) from another: x overlaps W, W2 starts when W ends."""
+  import threading
+  import time
+  tl = ex.Timeline(time.perf_counter())
+  tl.finish(tl.record("in", "W", None), 1.0, 5.0)
+
+  def other():
+    tl.finish(tl.record("in", "x", None), 2.0, 3.0)
+  t = threading.Thread(target=other)
+  t.start()
+  t.join()
+  tl.finish(tl.record("in", "W2", None), 4.0, 6.0)
+  assert tl.events() == [("in", "W", 1.0, 5.0), ("in", "x", 2.0, 3.0), ("in", "W2", 5.0, 6.0)]
+
+
 def test_overlap_fraction_closed_form():
   ev = [("in", "W", 0.0, 4.0), ("compute", "F", 2.0, 6.0), ("out", "y", 5.0, 7.0),
         ("out", "y", 7.2, 7.8), ("out", "G", 7.5, 7.9),      # one kind only: not counted
