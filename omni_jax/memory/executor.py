@@ -139,7 +139,7 @@ class Timeline:
     self.t0, self.blocking = t0, blocking
     self._rec: list[list] = []          # [stream, label, dispatch, deps, end, issuing thread]
     self._producer: dict[int, tuple[Any, int]] = {}   # id(leaf) -> (leaf, event index)
-    self._queues: dict[str, queue.Queue] = {}
+    self._queues: dict[tuple, queue.Queue] = {}        # (stream, thread) -> watcher queue
     self._pending_delete: dict[int, list] = {}   # event index -> leaves freed before its end
     self._lock = threading.Lock()
 
