@@ -1,11 +1,16 @@
 r"""Harmony-style swap scheduling: train models larger than device memory (issue 6).
 
   python -m experiments.harmony --config=configs/harmony.py:default --workdir=/tmp/harmony
+  python -m experiments.harmony --config=configs/harmony.py:compute_bound --workdir=/tmp/hcb
   python -m experiments.harmony --config=configs/harmony.py:paper --workdir=/tmp/harmony_paper
   python -m experiments.harmony --config=configs/harmony.py:tiny --workdir=/tmp/harmony_tiny
 
 Variants: ``default`` trains a GPT-style stack for real on this machine with parameters and
-Adam state in pinned host memory (5.2x the device budget); ``tiny`` is the seconds-long
+Adam state in pinned host memory (5.2x the device budget), with few tokens per iteration (4
+sequences of 8) so that its swaps take about as long as its compute and the executor's
+overlap is exercised; ``compute_bound`` is the same model on 16 sequences of 64 tokens
+(compute ~3x the swaps: the regime of the paper-scale plan, and this file's default before
+issue 22's overlap goal); ``tiny`` is the seconds-long
 smoke version; ``paper`` plans GPT-2 10B (n_embd 4096, 32 heads, 50 layers, 1024 tokens, the
 Harmony repository's gpt2-10-billion config) on 4 GPUs of 11 GB (10 GiB usable, the Harmony
 searcher's default cap) sharing 11.5 GiB/s of swap bandwidth per direction, with 8.2 GiB/s
@@ -16,7 +21,7 @@ host the same command measures real host<->device transfers (see docs/harmony.md
 
 import ml_collections
 
-VARIANTS = ("default", "tiny", "paper", "validate")
+VARIANTS = ("default", "compute_bound", "tiny", "paper", "validate")
 
 
 def get_config(arg: str = "default") -> ml_collections.ConfigDict:
@@ -31,10 +36,15 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
   c.seed = 0
   # GPT-style stack (embed, blocks, head); kind "omni" profiles the omni backbone's blocks
   # (configs/omni_moe.py:<omni_variant>) instead of a GPT stack.
-  c.model = dict(kind="gpt", vocab=512, seq_len=64, d_model=192, num_heads=4, num_layers=16,
+  # default: 8 tokens x 4 sequences per iteration: few tokens per weight byte, so the
+  # 88 MB of weights and gradients Harmony moves per iteration take about as long as its
+  # compute on XLA:CPU (the regime where prefetch and the host update must overlap)
+  c.model = dict(kind="gpt", vocab=512, seq_len=8, d_model=192, num_heads=4, num_layers=16,
                  d_ff=768, omni_variant="micro")
-  c.batch = 16                          # examples per iteration (all GPUs together)
-  c.microbatch_sizes = (1, 2, 4, 8)     # candidates of the searcher
+  c.batch = 4                           # examples per iteration (all GPUs together)
+  # candidates of the searcher: the Harmony scripts' microbatch (1) and 2; u = 4 would leave
+  # one microbatch per pack, nothing to prefetch under a program but the next pack's weights
+  c.microbatch_sizes = (1, 2)
   c.device_budget_bytes = 16 * 2**20    # per GPU
   c.strategies = ("greedy", "balanced_time", "balanced_memory")
   c.baselines = ("lms", "lms_prefetch", "zero_offload", "zero_infinity")   # ratios use "lms"
@@ -59,7 +69,11 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
   c.hardware = dict(measure=True, measure_bytes=32 * 2**20, n_gpus=1, swap_bw_host=11.5 * 2**30,
                     swap_bw_gpu=11.5 * 2**30, duplex=True, host_update_params_per_s=2e9,
                     device_update_params_per_s=2e10, flops_per_s=0.0, p2p_bw=8.2 * 2**30)
-  if arg == "tiny":
+  if arg == "compute_bound":      # 64 tokens x 16 sequences: compute-bound on XLA:CPU
+    c.model.seq_len = 64
+    c.batch = 16
+    c.microbatch_sizes = (1, 2, 4, 8)
+  elif arg == "tiny":
     c.model.update(vocab=64, seq_len=16, d_model=32, num_layers=4, d_ff=64)
     c.batch = 4
     c.microbatch_sizes = (1, 2)
@@ -110,12 +124,13 @@ def validate_config() -> ml_collections.ConfigDict:
   # timed repeats: "median" (typical; robust to other jobs' bursts, and, unlike "min", not
   # falling as repeats are added), "min" (best: capacity, as the study's profile) or "mean".
   c.timing = "median"
-  # Copy and host / device Adam rates are calibrated on one GPT block of width
-  # calibration_d_model (its parameter pytree: the leaf sizes the executors move), a width no
-  # configuration below uses. shared_cores: on XLA:CPU the "device" is host RAM and a swap a
-  # memcpy on the same cores as the programs and host updates, so the cost model runs them
-  # one at a time.
-  c.hardware = dict(calibration_d_model=160, shared_cores=True)
+  # Host / device Adam rates are calibrated on one GPT block of width calibration_d_model, a
+  # width no configuration below uses; copy rates and the executors' fixed costs per call
+  # and per array by micro-benchmarks (tiny arrays, that block's parameter pytree) through
+  # the executors' Mover (validate.measure_overheads). shared_cores: on XLA:CPU the "device"
+  # is host RAM and a swap a memcpy on the same cores as the programs and host updates, so
+  # the cost model runs at most `cores` of them at a time (1: one at a time).
+  c.hardware = dict(calibration_d_model=160, shared_cores=True, cores=1)
   # two widths (14.5 / 32.3 MB of parameters + Adam state), u in {1, 2, 4}, budgets 1.5x /
   # 2x / 3x below the model, both modes
   c.configurations = (

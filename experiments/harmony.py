@@ -1,6 +1,7 @@
 """Harmony-style swap scheduling vs virtualized-memory and ZeRO-Offload-like baselines.
 
   python -m experiments.harmony --config=configs/harmony.py:default --workdir=/tmp/harmony
+  python -m experiments.harmony --config=configs/harmony.py:compute_bound --workdir=/tmp/hcb
   python -m experiments.harmony --config=configs/harmony.py:validate --workdir=/tmp/hvalid
 
 Profiles the model (bytes per layer from shapes; seconds measured here, or from FLOPs and

@@ -13,10 +13,16 @@ simulator (PCIe peer-to-peer through the switch, 8.2 GiB/s per direction by defa
 With ``shared_cores`` (a host-as-device backend such as XLA:CPU, where the "device" is host
 RAM and a swap is a memcpy run by the same CPU threads as the programs and the host
 updates) swaps, compute and host updates of every stream take turns on one resource, the
-machine's cores: one task at a time, the first ready one in program order.
-``transfer_overhead_s`` is a fixed time every host<->device swap takes before its bytes move
-(issuing it: the executor's bookkeeping and the runtime's dispatch); it does not use the
-link's bandwidth.
+machine's cores: ``cores`` tasks at a time (each at full speed; transfers still share the
+link's bandwidth), the first ready ones in program order.
+Fixed costs the executors pay per call and per array, whatever the bytes (issuing work from
+Python: the runtime's dispatch and the executor's bookkeeping; they do not use the link's
+bandwidth): a swap takes ``transfer_overhead_s`` per transfer call plus ``transfer_leaf_s``
+per array it moves (``jax.device_put`` of a pytree is one copy per leaf) before its bytes
+flow; a program or host update takes ``program_overhead_s`` per call plus ``program_leaf_s``
+per array argument or result on top of its profiled duration. A task carries its ``calls``
+and ``leaves``. ``out_bw_ratio`` is the device->host rate over the host->device rate
+(1: symmetric links).
 :func:`simulate` returns the timeline (start and end of
 every task), whose makespan is the predicted iteration time.
 """
@@ -40,23 +46,43 @@ class Hardware:
   device_update_params_per_s: float = 2e10
   p2p_bw: float = 8.2 * 2**30            # GPU->GPU per direction (Harmony's bw_p2p)
   shared_cores: bool = False             # swaps, compute and updates share the CPU cores
+  cores: int = 1                         # ... of which there are this many (shared_cores)
   transfer_overhead_s: float = 0.0       # fixed cost of issuing one swap, on top of its bytes
+  transfer_leaf_s: float = 0.0           # ... and per array the swap moves
+  program_overhead_s: float = 0.0        # fixed cost of one program call, on top of its time
+  program_leaf_s: float = 0.0            # ... and per array argument or result
+  out_bw_ratio: float = 1.0              # device->host rate / host->device rate
 
   def __post_init__(self):
     if not isinstance(self.n_gpus, int) or self.n_gpus < 1:
       raise ValueError(f"Hardware.n_gpus = {self.n_gpus!r} must be a positive integer")
+    if not isinstance(self.cores, int) or self.cores < 1:
+      raise ValueError(f"Hardware.cores = {self.cores!r} must be a positive integer")
     for k in ("swap_bw_host", "swap_bw_gpu", "host_update_params_per_s",
               "device_update_params_per_s", "p2p_bw"):
       if not getattr(self, k) > 0:
         raise ValueError(f"Hardware.{k} = {getattr(self, k)!r} must be > 0")
-    if not self.transfer_overhead_s >= 0:
-      raise ValueError(f"Hardware.transfer_overhead_s = {self.transfer_overhead_s!r} must be "
-                       ">= 0")
+    for k in ("transfer_overhead_s", "transfer_leaf_s", "program_overhead_s",
+              "program_leaf_s"):
+      if not getattr(self, k) >= 0:
+        raise ValueError(f"Hardware.{k} = {getattr(self, k)!r} must be >= 0")
+    if not self.out_bw_ratio > 0:
+      raise ValueError(f"Hardware.out_bw_ratio = {self.out_bw_ratio!r} must be > 0")
+
+  def fixed_s(self, stream: str, calls: int, leaves: int) -> float:
+    """The fixed seconds a task of ``calls`` calls touching ``leaves`` arrays costs on
+    ``stream`` beyond its bytes or profiled duration (none for GPU-to-GPU transfers)."""
+    if stream in ("in", "out"):
+      return calls * self.transfer_overhead_s + leaves * self.transfer_leaf_s
+    if stream in ("compute", "host"):
+      return calls * self.program_overhead_s + leaves * self.program_leaf_s
+    return 0.0
 
 
 @dataclasses.dataclass
 class Task:
-  """A unit of work: a transfer of ``nbytes`` (streams in/out) or ``duration`` seconds."""
+  """A unit of work: a transfer of ``nbytes`` (streams in/out) or ``duration`` seconds, made
+  of ``calls`` transfer or program calls touching ``leaves`` arrays (the fixed costs)."""
   id: int
   gpu: int                 # -1 for the host stream
   stream: str
@@ -65,6 +91,8 @@ class Task:
   duration: float = 0.0
   deps: tuple[int, ...] = ()
   prio: int = 0
+  calls: int = 1
+  leaves: int = 0
   start: float = -1.0
   end: float = -1.0
 
@@ -76,12 +104,15 @@ class TaskGraph:
     self.tasks: list[Task] = []
 
   def add(self, gpu: int, stream: str, label: str, nbytes: int = 0, duration: float = 0.0,
-          deps=()) -> int:
+          deps=(), leaves: int = 0, calls: int = 1) -> int:
     if stream not in STREAMS:
       raise ValueError(f"stream {stream!r} not one of {STREAMS}")
+    if calls < 0 or leaves < 0:
+      raise ValueError(f"task {label!r}: calls = {calls} and leaves = {leaves} must be >= 0")
     tid = len(self.tasks)
     self.tasks.append(Task(tid, gpu, stream, label, int(nbytes), float(duration),
-                           tuple(d for d in deps if d is not None), tid))
+                           tuple(d for d in deps if d is not None), tid, int(calls),
+                           int(leaves)))
     return tid
 
   def bytes_moved(self, stream: str | None = None) -> int:
@@ -105,15 +136,23 @@ def simulate(graph: TaskGraph, hw: Hardware) -> list[Task]:
         raise ValueError(f"task {t.label} depends on a later task (id {d} >= {t.id})")
       users[d].append(t.id)
   ready: dict[tuple, list[tuple[int, int]]] = {}
-  busy: dict[tuple, int] = {}
+  busy: dict[tuple, int] = {}    # (resource, slot) -> running task
   remaining = {t.id: float(t.nbytes) for t in tasks}
-  overhead = {t.id: hw.transfer_overhead_s if _link(t, True) else 0.0 for t in tasks}
+  overhead = {t.id: hw.fixed_s(t.stream, t.calls, t.leaves) if _link(t, True) else 0.0
+              for t in tasks}
   now, done = 0.0, 0
+
+  def link_rate(t: Task, link: str) -> float:
+    scale = hw.out_bw_ratio if t.stream == "out" else 1.0
+    return scale * min(hw.swap_bw_gpu, hw.swap_bw_host / active[link])
 
   def resource(t: Task) -> tuple:
     if hw.shared_cores and t.stream != "p2p":
       return ("cores",)
     return (t.gpu, t.stream)
+
+  def slots(res: tuple) -> int:
+    return hw.cores if res == ("cores",) else 1
 
   def make_ready(tid):
     t = tasks[tid]
@@ -124,10 +163,11 @@ def simulate(graph: TaskGraph, hw: Hardware) -> list[Task]:
       make_ready(t.id)
   while done < len(tasks):
     for res, heap in ready.items():
-      if res not in busy and heap:
-        _, tid = heapq.heappop(heap)
-        busy[res] = tid
-        tasks[tid].start = now
+      for slot in range(slots(res)):
+        if (res, slot) not in busy and heap:
+          _, tid = heapq.heappop(heap)
+          busy[(res, slot)] = tid
+          tasks[tid].start = now
     if not busy:
       raise ValueError("task graph deadlocks: tasks wait on each other")
     # Rates of running transfers under processor sharing of each link.
@@ -141,17 +181,16 @@ def simulate(graph: TaskGraph, hw: Hardware) -> list[Task]:
       t = tasks[tid]
       link = _link(t, hw.duplex)
       if link:
-        rate = min(hw.swap_bw_gpu, hw.swap_bw_host / active[link])
-        finish[tid] = now + overhead[tid] + remaining[tid] / rate
+        finish[tid] = now + overhead[tid] + remaining[tid] / link_rate(t, link)
       elif t.stream == "p2p":
         finish[tid] = t.start + t.duration + t.nbytes / hw.p2p_bw
       else:
-        finish[tid] = t.start + t.duration
+        finish[tid] = t.start + t.duration + hw.fixed_s(t.stream, t.calls, t.leaves)
     t_next = min(finish.values())
     for tid in busy.values():
       link = _link(tasks[tid], hw.duplex)
       if link:
-        rate = min(hw.swap_bw_gpu, hw.swap_bw_host / active[link])
+        rate = link_rate(tasks[tid], link)
         used = min(overhead[tid], t_next - now)    # the fixed cost first, then the bytes
         overhead[tid] -= used
         remaining[tid] = max(remaining[tid] - rate * (t_next - now - used), 0.0)

@@ -121,22 +121,25 @@ class Timeline:
 
   * *dispatch*: when Python handed the work to JAX (``device_put`` or a compiled call);
     JAX returns at once and the work runs when its inputs are ready.
-  * *end*: when a watcher thread (one per stream, first in first out) saw the work's
-    outputs ready with ``block_until_ready``; an upper bound on the true end by the
-    thread's wake-up latency (and, where a stream finishes out of order, by the wait for
+  * *end*: when a watcher thread (one per stream and issuing thread, first in first out)
+    saw the work's outputs ready with ``block_until_ready``; an upper bound on the true end
+    by the thread's wake-up latency (and, where work finishes out of order, by the wait for
     the items before it). Host updates are timed by the worker thread that runs them.
   * *start*: not observable without a profiler; taken as the latest of the dispatch, the
     ends of the events that produced the work's inputs, and the end of the previous event
-    on the same stream (each stream is assumed to run one piece of work at a time, in
-    order, as a GPU's copy engines and compute stream do). This excludes time spent queued
-    behind inputs, so work is counted "in flight" only while it could actually run.
+    of the same stream issued by the same thread (a *lane*: the programs of the calling
+    thread, the copies of each of the mover's transfer threads; each lane is assumed to run
+    one piece of work at a time, in order, as a GPU's copy engines and compute stream do,
+    while copies of different lanes — weights and activations — may run at once, as they
+    do as memcpys on the CPU's cores). This excludes time spent queued behind inputs, so
+    work is counted "in flight" only while it could actually run.
   """
 
   def __init__(self, t0: float, blocking: bool = False):
     self.t0, self.blocking = t0, blocking
-    self._rec: list[list] = []                 # [stream, label, dispatch, deps, end]
+    self._rec: list[list] = []          # [stream, label, dispatch, deps, end, issuing thread]
     self._producer: dict[int, tuple[Any, int]] = {}   # id(leaf) -> (leaf, event index)
-    self._queues: dict[str, queue.Queue] = {}
+    self._queues: dict[tuple, queue.Queue] = {}        # (stream, thread) -> watcher queue
     self._pending_delete: dict[int, list] = {}   # event index -> leaves freed before its end
     self._lock = threading.Lock()
 
@@ -157,7 +160,7 @@ class Timeline:
     with self._lock:
       idx = len(self._rec)
       self._rec.append([stream, label, self.now() if dispatch is None else dispatch, deps,
-                        None])
+                        None, threading.get_ident()])
     if outputs is None:
       return idx
     for x in jax.tree.leaves(outputs):
@@ -167,11 +170,14 @@ class Timeline:
       self._wait_leaves(leaves)
       self._rec[idx][4] = self.now()
     else:
-      if stream not in self._queues:
-        q: queue.Queue = queue.Queue()
-        threading.Thread(target=self._watch, args=(q,), daemon=True).start()
-        self._queues[stream] = q
-      self._queues[stream].put((idx, leaves))
+      # one watcher per stream and dispatching thread: each sees its own work in order
+      key = (stream, threading.get_ident())
+      with self._lock:
+        if key not in self._queues:
+          q: queue.Queue = queue.Queue()
+          threading.Thread(target=self._watch, args=(q,), daemon=True).start()
+          self._queues[key] = q
+      self._queues[key].put((idx, leaves))
     return idx
 
   def finish(self, idx: int, start: float, end: float) -> None:
@@ -214,21 +220,22 @@ class Timeline:
 
   def sync(self) -> None:
     """Waits until every event has been timed."""
-    for q in self._queues.values():
+    for q in list(self._queues.values()):
       q.join()
     self._producer.clear()
 
   def events(self) -> list[tuple[str, str, float, float]]:
     """(stream, label, start, end) per event, start as the class docstring defines it."""
     out: list[tuple[str, str, float, float]] = []
-    last: dict[str, float] = {}
-    for stream, label, dispatch, deps, end in self._rec:
+    last: dict[tuple, float] = {}
+    for stream, label, dispatch, deps, end, thread in self._rec:
       if end is None:
         raise RuntimeError(f"event {label!r} not timed yet: call sync() first")
-      start = max([dispatch, last.get(stream, -np.inf)] + [out[d][3] for d in deps])
+      lane = (stream, thread)
+      start = max([dispatch, last.get(lane, -np.inf)] + [out[d][3] for d in deps])
       start = min(start, end)
       out.append((stream, label, start, end))
-      last[stream] = max(last.get(stream, -np.inf), end)
+      last[lane] = max(last.get(lane, -np.inf), end)
     return out
 
 
@@ -241,12 +248,25 @@ class Mover:
   order (a buffer counts from its put until its free), which is what the device holds when
   it runs the work in that order. ``timeline`` records every event (see :class:`Timeline`);
   ``steps`` holds (start, end) of each iteration, set by the executors.
+
+  ``to_device_async`` / ``to_host_async`` issue a copy from a transfer thread (one per
+  ``lane``) and return a future of the result: ``jax.device_put`` of a pytree costs the
+  calling thread tens of microseconds per array (with the GIL released), so a pack's
+  weights issued from the thread that dispatches the programs would hold back the next
+  program. The bytes, the ledger and the budget check are still done by the caller, in
+  program order. ``calls`` and ``arrays`` count, per stream (``in``, ``out``, ``compute``),
+  the transfer or program calls and the arrays they touched (a program's arguments and
+  results): the fixed costs the cost model prices per call and per array.
   """
 
   def __init__(self, budget: int, device=None, blocking: bool = False):
     self.dev, self.host = shardings(device)
     self.budget = budget
     self.bytes: dict[str, int] = {}
+    self.calls: dict[str, int] = {}
+    self.arrays: dict[str, int] = {}
+    self._lanes: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+    self._pending: list[concurrent.futures.Future] = []
     self.live = 0
     self.peak = 0
     self._analyses: dict[int, Any] = {}
@@ -261,25 +281,84 @@ class Mover:
   def _count(self, cat: str, n: int) -> None:
     self.bytes[cat] = self.bytes.get(cat, 0) + n
 
-  def to_device(self, tree, cat: str):
+  def _calls(self, stream: str, *trees) -> None:
+    self.calls[stream] = self.calls.get(stream, 0) + 1
+    self.arrays[stream] = self.arrays.get(stream, 0) + sum(len(jax.tree.leaves(t))
+                                                           for t in trees)
+
+  def _book_in(self, tree, cat: str) -> None:
     n = tree_bytes(tree)
     self._count(cat, n)
+    self._calls("in", tree)
     self.live += n
     self._check(self.live, f"swap-in of {cat}")
+
+  def _put_in(self, tree, cat: str):
     t = self.timeline.now()
     out = jax.device_put(tree, self.dev)
     self.timeline.record("in", cat, tree, out, dispatch=t)
     return out
 
-  def to_host(self, tree, cat: str, free: bool = True):
-    """Copies a device pytree to pinned host memory (and frees the device copy)."""
-    self._count(cat, tree_bytes(tree))
+  def _put_out(self, tree, cat: str, free: bool):
     t = self.timeline.now()
     out = jax.device_put(tree, self.host)
     self.timeline.record("out", cat, tree, out, dispatch=t)
     if free:
-      self.free(tree)
+      for x in jax.tree.leaves(tree):
+        self.timeline.delete(x)
     return out
+
+  def to_device(self, tree, cat: str):
+    self._book_in(tree, cat)
+    return self._put_in(tree, cat)
+
+  def to_host(self, tree, cat: str, free: bool = True):
+    """Copies a device pytree to pinned host memory (and frees the device copy)."""
+    self._count(cat, tree_bytes(tree))
+    self._calls("out", tree)
+    if free:
+      self.live -= tree_bytes(tree)
+    return self._put_out(tree, cat, free)
+
+  def _submit(self, lane: str, fn, *args) -> concurrent.futures.Future:
+    if self.timeline.blocking:     # the on-demand mode issues and waits in turn
+      fut: concurrent.futures.Future = concurrent.futures.Future()
+      fut.set_result(fn(*args))
+      return fut
+    if lane not in self._lanes:
+      self._lanes[lane] = concurrent.futures.ThreadPoolExecutor(
+          max_workers=1, thread_name_prefix=f"mover-{lane}")
+    fut = self._lanes[lane].submit(fn, *args)
+    self._pending.append(fut)
+    return fut
+
+  def to_device_async(self, tree, cat: str, lane: str = "in") -> concurrent.futures.Future:
+    """:meth:`to_device` with the copy issued from the transfer thread ``lane``."""
+    self._book_in(tree, cat)
+    return self._submit(lane, self._put_in, tree, cat)
+
+  def to_host_async(self, tree, cat: str, free: bool = True,
+                    lane: str = "out") -> concurrent.futures.Future:
+    """:meth:`to_host` with the copy issued (and the device copy freed after it) from the
+    transfer thread ``lane``; the ledger drops the bytes now, in program order."""
+    self._count(cat, tree_bytes(tree))
+    self._calls("out", tree)
+    if free:
+      self.live -= tree_bytes(tree)
+    return self._submit(lane, self._put_out, tree, cat, free)
+
+  def wait_transfers(self) -> None:
+    """Waits until every asynchronously issued copy has been issued (raising its error)."""
+    pending, self._pending = self._pending, []
+    for fut in pending:
+      fut.result()
+
+  def close(self) -> None:
+    """Stops the transfer threads (after the copies they hold are issued)."""
+    self.wait_transfers()
+    for pool in self._lanes.values():
+      pool.shutdown(wait=True)
+    self._lanes.clear()
 
   def free(self, tree) -> None:
     for x in jax.tree.leaves(tree):
@@ -295,6 +374,7 @@ class Mover:
                 - ma.alias_size_in_bytes, label)
     t = self.timeline.now()
     out = compiled(*args)
+    self._calls("compute", args, out)
     self.timeline.record("compute", label, args, out, None if watch is None else watch(out),
                          dispatch=t)
     self.live += tree_bytes(out) - (tree_bytes(donated) if donated is not None else 0)
@@ -446,36 +526,41 @@ class HarmonyExecutor:
            mover: Mover) -> tuple[HostState, list[Any], float]:
     """One training iteration; returns (new state, host gradients per layer, loss).
 
-    Everything is dispatched without waiting: the next microbatch's inputs and, once the
-    pack's first microbatch is queued, the next pack's weights are put while the current
-    program runs; outputs go back to the host as soon as they are made; each backward
-    pack's host update runs on a worker thread while the device goes on. The only waits
-    are the dependencies at the end of the iteration: the host updates (the next
-    iteration reads their parameters) and the loss."""
+    Everything is dispatched without waiting. The programs are dispatched by the calling
+    thread; the copies are issued by the mover's transfer threads (lanes ``weights``,
+    ``in``, ``out``, ``grads``) so that issuing a pack's many arrays never holds back the
+    next program: the next microbatch's inputs are put before the current program is
+    dispatched, the next pack's weights once the pack's first microbatch is dispatched;
+    outputs go back to the host as soon as they are made; each backward pack's gradients go
+    out and its host update runs on a worker thread while the device goes on. The only
+    waits are dependencies: a program waits until its inputs' copies are issued, and the
+    iteration ends with the host updates (the next iteration reads their parameters) and
+    the loss."""
     plan, m = self.plan, self.plan.m
     if len(inputs) != m or len(targets) != m:
       raise ValueError(f"expected {m} microbatches of inputs and targets")
     t_begin = mover.timeline.now()
     stash: dict[Any, Any] = {(0, j): x for j, x in enumerate(inputs)}
-    grads: list[Any] = [None] * self.model.num_layers
+    g_futs: list[tuple[int, int, concurrent.futures.Future]] = []
     losses: list[Any] = []
     updates: list[tuple[int, int, concurrent.futures.Future]] = []
     state.step += 1
-    w_next = mover.to_device(state.params[slice(*self.seq[0][1])], "weights_in")
+    w_next = mover.to_device_async(state.params[slice(*self.seq[0][1])], "weights_in",
+                                   lane="weights")
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as host_worker:
       for i, (kind, (a, b), is_loss) in enumerate(self.seq):
-        w = w_next
+        w = w_next.result()
         gacc = None
         x_next = self._fetch(kind, a, b, is_loss, 0, stash, targets, mover)
         for j in range(m):
-          xs = x_next
+          xs = tuple(f.result() for f in x_next)
           if j + 1 < m:              # prefetch the next microbatch's inputs
             x_next = self._fetch(kind, a, b, is_loss, j + 1, stash, targets, mover)
           if kind == "F":
             prog = self._compile(self._signature("F", a, b), self._fwd_fn((a, b)), w, *xs)
             ys = mover.run(prog, f"F{a}-{b}:{j}", w, *xs)
             for s, y in zip(sch.fwd_pack_outputs(plan, (a, b)), ys, strict=True):
-              stash[(s, j)] = mover.to_host(y, "acts_out")
+              stash[(s, j)] = mover.to_host_async(y, "acts_out")
           else:
             first = gacc is None
             args = (w, *xs) if first else (w, *xs, gacc)
@@ -490,18 +575,22 @@ class HarmonyExecutor:
             else:
               mover.free(out)
             if dx is not None:
-              stash[("d", a, j)] = mover.to_host(dx, "acts_out")
+              stash[("d", a, j)] = mover.to_host_async(dx, "acts_out")
           mover.free(list(xs))
           if j == 0 and i + 1 < len(self.seq):   # next pack's weights, while this one runs
-            w_next = mover.to_device(state.params[slice(*self.seq[i + 1][1])], "weights_in")
+            w_next = mover.to_device_async(state.params[slice(*self.seq[i + 1][1])],
+                                           "weights_in", lane="weights")
         mover.free(w)
         if kind == "B":   # gradients out right after the pack's backward; host update now
-          g_host = mover.to_host(gacc, "grads_out")
-          for li, g in zip(range(a, b), g_host, strict=True):
-            grads[li] = g
-          updates.append((a, b, self._host_update(host_worker, state, a, b, g_host, mover)))
+          g_fut = mover.to_host_async(gacc, "grads_out", lane="grads")
+          g_futs.append((a, b, g_fut))
+          updates.append((a, b, self._host_update(host_worker, state, a, b, g_fut, mover)))
       for a, b, fut in updates:    # the next iteration reads these parameters
         state.params[a:b], state.opt[a:b] = fut.result()
+    mover.wait_transfers()
+    grads: list[Any] = [None] * self.model.num_layers
+    for a, b, g_fut in g_futs:
+      grads[a:b] = g_fut.result()
     loss_total = 0.0
     for out in losses:
       loss_total += float(out)
@@ -511,22 +600,27 @@ class HarmonyExecutor:
     return state, grads, loss_total
 
   def _fetch(self, kind, a, b, is_loss, j, stash, targets, mover):
-    """Moves microbatch j's inputs of a pack to the device (stashes are then dropped)."""
+    """Issues the copies of microbatch j's inputs of a pack to the device (stashes are then
+    dropped); futures of the device arrays."""
+    def host(v):
+      return v.result() if isinstance(v, concurrent.futures.Future) else v
     if kind == "F":
-      return (mover.to_device(stash[(a, j)], "acts_in"),)
-    dy = targets[j] if is_loss else stash.pop(("d", b, j))
-    x = stash.pop((a, j)) if a > 0 else stash[(a, j)]
-    return mover.to_device(x, "acts_in"), mover.to_device(dy, "acts_in")
+      return (mover.to_device_async(host(stash[(a, j)]), "acts_in"),)
+    dy = targets[j] if is_loss else host(stash.pop(("d", b, j)))
+    x = host(stash.pop((a, j)) if a > 0 else stash[(a, j)])
+    return mover.to_device_async(x, "acts_in"), mover.to_device_async(dy, "acts_in")
 
-  def _host_update(self, worker, state: HostState, a: int, b: int, g_host,
+  def _host_update(self, worker, state: HostState, a: int, b: int, g_fut,
                    mover: Mover) -> concurrent.futures.Future:
-    """Submits the pack's host Adam to the worker thread, which runs it and times it."""
+    """Submits the pack's host Adam to the worker thread, which waits for the gradients'
+    copy to be issued, runs the update and times it."""
     prog = self._update_program(b - a)
     params, opt, step = state.params[a:b], state.opt[a:b], np.float32(state.step)
     tl = mover.timeline
-    idx = tl.record("host", f"U{a}-{b}", g_host)
 
     def run():
+      g_host = g_fut.result()
+      idx = tl.record("host", f"U{a}-{b}", g_host)
       start = tl.now()
       out = jax.block_until_ready(prog(params, g_host, opt, step))
       tl.finish(idx, start, tl.now())

@@ -35,6 +35,8 @@ class LayerProfile:
   act_bytes: int            # backward residuals per example
   fwd_s: dict[int, float]   # forward of one microbatch of size u
   bwd_s: dict[int, float]   # backward only (given residuals) of one microbatch of size u
+  param_leaves: int = 1     # arrays in the parameter pytree (a swap copies each one)
+  act_leaves: int = 1       # arrays among the backward residuals that grow with the batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +106,14 @@ def residual_bytes(apply, p_shapes, x_shapes) -> int:
   """Bytes of the residuals ``jax.vjp(apply, p, x)`` keeps for the backward."""
   vjp_fn = jax.eval_shape(lambda p, x: jax.vjp(apply, p, x)[1], p_shapes, x_shapes)
   return tree_bytes(vjp_fn)
+
+
+def batch_residual_leaves(apply, p_shapes, x1_shapes, x2_shapes) -> int:
+  """How many residual arrays of ``jax.vjp(apply, p, x)`` grow with the batch (compared at
+  two batch sizes): the arrays a per-layer swapping schedule moves out and back."""
+  def res(x):
+    return jax.tree.leaves(jax.eval_shape(lambda p, x: jax.vjp(apply, p, x)[1], p_shapes, x))
+  return sum(a.shape != b.shape for a, b in zip(res(x1_shapes), res(x2_shapes), strict=True))
 
 
 STATS = {"min": min, "median": lambda ts: float(np.median(ts)),
@@ -187,7 +197,10 @@ def profile_model(model: SeqModel, microbatch_sizes, params: list[Any] | None = 
         name=layer.name, kind=layer.kind,
         param_count=int(sum(np.prod(a.shape) for a in jax.tree.leaves(p_shapes[i]))),
         param_bytes=pb, opt_bytes=2 * pb, in_bytes=tree_bytes(x_spec),
-        out_bytes=tree_bytes(y_spec), act_bytes=max(r2 - r1, 0), fwd_s=fwd_s, bwd_s=bwd_s))
+        out_bytes=tree_bytes(y_spec), act_bytes=max(r2 - r1, 0), fwd_s=fwd_s, bwd_s=bwd_s,
+        param_leaves=len(jax.tree.leaves(p_shapes[i])),
+        act_leaves=batch_residual_leaves(fn, p_shapes[i], _batched_tree(fn_spec, 1),
+                                         _batched_tree(fn_spec, 2))))
     x_spec = y_spec
   source = "measured" if measure else f"flops@{flops_per_s:.3g}"
   return ModelProfile(tuple(out), tree_bytes(model.target_spec), sizes, source)

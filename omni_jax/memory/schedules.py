@@ -119,6 +119,11 @@ def pack_param_bytes(prof: ModelProfile, pack) -> int:
   return sum(prof.layers[i].param_bytes for i in range(*pack))
 
 
+def pack_param_leaves(prof: ModelProfile, pack) -> int:
+  """Arrays in a pack's parameter pytrees (what one swap of its weights copies)."""
+  return sum(prof.layers[i].param_leaves for i in range(*pack))
+
+
 def stash_points(plan: Plan) -> set[int]:
   """Layer indices whose input the forward stashes on the host (backward pack starts > 0;
   in ``pp`` not the loss pack's, whose input arrives from the last forward pack by p2p)."""
@@ -396,45 +401,56 @@ def harmony_graph(plan: Plan, prof: ModelProfile, hw: Hardware) -> TaskGraph:
       loss = kind == "B" and b == prof.num_layers
       deps = [comp[i - 2][-1]] if i >= 2 else []
       deps += [gout[i - 1]] if i >= 1 and gout[i - 1] is not None else []
-      w_in = g.add(gpu, "in", f"W{kind}{a}-{b}", pack_param_bytes(prof, (a, b)), deps=deps)
+      npl = pack_param_leaves(prof, (a, b))
+      w_in = g.add(gpu, "in", f"W{kind}{a}-{b}", pack_param_bytes(prof, (a, b)), deps=deps,
+                   leaves=npl)
       cs, outs = [], []
       for j in range(m):
         if kind == "F":
           src = [stash_out.get((gpu, a, j))]
           nbytes = u * boundary_bytes(prof, a)
           dur = sum(prof.fwd(li, u) for li in range(a, b))
+          n_x = 1
+          # arrays of the program: weights, input; one output per stash point
+          prog_leaves = npl + 1 + len(fwd_pack_outputs(plan, (a, b)))
         else:
           dy = prof.target_bytes if loss else boundary_bytes(prof, b)
           src = [stash_out.get((gpu, a, j)), stash_out.get((gpu, ("dx", b), j))]
           nbytes = u * (boundary_bytes(prof, a) + dy)
           dur = sum(prof.fwd(li, u) + prof.bwd(li, u) for li in range(a, b))
+          n_x = 2
+          # weights, input, dy or targets, the accumulator after the first microbatch; out:
+          # dx (not for the first pack), gradients, loss
+          prog_leaves = npl + 2 + (npl if j else 0) + (a > 0) + npl + 1
         x_in = g.add(gpu, "in", f"x{kind}{a}:{j}", nbytes,
-                     deps=src + ([cs[j - 2]] if j >= 2 else []))
+                     deps=src + ([cs[j - 2]] if j >= 2 else []), leaves=n_x, calls=n_x)
         c = g.add(gpu, "compute", f"{kind}{a}-{b}:{j}", duration=dur,
-                  deps=[w_in, x_in] + cs[-1:] + ([outs[j - 2]] if j >= 2 else []))
+                  deps=[w_in, x_in] + cs[-1:] + ([outs[j - 2]] if j >= 2 else []),
+                  leaves=prog_leaves)
         cs.append(c)
         if kind == "F":
           out_b = fwd_pack_outputs(plan, (a, b))
           o = g.add(gpu, "out", f"yF{a}:{j}", u * sum(boundary_bytes(prof, s) for s in out_b),
-                    deps=[c])
+                    deps=[c], leaves=len(out_b), calls=len(out_b))
           for s in out_b:
             stash_out[(gpu, s, j)] = o
         elif a > 0:
-          o = g.add(gpu, "out", f"dx{a}:{j}", u * boundary_bytes(prof, a), deps=[c])
+          o = g.add(gpu, "out", f"dx{a}:{j}", u * boundary_bytes(prof, a), deps=[c], leaves=1)
           stash_out[(gpu, ("dx", a), j)] = o
         else:
           o = None
         outs.append(o)
       comp.append(cs)
-      gout.append(g.add(gpu, "out", f"G{a}-{b}", pack_param_bytes(prof, (a, b)), deps=[cs[-1]])
-                  if kind == "B" else None)
+      gout.append(g.add(gpu, "out", f"G{a}-{b}", pack_param_bytes(prof, (a, b)), deps=[cs[-1]],
+                        leaves=npl) if kind == "B" else None)
       if kind == "B":
         gout_all.setdefault(i, []).append(gout[-1])
   for i, (kind, pack) in enumerate(seq):
     if kind == "B":
       n = sum(prof.layers[li].param_count for li in range(*pack))
+      # its dispatch is inside the measured host Adam rate (timed as the executor calls it)
       g.add(-1, "host", f"U{pack[0]}-{pack[1]}", duration=n / hw.host_update_params_per_s,
-            deps=gout_all[i])
+            deps=gout_all[i], calls=0)
   return g
 
 
@@ -519,40 +535,53 @@ def lms_graph(plan: Plan, prof: ModelProfile, hw: Hardware) -> TaskGraph:
 
     for j in range(m):
       x_in = g.add(gpu, "in", f"x:{j}", u * (boundary_bytes(prof, 0) + prof.target_bytes),
-                   deps=comp[-1:])
+                   deps=comp[-1:], leaves=2, calls=2)   # inputs and targets
       r_out: dict[int, int] = {}
       for li in range(nl):
-        w = g.add(gpu, "in", f"Wf{li}:{j}", prof.layers[li].param_bytes, deps=gate())
+        lp = prof.layers[li]
+        w = g.add(gpu, "in", f"Wf{li}:{j}", lp.param_bytes, deps=gate(),
+                  leaves=lp.param_leaves)
+        # weights, input (+ targets for the last layer); out: activation and residuals
         c = g.add(gpu, "compute", f"F{li}:{j}", duration=prof.fwd(li, u),
-                  deps=[w, x_in] + comp[-1:])
+                  deps=[w, x_in] + comp[-1:],
+                  leaves=lp.param_leaves + 1 + (li == nl - 1) + 1 + lp.act_leaves)
         comp.append(c)
         if li not in plan.keep_resid:
-          r_out[li] = g.add(gpu, "out", f"R{li}:{j}", u * prof.layers[li].act_bytes,
-                            deps=[c])
+          r_out[li] = g.add(gpu, "out", f"R{li}:{j}", u * lp.act_bytes, deps=[c],
+                            leaves=lp.act_leaves)
           outs.append(r_out[li])
       for li in reversed(range(nl)):
-        pb = prof.layers[li].param_bytes
-        w = g.add(gpu, "in", f"Wb{li}:{j}", pb, deps=gate())
-        r = (g.add(gpu, "in", f"R{li}:{j}", u * prof.layers[li].act_bytes,
-                   deps=[r_out[li]] + gate()) if li in r_out else None)
-        gi = (g.add(gpu, "in", f"Gi{li}:{j}", pb, deps=[g_out[li]] + gate())
+        lp = prof.layers[li]
+        pb, npl = lp.param_bytes, lp.param_leaves
+        w = g.add(gpu, "in", f"Wb{li}:{j}", pb, deps=gate(), leaves=npl)
+        r = (g.add(gpu, "in", f"R{li}:{j}", u * lp.act_bytes,
+                   deps=[r_out[li]] + gate(), leaves=lp.act_leaves) if li in r_out else None)
+        gi = (g.add(gpu, "in", f"Gi{li}:{j}", pb, deps=[g_out[li]] + gate(), leaves=npl)
               if j and not plan.keep_grads else None)
+        # weights, residuals, dy (not for the loss layer), the accumulator after the first
+        # microbatch; out: dx (not for layer 0) and the gradients
         c = g.add(gpu, "compute", f"B{li}:{j}", duration=prof.bwd(li, u),
-                  deps=[w, r, gi] + comp[-1:])
+                  deps=[w, r, gi] + comp[-1:],
+                  leaves=npl + lp.act_leaves + (li < nl - 1) + (npl if j else 0) + (li > 0)
+                  + npl)
         comp.append(c)
         if plan.keep_grads:       # the accumulator stays: the update waits for the compute
           g_out[li] = c
         else:
-          g_out[li] = g.add(gpu, "out", f"Go{li}:{j}", pb, deps=[c])
+          g_out[li] = g.add(gpu, "out", f"Go{li}:{j}", pb, deps=[c], leaves=npl)
           outs.append(g_out[li])
     for li in range(nl):
       lp = prof.layers[li]
-      s_in = g.add(gpu, "in", f"S{li}", (3 if plan.keep_grads else 4) * lp.param_bytes,
-                   deps=[g_out[li]] + gate())
+      k, npl = (3 if plan.keep_grads else 4), lp.param_leaves
+      # W, G (unless resident) and the moments come in as separate transfers
+      s_in = g.add(gpu, "in", f"S{li}", k * lp.param_bytes, deps=[g_out[li]] + gate(),
+                   leaves=k * npl, calls=k - 1)
+      # W, G, m, v, step in; W, m, v out
       c = g.add(gpu, "compute", f"U{li}", deps=[s_in] + comp[-1:],
-                duration=lp.param_count / hw.device_update_params_per_s)
+                duration=lp.param_count / hw.device_update_params_per_s, leaves=7 * npl + 1)
       comp.append(c)
-      outs.append(g.add(gpu, "out", f"So{li}", 3 * lp.param_bytes, deps=[c]))
+      outs.append(g.add(gpu, "out", f"So{li}", 3 * lp.param_bytes, deps=[c],
+                        leaves=3 * npl, calls=2))
   return g
 
 

@@ -140,7 +140,8 @@ def profile(cfg, model, params, workdir: str) -> pf.ModelProfile:
   path = os.path.join(workdir, "profile.json")
   key = {"model": to_dict(cfg.model), "sizes": sorted(cfg.microbatch_sizes),
          "measure": bool(cfg.execute), "flops_per_s": cfg.hardware.flops_per_s,
-         "timing": f"best of {cfg.profile_repeats}"}
+         "timing": f"best of {cfg.profile_repeats}",
+         "fields": "param_leaves, act_leaves"}   # profiles from before the array counts
   if os.path.exists(path):
     saved = json.load(open(path))
     if saved.get("key") == key:
@@ -470,6 +471,7 @@ def execute(cfg, kind: str, plan: sch.Plan, model, inputs, targets, workdir: str
       logging.info("harmony vs plain training after step 1: %s", out["verify"])
     prog.update(step + 1, f"step {times[-1]:.2f} s, loss {loss:.4f}, "
                 f"{sum(bytes_per_iter.values())} bytes moved", force=True)
+  mover.close()                      # the transfer threads
   t_begin, t_end = mover.steps[-1]   # the last (compiled, steady) iteration
   last = [e for e in mover.events if e[2] >= t_begin]
   busy: dict[str, float] = {}

@@ -3,12 +3,13 @@ run by the real executors (issue 22, ``configs/harmony.py:validate``).
 
 Each configuration is (model width, blocks, microbatch size, model-to-budget ratio, mode):
 a GPT stack is profiled on this machine (per-layer forward / backward seconds,
-:func:`~omni_jax.memory.profiler.profile_model`); this machine's copy and Adam rates
+:func:`~omni_jax.memory.profiler.profile_model`); this machine's Adam rates
 (:func:`~omni_jax.memory.study.measure_hardware`, on one block of a width no configuration
-uses) and the fixed cost of one swap (:func:`measure_transfer_overhead`) are measured once,
-apart from the configurations; the schedule of ``mode`` (``harmony`` or ``lms``) is planned
-at that microbatch size under the budget and its iteration time predicted by
-:func:`~omni_jax.memory.costmodel.simulate`; then the same plan trains for real
+uses) and the executors' copy rates and fixed costs per call and per array
+(:func:`measure_overheads`) are measured once, apart from the configurations; the schedule
+of ``mode`` (``harmony`` or ``lms``) is planned at that microbatch size under the budget
+and its iteration time predicted by :func:`~omni_jax.memory.costmodel.simulate`; then the
+same plan trains for real
 (:func:`~omni_jax.memory.study.execute`) and its steady iterations are the measurement. All
 timings, both sides, take the same statistic of their repeats (``cfg.timing``). Per
 configuration the predicted and measured busy seconds of each stream (compute, swap in,
@@ -41,7 +42,7 @@ FIELDS = ("d_model", "num_layers", "u", "model_to_budget", "mode")
 TOP_KEYS = ("variant", "seed", "model", "batch", "steps", "lr", "profile_repeats", "timing",
             "hardware", "configurations")
 MODEL_KEYS = ("vocab", "seq_len", "num_heads")
-HW_KEYS = ("calibration_d_model", "shared_cores")
+HW_KEYS = ("calibration_d_model", "shared_cores", "cores")
 TIMINGS = tuple(STATS)
 
 
@@ -115,6 +116,9 @@ def validate_config(cfg) -> list[Configuration]:
     require(isinstance(cfg[k], int) and cfg[k] >= (0 if k == "seed" else 1), k, cfg[k],
             "must be a positive integer" if k != "seed" else "must be an integer >= 0")
   require(cfg.timing in TIMINGS, "timing", cfg.timing, f"must be one of {TIMINGS}")
+  cores = cfg.hardware.cores
+  require(isinstance(cores, int) and not isinstance(cores, bool) and cores >= 1,
+          "hardware.cores", cores, "must be a positive integer")
   require(cfg.steps >= 2, "steps", cfg.steps, "must be >= 2 (the first one compiles)")
   for k in MODEL_KEYS:
     positive_int(cfg.model, k, "model.")
@@ -154,13 +158,14 @@ def run_configuration(cfg, c: Configuration, model, prof, hw: Hardware, inputs, 
   t0 = time.time()
   real = study.execute(run_cfg, c.mode, r.plan, model, inputs, targets, sub)
   # ablations: the same plan priced with swaps, compute and updates on separate streams, and
-  # without the fixed cost per swap
+  # without the fixed costs per call and per array
   separate = dataclasses.replace(hw, shared_cores=False)
   t_sep = makespan(simulate(sch.build_graph(r.plan, prof, separate), separate))
-  no_oh = dataclasses.replace(hw, transfer_overhead_s=0.0)
+  no_oh = dataclasses.replace(hw, transfer_overhead_s=0.0, transfer_leaf_s=0.0,
+                              program_overhead_s=0.0, program_leaf_s=0.0)
   t_no_oh = makespan(simulate(sch.build_graph(r.plan, prof, no_oh), no_oh))
   return {"name": c.name, **dataclasses.asdict(c), "budget_bytes": budget,
-          "predicted_separate_streams_s": t_sep, "predicted_no_transfer_overhead_s": t_no_oh,
+          "predicted_separate_streams_s": t_sep, "predicted_no_overheads_s": t_no_oh,
           "model_bytes": prof.model_bytes, "microbatches": r.plan.m,
           "keep_resid": list(r.plan.keep_resid), "keep_grads": r.plan.keep_grads,
           "fwd_packs": [list(p) for p in r.plan.fwd_packs],
@@ -186,20 +191,92 @@ def _busy_ratios(rows: list[dict]) -> dict[str, float]:
   return out
 
 
-def measure_transfer_overhead(stat: str = "median", repeats: int = 20) -> float:
-  """Seconds one swap of a negligible array (4 bytes) takes through the executors'
-  :class:`~omni_jax.memory.executor.Mover` in its on-demand mode: issuing, bookkeeping and
-  waiting, with next to no bytes to move. A micro-benchmark, apart from any configuration."""
+def _line(x0: float, t0: float, x1: float, t1: float) -> tuple[float, float]:
+  """(intercept, slope) of the line through two timed points, each clipped at 0 (a cost
+  is never negative)."""
+  slope = max((t1 - t0) / (x1 - x0), 0.0)
+  return max(t0 - slope * x0, 0.0), slope
+
+
+TINY, MANY = 64, 32   # float32 per tiny array; arrays in the many-arrays swap point
+PROGRAM_LEAVES = (1, 32)                                      # arrays in (and out)
+
+
+def measure_overheads(params, stat: str = "median", repeats: int = 20) -> dict:
+  """The executors' fixed costs and copy rates, from micro-benchmarks apart from any
+  configuration (``stat`` of ``repeats`` timed runs after a warm-up, all points timed in
+  turn).
+
+  Swaps, through the executors' :class:`~omni_jax.memory.executor.Mover` in its on-demand
+  mode (issue, wait, free), in each direction, of four pytrees: one tiny array and ``MANY``
+  tiny arrays (bytes negligible: the line through them gives ``transfer_overhead_s`` per
+  call and ``transfer_leaf_s`` per array — ``jax.device_put`` copies each leaf on its own,
+  so a pytree of many small arrays costs far more than its bytes say), then the calibration
+  layer's parameters ``params`` and two copies of them (the leaf sizes the executors move):
+  their bytes over their time less those fixed costs give ``swap_bw_in`` / ``swap_bw_out``.
+  Programs: an elementwise program over k = 1 and 32 small arrays, run through
+  ``Mover.run`` and called plainly as the profiler calls a layer; the line through the two
+  differences (the executor's bookkeeping, the ledger, the timeline) gives
+  ``program_overhead_s + 2k * program_leaf_s``."""
   from omni_jax.memory import executor as ex
   mover = ex.Mover(2**62, blocking=True)
-  x = jax.device_put(np.zeros((1,), np.float32), mover.host)
-  ts = []
-  for _ in range(repeats + 1):     # the first one warms up
-    t0 = time.perf_counter()
-    mover.free(mover.to_device(x, "calibration"))
-    ts.append(time.perf_counter() - t0)
+
+  def interleaved(fns: list) -> list[float]:
+    """``stat`` of each function's timed calls, the calls taken in turn (round-robin, after
+    one untimed round) so that a burst of other jobs' load hits every point alike."""
+    ts: list[list[float]] = [[] for _ in fns]
+    for r in range(repeats + 1):
+      for i, fn in enumerate(fns):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        if r:
+          ts[i].append(time.perf_counter() - t0)
+    return [float(STATS[stat](t)) for t in ts]
+
+  def swap_in(h):
+    mover.free(mover.to_device(h, "calibration"))
+
+  def swap_out(d):
+    return mover.to_host(d, "calibration", free=False)
+
+  params = jax.device_get(params)
+  points = {"tiny": [np.ones((TINY,), np.float32)],
+            "many_tiny": [np.ones((TINY,), np.float32) for _ in range(MANY)],
+            "layer": params, "two_layers": [params, params]}
+  rows, fns = [], []
+  for tree in points.values():
+    h, d = jax.device_put(tree, mover.host), jax.device_put(tree, mover.dev)
+    rows.append([float(len(jax.tree.leaves(tree))), float(pf.tree_bytes(tree))])
+    fns += [lambda h=h: swap_in(h), lambda d=d: swap_out(d)]
+  times = interleaved(fns)
+  t_in, t_out = times[0::2], times[1::2]
+  fastest = 1e12          # a copy faster than 1 TB/s is noise: cap the rate there
+
+  def rates(ts):
+    a, b = _line(rows[0][0], ts[0], rows[1][0], ts[1])
+    nbytes = rows[2][1] + rows[3][1]
+    net = ts[2] + ts[3] - 2 * a - b * (rows[2][0] + rows[3][0])
+    return a, b, nbytes / max(net, nbytes / fastest)
+  a_in, b_in, bw_in = rates(t_in)
+  _, _, bw_out = rates(t_out)
+  fns = []
+  for k in PROGRAM_LEAVES:
+    tree = jax.device_put([np.ones((64,), np.float32) for _ in range(k)], mover.dev)
+    prog = ex.Program(jax.jit(lambda t: [x + 1.0 for x in t]), tree)
+
+    def via_mover(prog=prog, tree=tree):
+      mover.free(mover.run(prog, "calibration", tree))
+    fns += [via_mover, lambda prog=prog, tree=tree: prog(tree)]
+  times = interleaved(fns)
+  extra = [times[0] - times[1], times[2] - times[3]]
+  p0, p1 = _line(2.0 * PROGRAM_LEAVES[0], extra[0], 2.0 * PROGRAM_LEAVES[1], extra[1])
   mover.timeline.sync()
-  return float(STATS[stat](ts[1:]))
+  return {"transfer_overhead_s": a_in, "transfer_leaf_s": b_in,
+          "swap_bw_in": bw_in, "swap_bw_out": bw_out,
+          "program_overhead_s": p0, "program_leaf_s": p1,
+          "swap_points": {"names": list(points), "arrays_bytes": rows,
+                          "in_s": t_in, "out_s": t_out},
+          "program_points": {"arrays": list(PROGRAM_LEAVES), "extra_s": extra}}
 
 
 # ---------------------------------------------------------------- the sweep
@@ -213,13 +290,22 @@ def run(cfg, workdir: str) -> dict:
   # rates on one block of a width kept apart from the reported configurations
   d_cal, mc = cfg.hardware.calibration_d_model, cfg.model
   cal = sm.gpt_stack(mc.vocab, mc.seq_len, d_cal, mc.num_heads, 1)
+  cal_params = jax.jit(cal.layers[1].init)(jax.random.key(cfg.seed))
   hw_m = study.measure_hardware(stat=cfg.timing, repeats=cfg.profile_repeats,
-                                params=jax.jit(cal.layers[1].init)(jax.random.key(cfg.seed)))
-  bw = min(hw_m["swap_bw_in"], hw_m["swap_bw_out"])
-  hw_m["transfer_overhead_s"] = measure_transfer_overhead(cfg.timing, cfg.profile_repeats)
-  hw = Hardware(1, bw, bw, True, hw_m["host_update_params_per_s"],
+                                params=cal_params)
+  # copy rates and fixed costs from the executors' own micro-benchmarks (the block's copy
+  # rates above fold its per-array cost into the rate; kept for the record)
+  oh = measure_overheads(cal_params, cfg.timing, cfg.profile_repeats)
+  hw_m["block_swap_bw_in"], hw_m["block_swap_bw_out"] = hw_m["swap_bw_in"], hw_m["swap_bw_out"]
+  hw_m.update(oh)
+  hw = Hardware(1, oh["swap_bw_in"], oh["swap_bw_in"], True, hw_m["host_update_params_per_s"],
                 hw_m["device_update_params_per_s"], shared_cores=cfg.hardware.shared_cores,
-                transfer_overhead_s=hw_m["transfer_overhead_s"])
+                cores=cfg.hardware.cores,
+                transfer_overhead_s=oh["transfer_overhead_s"],
+                transfer_leaf_s=oh["transfer_leaf_s"],
+                program_overhead_s=oh["program_overhead_s"],
+                program_leaf_s=oh["program_leaf_s"],
+                out_bw_ratio=oh["swap_bw_out"] / oh["swap_bw_in"])
   logging.info("measured hardware: %s", hw_m)
   rows, profiles = [], {}
   by_model: dict[tuple[int, int], list[Configuration]] = {}
@@ -257,8 +343,8 @@ def run(cfg, workdir: str) -> dict:
              "model_error_median_separate_streams": float(np.median(relative_errors(
                  [r["predicted_separate_streams_s"] for r in rows],
                  [r["measured_iter_time_s"] for r in rows]))),
-             "model_error_median_no_transfer_overhead": float(np.median(relative_errors(
-                 [r["predicted_no_transfer_overhead_s"] for r in rows],
+             "model_error_median_no_overheads": float(np.median(relative_errors(
+                 [r["predicted_no_overheads_s"] for r in rows],
                  [r["measured_iter_time_s"] for r in rows]))),
              "time_source": "predicted: cost model with this machine's profiled layer times "
                             "and measured copy / Adam rates; measured: iterations "

@@ -273,6 +273,18 @@ def test_shared_cores_run_swaps_compute_and_updates_one_at_a_time():
     return makespan(simulate(g, _hw(n_gpus=1, shared_cores=shared)))
   assert run(False) == pytest.approx(3.0)
   assert run(True) == pytest.approx(3.75)
+  # Two shared cores: W and the swap-out start together (the link is duplex), the update
+  # takes the core the swap-out frees at 0.5 s; F starts when W ends: 1 + 2.
+  g = TaskGraph()
+  w = g.add(0, "in", "W", nbytes=GB)
+  g.add(0, "compute", "F", duration=2.0, deps=[w])
+  y = g.add(0, "out", "y", nbytes=GB // 2)
+  u = g.add(-1, "host", "U", duration=0.25)
+  tasks = simulate(g, _hw(n_gpus=1, shared_cores=True, cores=2))
+  assert makespan(tasks) == pytest.approx(3.0)
+  assert tasks[y].end == pytest.approx(0.5) and tasks[u].start == pytest.approx(0.5)
+  with pytest.raises(ValueError, match="cores"):
+    _hw(cores=0)
 
 
 def test_transfer_overhead_is_a_fixed_cost_per_swap():
@@ -288,3 +300,27 @@ def test_transfer_overhead_is_a_fixed_cost_per_swap():
   assert run(0.25) == pytest.approx(3.5)
   with pytest.raises(ValueError, match="transfer_overhead_s"):
     _hw(transfer_overhead_s=-1.0)
+
+
+def test_fixed_costs_per_call_and_per_array_by_hand():
+  """The single-loss-pack case above (15.06 s) with the executor's fixed costs: 0.1 s per
+  transfer call + 0.01 s per array moved, 0.2 s per program + 0.001 s per array argument or
+  result, device->host at half the rate. Each layer has 3 parameter arrays.
+  W in: 2 + 0.1 + 6 x 0.01 = 2.16; x and targets in: 0.06 + 2 x 0.1 + 2 x 0.01 = 0.28;
+  program (6 weights, x, targets in; 6 gradients, loss out): 6 + 0.2 + 15 x 0.001 = 6.215;
+  gradients out at 50 B/s: 4 + 0.1 + 6 x 0.01 = 4.16; host update 5 (its dispatch is in the
+  measured host rate: no fixed cost)."""
+  layers = tuple(LayerProfile(f"l{i}", "l", 25, 100, 200, 4, 4, 10, {1: 1.0}, {1: 2.0},
+                              param_leaves=3) for i in range(2))
+  prof = ModelProfile(layers, target_bytes=2, microbatch_sizes=(1,), source="hand")
+  plan = sch.Plan("harmony", 1, 1, (), ((0, 2),))
+  hw = Hardware(n_gpus=1, swap_bw_host=100.0, swap_bw_gpu=100.0,
+                host_update_params_per_s=10.0, transfer_overhead_s=0.1, transfer_leaf_s=0.01,
+                program_overhead_s=0.2, program_leaf_s=0.001, out_bw_ratio=0.5)
+  tasks = simulate(sch.harmony_graph(plan, prof, hw), hw)
+  assert makespan(tasks) == pytest.approx(2.16 + 0.28 + 6.215 + 4.16 + 5.0)
+  for k in ("transfer_leaf_s", "program_overhead_s", "program_leaf_s"):
+    with pytest.raises(ValueError, match=k):
+      _hw(**{k: -1.0})
+  with pytest.raises(ValueError, match="out_bw_ratio"):
+    _hw(out_bw_ratio=0.0)

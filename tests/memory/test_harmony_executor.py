@@ -35,6 +35,17 @@ def _rel_global(a, b):
   return np.sqrt(num / sum(np.sum(np.asarray(v, np.float64) ** 2) for v in jax.tree.leaves(b)))
 
 
+def _graph_calls_match_executor(plan, prof, mover):
+  """The cost model's task graph issues as many transfers and programs, touching as many
+  arrays, per stream as the executor did (the fixed costs it prices per call and array)."""
+  from omni_jax.memory.costmodel import Hardware
+  g = sch.build_graph(plan, prof, Hardware(n_gpus=1))
+  for stream in ("in", "out", "compute"):
+    tasks = [t for t in g.tasks if t.stream == stream]
+    assert sum(t.calls for t in tasks) == mover.calls[stream], stream
+    assert sum(t.leaves for t in tasks) == mover.arrays[stream], stream
+
+
 def _run(executor, params, x, y, budget, blocking=False):
   mover = ex.Mover(budget, blocking=blocking)
   state = ex.to_host_state(params, mover.host)
@@ -63,6 +74,7 @@ def test_harmony_executor_equals_plain_training_and_counts_closed_form_bytes(set
       # fwd: act, act; loss pack dx; (1,2) dx
       "acts_out": B * 4 * act}
   assert mover.bytes == sch.harmony_traffic(plan, prof)
+  _graph_calls_match_executor(plan, prof, mover)
   assert 0 < mover.peak <= budget and mover.live == 0   # every device buffer was released
   assert all(p.sharding.memory_kind == "pinned_host" for p in jax.tree.leaves(state.params))
   assert all(o.sharding.memory_kind == "pinned_host" for o in jax.tree.leaves(state.opt))
@@ -98,6 +110,24 @@ def test_timeline_records_concurrent_work():
   (_, _, cs, ce), (_, _, s_in, e_in) = mover.events
   assert cs <= s_in < e_in < ce          # the swap-in ran while the program computed
   assert ex.overlap_fraction(mover.events) == pytest.approx((e_in - s_in) / (ce - cs))
+
+
+def test_timeline_serialises_work_per_lane_not_per_stream():
+  """Copies issued by different threads (the mover's weights and activations lanes) may run
+  at once; work issued by one thread runs in order. Hand-timed events: W (1-5) and W2 (4-6)
+  from this thread, x (2-3) from another: x overlaps W, W2 starts when W ends."""
+  import threading
+  import time
+  tl = ex.Timeline(time.perf_counter())
+  tl.finish(tl.record("in", "W", None), 1.0, 5.0)
+
+  def other():
+    tl.finish(tl.record("in", "x", None), 2.0, 3.0)
+  t = threading.Thread(target=other)
+  t.start()
+  t.join()
+  tl.finish(tl.record("in", "W2", None), 4.0, 6.0)
+  assert tl.events() == [("in", "W", 1.0, 5.0), ("in", "x", 2.0, 3.0), ("in", "W2", 5.0, 6.0)]
 
 
 def test_overlap_fraction_closed_form():
@@ -144,6 +174,7 @@ def test_lms_executor_equals_plain_training_and_counts_closed_form_bytes(setup, 
   # rounding of the accumulation order, so the update is compared as one vector.
   assert _rel_global(state.params, ref_p) < 1e-5
   assert mover.bytes == sch.lms_traffic(plan, prof)
+  _graph_calls_match_executor(plan, prof, mover)
   assert mover.bytes["weights_in"] == 2 * (B // U) * sum(pf.tree_bytes(p) for p in params) \
       + 3 * sum(pf.tree_bytes(p) for p in params)
   assert 0 < mover.peak <= budget and mover.live == 0
