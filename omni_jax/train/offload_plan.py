@@ -209,27 +209,30 @@ class Candidate:
 
 
 def price(placement: Placement, state: StateBytes, act: ActivationCost, rates: Rates,
-          units: int, budget: int) -> Candidate:
-  """Bytes and cost-model step time of one placement (see the module docstring)."""
+          units: int, budget: int, microbatches: int = 1) -> Candidate:
+  """Bytes and cost-model step time of one placement (see the module docstring). ``act`` is
+  one microbatch's; with ``microbatches`` > 1 (``train.grad_accum``) its compute and
+  activation swaps happen that many times per step, its residuals once at a time."""
   opt_host = placement.optimizer == "host"
   act_host = act.residuals.get(offload.HOST, 0)
   device = state.params + state.step + act.residuals.get("device", 0) + (
       0 if opt_host else state.opt_state)
   host = act_host + (state.opt_state if opt_host else 0)
-  units = max(int(units), 1)
-  f = act.fwd_flops / rates.flops_per_s / units
-  b = max(act.step_flops - act.fwd_flops, 0.0) / rates.flops_per_s / units
+  units, k = max(int(units), 1), max(int(microbatches), 1)
+  f = k * act.fwd_flops / rates.flops_per_s / units
+  b = k * max(act.step_flops - act.fwd_flops, 0.0) / rates.flops_per_s / units
+  swap = [k * (act_host * (u + 1) // units - act_host * u // units) for u in range(units)]
   g = TaskGraph()
   prev, outs = None, []
   for u in range(units):
     prev = g.add(0, "compute", f"forward unit {u}", duration=f, deps=(prev,))
-    outs.append(g.add(0, "out", f"activations out {u}", nbytes=act_host // units,
+    outs.append(g.add(0, "out", f"activations out {u}", nbytes=swap[u],
                       deps=(prev,)) if act_host else None)
   fetch = None
   for i, u in enumerate(reversed(range(units))):
     if opt_host and i == units - 1:   # prefetched while the last backward unit computes
       fetch = g.add(0, "in", "optimizer state in", nbytes=state.opt_state, deps=(prev,))
-    swap_in = g.add(0, "in", f"activations in {u}", nbytes=act_host // units,
+    swap_in = g.add(0, "in", f"activations in {u}", nbytes=swap[u],
                     deps=(outs[u],)) if act_host else None
     prev = g.add(0, "compute", f"backward unit {u}", duration=b, deps=(prev, swap_in))
   update = g.add(0, "compute", "AdamW update",
@@ -257,11 +260,11 @@ class OffloadPlan:
 
 
 def plan(state: StateBytes, costs: dict[str, ActivationCost], rates: Rates, budget: int,
-         units: int) -> OffloadPlan:
+         units: int, microbatches: int = 1) -> OffloadPlan:
   """Prices every placement of :data:`PLACEMENTS` whose activation choice is in ``costs``
   and picks the fastest that fits ``budget`` device bytes; :class:`ConfigError` when none
   does."""
-  cands = [price(p, state, costs[p.activations], rates, units, budget)
+  cands = [price(p, state, costs[p.activations], rates, units, budget, microbatches)
            for p in PLACEMENTS if p.activations in costs]
   fitting = [c for c in cands if c.fits]
   if not fitting:
@@ -297,8 +300,9 @@ def follow(config, spec, stream, loop, mesh, op_names=None, microbatches: int = 
   from omni_jax.train.optim import make_optimizer
 
   example = stream.example_batch()
-  batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype),
-                       example)
+  k = loop.grad_accum   # the step runs (and keeps the residuals of) one microbatch at a time
+  batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct((np.shape(a)[0] // k, *np.shape(a)[1:]),
+                                                      np.asarray(a).dtype), example)
   key = jax.ShapeDtypeStruct((2,), jnp.uint32)
   tx = make_optimizer(config.optim, loop.steps, spec.bias_rate)
   costs, state = {}, None
@@ -312,7 +316,7 @@ def follow(config, spec, stream, loop, mesh, op_names=None, microbatches: int = 
     costs[act] = activation_cost(make_loss_fn(s, model, mesh, op_names, microbatches),
                                  params, batch, costs["save"].fwd_flops if costs else None)
   rates = measure_rates(loop.peak_flops)
-  p = plan(state, costs, rates, loop.device_budget_bytes, spec.backbone.num_units)
+  p = plan(state, costs, rates, loop.device_budget_bytes, spec.backbone.num_units, k)
   logging.info("%s", describe(p))
   placement = p.chosen.placement
   spec = dataclasses.replace(spec, backbone=placement.apply(spec.backbone))

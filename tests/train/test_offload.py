@@ -192,6 +192,12 @@ def test_harmony_prices_bytes_as_memory_report(harmony_inputs, runs):
   assert opt_host.host_bytes == state.opt_state + costs["offload"].residuals["pinned_host"]
   assert opt_host.device_bytes == state.params + state.step + costs["offload"].residuals["device"]
   assert opt_host.swap_bytes == 2 * opt_host.host_bytes   # out and back in, every step
+  # two accumulated microbatches (each priced at its own size): residuals kept one at a
+  # time, their swaps and compute twice
+  two = offload_plan.price(opt_host.placement, state, costs["offload"], RATES, SPEC.num_layers,
+                           10**12, microbatches=2)
+  assert (two.device_bytes, two.host_bytes) == (opt_host.device_bytes, opt_host.host_bytes)
+  assert two.swap_bytes == 2 * state.opt_state + 4 * costs["offload"].residuals["pinned_host"]
   # no transfers, no recompute: forward + backward at 1 GFLOP/s + the update's 7 passes
   assert by["device", "save"].predicted_s == pytest.approx(
       step["save"] / 1e9 + 7 * state.params / 1e9)
