@@ -244,3 +244,21 @@ def test_harmony_plan_trains_like_no_offload(harmony_inputs, runs, tmp_path):
 def test_unresolved_harmony_is_not_trained_as_none():
   with pytest.raises(ValueError, match="must be resolved to its plan's mode first"):
     offload.state_sharding(lambda t: t, "harmony")
+
+
+@pytest.mark.slow  # four lowerings of the whole omni micro model; the parts are tested above
+def test_follow_plans_the_omni_step():
+  from omni_jax.parallel.mesh import data_parallel_mesh
+  from omni_jax.train.omni import parallel_op_names, validate
+  cfg = get_config("micro")
+  cfg.train.update(offload="harmony", device_budget_bytes=2_000_000)
+  spec, stream, loop = validate(cfg)
+  spec2, loop2 = offload_plan.follow(cfg, spec, stream, loop, data_parallel_mesh(),
+                                     parallel_op_names(cfg))
+  plan = loop2.offload_plan
+  c = plan["chosen"]
+  assert c["device_bytes"] <= 2_000_000 == plan["device_budget_bytes"]
+  assert c["predicted_s"] == min(x["predicted_s"] for x in plan["candidates"] if x["fits"])
+  assert loop2.offload == c["mode"] and spec2.backbone.remat == c["remat"]
+  assert spec2.backbone.offload_activations == (c["activations"] == "offload")
+  assert len(plan["candidates"]) == 8 and set(plan["rates"]["sources"]) >= {"flops_per_s"}
