@@ -305,15 +305,14 @@ def follow(config, spec, stream, loop, mesh, op_names=None, microbatches: int = 
                                                       np.asarray(a).dtype), example)
   key = jax.ShapeDtypeStruct((2,), jnp.uint32)
   tx = make_optimizer(config.optim, loop.steps, spec.bias_rate)
-  costs, state = {}, None
+  # the parameters (and so the state) do not depend on the checkpoint policy
+  params = jax.eval_shape(lambda rng: OmniModel(spec).init(rng, example)["params"], key)
+  state = StateBytes.of(TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
+                                   jax.eval_shape(tx.init, params)))
+  costs: dict[str, ActivationCost] = {}
   for act in ACTIVATIONS:
     s = dataclasses.replace(spec, backbone=Placement("device", act).apply(spec.backbone))
-    model = OmniModel(s)
-    params = jax.eval_shape(lambda k, m=model: m.init(k, example)["params"], key)
-    if state is None:
-      state = StateBytes.of(TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
-                                       jax.eval_shape(tx.init, params)))
-    costs[act] = activation_cost(make_loss_fn(s, model, mesh, op_names, microbatches),
+    costs[act] = activation_cost(make_loss_fn(s, OmniModel(s), mesh, op_names, microbatches),
                                  params, batch, costs["save"].fwd_flops if costs else None)
   rates = measure_rates(loop.peak_flops)
   p = plan(state, costs, rates, loop.device_budget_bytes, spec.backbone.num_units, k)
