@@ -65,7 +65,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                  checkpoint_every=100, keep_checkpoints=2, peak_flops=0.0,
                  profile_steps="",                     # "a:b": jax.profiler trace of steps a..b
                  grad_accum=1,  # microbatches per optimizer step (lax.scan in the step)
-                 offload="none")  # or optimizer | activations | optimizer+activations (host)
+                 offload="none",  # or optimizer | activations | optimizer+activations | harmony
+                 device_budget_bytes=0)  # harmony: device bytes its plan must fit (state+residuals)
 
   if arg == "tiny":
     pass

@@ -12,7 +12,8 @@ robust to other load on the machine. Writes summary.json (``step_flops_per_sec``
 ``host_bytes``: the train state's and saved residuals' bytes by memory kind, read from the
 arrays' shardings; see omni_jax/train/offload.py) and breakdown.png. With
 ``--config.train.offload=optimizer`` (or ``activations``) the benchmarked step keeps that
-part in pinned_host memory.
+part in pinned_host memory; with ``harmony`` (and ``--config.train.device_budget_bytes``) the
+Harmony cost model picks the placement, recorded under ``offload_plan``.
 
 Runs on one device by default (--cpu_devices=1): emulated CPU devices share the same
 cores, so the machine's peak is measured with all of them behind one device.
@@ -48,7 +49,7 @@ def main(argv):
   from omni_jax.models.flops import train_flops_per_step
   from omni_jax.models.omni import OmniModel
   from omni_jax.parallel import mesh as mesh_lib
-  from omni_jax.train import offload
+  from omni_jax.train import offload, offload_plan
   from omni_jax.train.loop import create_state, make_train_step
   from omni_jax.train.metrics import write_json_atomic
   from omni_jax.train.omni import make_loss_fn, parallel_op_names, state_sharding, validate
@@ -60,6 +61,7 @@ def main(argv):
   os.makedirs(workdir, exist_ok=True)
   spec, stream, loop = validate(config)
   mesh = mesh_lib.data_parallel_mesh()
+  spec, loop = offload_plan.follow(config, spec, stream, loop, mesh, parallel_op_names(config))
   model = OmniModel(spec)
   tx = make_optimizer(config.optim, loop.steps)
   host_batch = stream.batch(0)
@@ -72,9 +74,9 @@ def main(argv):
                  donate_argnums=0, out_shardings=(shardings, None)).lower(state, batch).compile()
   memory = offload.memory_report(state, offload.saved_residuals(loss_fn, state.params, batch),
                                  step)
-  logging.info("offload %r: %.1f MB on the device, %.1f MB in host memory (train state + saved "
-               "residuals)", loop.offload, memory["device_bytes"] / 1e6,
-               memory["host_bytes"] / 1e6)
+  logging.info("offload %r (%r): %.1f MB on the device, %.1f MB in host memory (train state "
+               "+ saved residuals)", config.train.offload, loop.offload,
+               memory["device_bytes"] / 1e6, memory["host_bytes"] / 1e6)
   holder = {"state": state}
 
   # --profile_steps (else config.train.profile_steps) counts the train step's calls here:
@@ -113,7 +115,8 @@ def main(argv):
       "tokens_per_sec": tokens / step_s,
       "model_flops_per_step": flops,
       "breakdown": {k: {"seconds": v, "fraction": v / step_s} for k, v in parts.items()},
-      "offload": loop.offload,
+      "offload": config.train.offload,
+      "offload_plan": loop.offload_plan,   # with 'harmony': the plan followed (else null)
       **memory,
       "devices": jax.device_count(),
       "backend": jax.default_backend(),

@@ -42,7 +42,8 @@ TRAIN_KEYS = ("steps", "seed", "log_every", "eval_every", "eval_batches", "check
               "keep_checkpoints", "peak_flops")
 OPTIONAL_TRAIN_KEYS = ("profile_steps",   # "a:b": jax.profiler trace of steps a..b
                        "grad_accum",      # microbatches per optimizer step (default 1)
-                       "offload")         # 'none' | 'optimizer' | 'activations' (offload.py)
+                       "offload",         # 'none' | 'optimizer' | 'activations' | 'harmony'
+                       "device_budget_bytes")  # what 'harmony' must fit (offload_plan.py)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -69,6 +70,8 @@ class LoopConfig:
   profile_steps: tuple[int, int] | None = None   # trace steps a..b (omni_jax.train.profiling)
   grad_accum: int = 1
   offload: str = "none"   # what lives in host memory (omni_jax.train.offload)
+  device_budget_bytes: int = 0         # 'harmony': device bytes its plan must fit
+  offload_plan: dict | None = None     # the followed plan (omni_jax.train.offload_plan)
 
   @classmethod
   def from_config(cls, train_cfg) -> LoopConfig:
@@ -87,8 +90,9 @@ class LoopConfig:
     prof = parse_profile_steps(train_cfg.get("profile_steps"), train_cfg["steps"],
                                "config.train.profile_steps")
     mode = offload_lib.check_mode(train_cfg.get("offload", "none"))
+    budget = offload_lib.check_budget(mode, train_cfg.get("device_budget_bytes", 0))
     return cls(**{k: train_cfg[k] for k in TRAIN_KEYS}, profile_steps=prof, grad_accum=accum,
-               offload=mode)
+               offload=mode, device_budget_bytes=budget)
 
 
 def split_microbatches(batch, k: int):

@@ -12,7 +12,10 @@
   :func:`omni_jax.models.transformer.offload_policy`); everything else inside a
   unit is recomputed in the backward pass. Encoders, embeddings and heads are not affected.
 * ``'optimizer+activations'``: both.
-* ``'harmony'`` (following the Harmony planner's schedule) is not yet supported here.
+* ``'harmony'``: the Harmony cost model picks the placement (optimizer state on device or
+  host; the backbone's activations saved, partly or fully recomputed, or offloaded) that runs
+  fastest within ``config.train.device_budget_bytes``
+  (:mod:`omni_jax.train.offload_plan`), and the step follows it.
 
 Both modes compute the same numbers as ``'none'``: only where values are kept changes.
 :func:`memory_report` counts the bytes of the train state and of the step's saved residuals by
@@ -31,17 +34,13 @@ import numpy as np
 
 from omni_jax.config import ConfigError
 
-OFFLOAD_MODES = ("none", "optimizer", "activations", "optimizer+activations")
-NOT_YET_MODES = ("harmony",)
+FIXED_MODES = ("none", "optimizer", "activations", "optimizer+activations")
+OFFLOAD_MODES = (*FIXED_MODES, "harmony")
 HOST = "pinned_host"
 
 
 def check_mode(mode: Any) -> str:
   """``mode`` if it is an allowed ``config.train.offload``; else one :class:`ConfigError`."""
-  if mode in NOT_YET_MODES:
-    raise ConfigError(f"config.train.offload = {mode!r} is not yet supported by the main "
-                      f"trainer (omni_jax.memory runs Harmony on its own); allowed: "
-                      f"{list(OFFLOAD_MODES)}")
   if mode not in OFFLOAD_MODES:
     raise ConfigError(f"config.train.offload = {mode!r} is not allowed: must be one of "
                       f"{list(OFFLOAD_MODES)}")
@@ -54,16 +53,31 @@ def check_mode(mode: Any) -> str:
   return mode
 
 
+def check_budget(mode: str, budget: Any) -> int:
+  """``config.train.device_budget_bytes``: required (> 0) with ``'harmony'``, 0 otherwise."""
+  ok = isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0
+  if mode == "harmony" and not (ok and budget > 0):
+    raise ConfigError(f"config.train.offload = 'harmony' needs config.train.device_budget_bytes"
+                      f", the device bytes (train state + saved residuals) the plan must fit: "
+                      f"a positive integer, got {budget!r}")
+  if mode != "harmony" and budget:
+    raise ConfigError(f"config.train.device_budget_bytes = {budget!r} is only used with "
+                      f"config.train.offload = 'harmony' (it is {mode!r}); leave it 0")
+  return budget
+
+
 def apply_to_spec(spec, mode: str):
   """The omni spec with the backbone's activation offload switched on for ``'activations'``.
-  That mode sets the backbone's checkpoint policy itself, so ``model.remat`` must be
-  ``'none'``."""
-  if "activations" not in mode.split("+"):
+  That mode (and ``'harmony'``, whose plan picks the policy) sets the backbone's checkpoint
+  policy itself, so ``model.remat`` must be ``'none'``."""
+  if "activations" not in mode.split("+") and mode != "harmony":
     return spec
   if spec.backbone.remat != "none":
     raise ConfigError(f"config.train.offload = {mode!r} sets the backbone's checkpoint "
                       f"policy itself; config.model.remat = {spec.backbone.remat!r} must be "
                       "'none' with it")
+  if mode == "harmony":
+    return spec
   return dataclasses.replace(
       spec, backbone=dataclasses.replace(spec.backbone, offload_activations=True))
 
@@ -71,6 +85,9 @@ def apply_to_spec(spec, mode: str):
 def state_sharding(param_sharding: Callable, mode: str) -> Callable:
   """Wraps ``abstract_state -> shardings``: with ``'optimizer'`` the ``opt_state`` shardings
   move to ``pinned_host`` memory (so the state is created, stepped and restored there)."""
+  if mode == "harmony":
+    raise ValueError("train.offload = 'harmony' must be resolved to its plan's mode first "
+                     "(omni_jax.train.offload_plan.follow)")
   if "optimizer" not in mode.split("+"):
     return param_sharding
 

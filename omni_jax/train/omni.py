@@ -26,7 +26,7 @@ from omni_jax.models.flops import train_flops_per_step
 from omni_jax.models.omni import OmniModel, OmniSpec, build_spec, count_params, loss_norm, omni_loss
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.train import offload, tensorboard
+from omni_jax.train import offload, offload_plan, tensorboard
 from omni_jax.train.loop import FitResult, LoopConfig, fit
 from omni_jax.train.metrics import plot_curves, write_json_atomic
 from omni_jax.train.optim import make_optimizer
@@ -215,6 +215,8 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   mesh = mesh or make_layout_mesh(config)
   micro = pipeline_microbatches(config)
   check_batch_fits_mesh(stream, mesh, micro, loop.grad_accum)
+  spec, loop = offload_plan.follow(config, spec, stream, loop, mesh,
+                                   parallel_op_names(config), micro)  # train.offload='harmony'
   model = OmniModel(spec)
   tx = make_optimizer(config.optim, loop.steps, spec.bias_rate)
   put_batch, data_iter = input_placement(stream, mesh)
