@@ -12,7 +12,9 @@ which holds everything the omni model, the data pipeline and the trainer need:
 * ``labels(spec)`` / ``synthesize(spec, rng, label)``: caption words and a sample of each
   class, for the built-in synthetic stream (so a new modality trains with no data);
 * ``code_vectors(spec, x)``: per-token vectors that a VQ codebook turns into discrete
-  targets, when the modality is also generated (``codebook_size > 0``).
+  targets, when the modality is also generated (``codebook_size > 0``);
+* ``frontend_flops(spec)`` (optional): forward FLOPs per sample of a fixed front end with no
+  parameters (the log-mel DFT), which the model-FLOP count adds.
 
 New modalities that fit a generic kind (``patch``, ``frames``, ``tokens``) need only a
 config entry; anything else registers one new kind (see ``video.py``). Where a modality's
@@ -60,6 +62,7 @@ class ModalityKind:
   code_vectors: Callable[[Mapping[str, Any], np.ndarray], np.ndarray] | None = None
   validate: Callable[[Mapping[str, Any], str], None] | None = None
   input_dtype: Any = np.float32
+  frontend_flops: Callable[[Mapping[str, Any]], float] | None = None  # fixed-matrix FLOPs/sample
 
 
 MODALITY_KINDS: Registry[ModalityKind] = Registry("modality kind")

@@ -43,6 +43,17 @@ def num_tokens(spec) -> int:
   return math.ceil(math.ceil(num_frames(spec) / 2) / 2)
 
 
+def frontend_flops(spec) -> float:
+  """Forward FLOPs of the log-mel front end per sample (no parameters, no backward): the
+  windowed-DFT matmuls (real and imaginary parts) and the mel projection, per frame and
+  channel. Raw frames: none."""
+  if spec["features"] != "logmel":
+    return 0.0
+  bins = spec["n_fft"] // 2 + 1
+  per_frame = 2 * 2 * spec["n_fft"] * bins + 2 * bins * spec["n_mels"]
+  return float(spec["channels"] * num_frames(spec) * per_frame)
+
+
 def input_shape(spec) -> tuple[int, ...]:
   return (spec["num_samples"],) if spec["channels"] == 1 else (spec["num_samples"],
                                                                spec["channels"])
@@ -118,4 +129,4 @@ KIND = register_kind(ModalityKind(
     name="frames", defaults=DEFAULTS,
     encoder=FramesEncoder,
     input_shape=input_shape, num_tokens=num_tokens, labels=labels, synthesize=synthesize,
-    code_vectors=code_vectors, validate=_validate))
+    code_vectors=code_vectors, validate=_validate, frontend_flops=frontend_flops))

@@ -47,7 +47,10 @@ def train_flops_per_step(spec: OmniSpec, params, batch_size: int, seq_len: int) 
     n_tok = MODALITY_KINDS.get(ms["kind"]).num_tokens(ms)
     enc_attn = 2 * 2 * n_tok * ms["encoder_dim"] * ms["encoder_layers"]
     fwd += batch_size * n_tok * (per_encoder.get(m, 0.0) + enc_attn)
-  return 3.0 * fwd
+  # fixed front ends (the log-mel DFT): forward only, nothing upstream to differentiate
+  kinds = [(MODALITY_KINDS.get(ms["kind"]), ms) for _, ms in spec.modalities]
+  frontend = sum(batch_size * k.frontend_flops(ms) for k, ms in kinds if k.frontend_flops)
+  return 3.0 * fwd + frontend
 
 
 def _jaxpr_dot_flops(jaxpr) -> float:

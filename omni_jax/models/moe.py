@@ -106,7 +106,8 @@ def route(x: jax.Array, router_kernel: jax.Array, top_k: int, renormalize: bool,
   """Float32 softmax top-k router.
 
   Args:
-    x: tokens ``[N, D]`` (any float dtype; promoted to float32).
+    x: tokens ``[N, D]``, or ``[..., D]`` (the outputs keep the leading axes); any float
+      dtype, promoted to float32.
     router_kernel: ``[D, E]`` float32.
     top_k: experts per token.
     renormalize: divide the top-k probabilities by their sum so each token's gates sum to 1.
@@ -133,7 +134,8 @@ def route(x: jax.Array, router_kernel: jax.Array, top_k: int, renormalize: bool,
 
 def router_aux(logits: jax.Array, probs: jax.Array, expert_ids: jax.Array
                ) -> dict[str, jax.Array]:
-  """Router statistics and auxiliary losses over ``N`` tokens and ``E`` experts.
+  """Router statistics and auxiliary losses over ``N`` tokens and ``E`` experts (the tokens may
+  come as several leading axes, ``[B, T, E]``: every statistic is over all of them).
 
   * ``expert_load`` ``[E]``: ``f_e``, the fraction of the ``N*k`` (token, slot) assignments
     routed to expert ``e`` (sums to 1; not differentiable).
@@ -148,7 +150,7 @@ def router_aux(logits: jax.Array, probs: jax.Array, expert_ids: jax.Array
   num_experts = probs.shape[-1]
   counts = jnp.bincount(expert_ids.reshape(-1), length=num_experts)
   load = counts.astype(jnp.float32) / expert_ids.size
-  mean_prob = jnp.mean(probs, axis=0)
+  mean_prob = jnp.mean(probs, axis=tuple(range(probs.ndim - 1)))  # over every token axis
   lb_loss = num_experts * jnp.sum(jax.lax.stop_gradient(load) * mean_prob)
   z_loss = jnp.mean(jnp.square(jax.nn.logsumexp(logits, axis=-1)))
   return {"lb_loss": lb_loss, "z_loss": z_loss, "expert_load": load,
@@ -379,23 +381,23 @@ class MoE(nn.Module):
       # as with balance='aux_loss'.
       bias = self.variable("params", "routing_bias", jnp.zeros, (e,), jnp.float32).value
 
-    tokens = x.reshape(-1, d)
+    # Tokens keep their leading axes ([B, T, D]) throughout: flattening them to [B*T, D] made
+    # XLA all-gather the sequence split of x (and of the output's cotangent) in every MoE layer
+    # under a sequence layout (measured).
     logits, probs, weights, expert_ids = route(
-        tokens, router, self.top_k, self.renormalize,
+        x, router, self.top_k, self.renormalize,
         None if bias is None else jax.lax.stop_gradient(bias))
     aux = router_aux(logits, probs, expert_ids)
     if bias is not None:
       aux["balance_probe"] = jnp.sum((bias - jax.lax.stop_gradient(bias)) * aux["expert_load"])
     capacity = None
     if self.impl == "capacity":
-      capacity = moe_capacity(tokens.shape[0], e, self.top_k, self.capacity_factor)
-    xc = tokens.astype(self.dtype)
-    lead = x.shape[:-1]
+      capacity = moe_capacity(math.prod(x.shape[:-1]), e, self.top_k, self.capacity_factor)
+    xc = x.astype(self.dtype)
     y, aux["dropped_frac"] = moe_dispatch(
-        xc.reshape(*lead, d), expert_ids.reshape(*lead, -1), weights.reshape(*lead, -1),
+        xc, expert_ids, weights,
         wi_gate.astype(self.dtype), wi_up.astype(self.dtype), wo.astype(self.dtype),
         impl=self.impl, capacity=capacity)
-    y = y.reshape(-1, d)
 
     if self.num_shared_experts:
       sf = self.shared_d_ff or self.num_shared_experts * f
@@ -408,4 +410,4 @@ class MoE(nn.Module):
         g = self.param("shared_gate", init, (d, 1), jnp.float32)
         ys = ys * jax.nn.sigmoid(xc @ g.astype(self.dtype))
       y = y + ys
-    return y.reshape(*x.shape[:-1], d).astype(self.dtype), aux
+    return y.astype(self.dtype), aux
