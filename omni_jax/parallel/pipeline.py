@@ -66,17 +66,34 @@ from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
 
 PIPE = "pipeline"
 SCHEDULES = ("gpipe", "1f1b")
-MANUAL = (PIPE, *BATCH_AXES)   # the axes the stage body is manual over
-BATCH = P(BATCH_AXES)          # the batch dimension of activations, inside and out
+
+
+def batch_axes(mesh) -> tuple[str, ...]:
+  """The batch axes of ``mesh`` that split the batch (size > 1): with ``pipeline``, the axes
+  the stage body is manual over."""
+  return tuple(a for a in BATCH_AXES if mesh.shape[a] > 1)
+
+
+def _batch_spec(mesh) -> P:
+  """The batch dimension of activations, inside the body and out."""
+  axes = batch_axes(mesh)
+  return P(axes) if axes else P()
+
+
+def _body_batch_axes() -> tuple[str, ...]:
+  """Inside the body: its manual batch axes."""
+  return tuple(a for a in BATCH_AXES if a in jax.sharding.get_abstract_mesh().manual_axes)
 
 
 def vary(tree):
   """Marks values as differing over every manual axis of the body (per stage and per batch
   shard): scan carries that become so, and the parameters before the tick loop, so that the
   reductions their transposes need happen once, after the loop."""
+  manual = (PIPE, *_body_batch_axes())
+
   def one(a):
     have = jax.typeof(a).manual_axis_type.varying
-    missing = tuple(ax for ax in MANUAL if ax not in have)
+    missing = tuple(ax for ax in manual if ax not in have)
     return jax.lax.pcast(a, missing, to="varying") if missing else a
   return jax.tree.map(one, tree)
 
@@ -183,9 +200,10 @@ def _check_shapes(n_stages, m, unit_params, x, n_shards):
 
 
 def _check_mesh(mesh):
-  others = {a: mesh.shape[a] for a in mesh.axis_names if a not in MANUAL and mesh.shape[a] > 1}
+  manual = (PIPE, *BATCH_AXES)
+  others = {a: mesh.shape[a] for a in mesh.axis_names if a not in manual and mesh.shape[a] > 1}
   if others:
-    raise ValueError(f"the pipeline's stage body is manual over {list(MANUAL)} and runs the "
+    raise ValueError(f"the pipeline's stage body is manual over {list(manual)} and runs the "
                      f"plain ops; it does not split over {others}")
 
 
@@ -240,7 +258,7 @@ def _reduce_grads(grads, gathers):
     for dim, axes in gather:
       g = jax.lax.psum_scatter(g, axes, scatter_dimension=dim, tiled=True)
       used.update(axes)
-    rest = tuple(a for a in BATCH_AXES if a not in used)
+    rest = tuple(a for a in _body_batch_axes() if a not in used)
     return jax.lax.psum(g, rest) if rest else g
   return jax.tree.map(one, grads, gathers)
 
@@ -332,7 +350,8 @@ def _forward(apply_unit, acc_shapes, n_stages, m, gathers, remat=False):
 
     init = (vary(jnp.zeros_like(_mb(xs, 0))), jnp.zeros_like(xs), vary(aux0))
     (_, outs, sums), _ = jax.lax.scan(tick, init, jnp.arange(m + n_stages - 1))
-    sums = jax.lax.pmean(sums, BATCH_AXES)
+    axes = _body_batch_axes()
+    sums = jax.lax.pmean(sums, axes) if axes else sums
     acc = jax.tree.map(lambda v: jax.lax.psum(v, PIPE), _finish_aux(sums, m))  # scalars / [E]
     f_bar = jax.lax.stop_gradient(sums["expert_load"] / m)
     return outs, acc, f_bar
@@ -371,9 +390,10 @@ def _prepare(mesh, m, unit_params, carry, positions, recipe):
 def _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, gathers, unit_params,
                  xs, ps, remat=False):
   return jax.shard_map(_forward(apply_unit, acc_shapes, n_stages, m, gathers, remat),
-                       mesh=context_mesh(mesh), in_specs=(param_specs, BATCH, BATCH),
-                       out_specs=(BATCH, P(), P(PIPE)),
-                       axis_names=frozenset(MANUAL))(unit_params, xs, ps)
+                       mesh=context_mesh(mesh),
+                       in_specs=(param_specs, _batch_spec(mesh), _batch_spec(mesh)),
+                       out_specs=(_batch_spec(mesh), P(), P(PIPE)),
+                       axis_names=frozenset({PIPE, *batch_axes(mesh)}))(unit_params, xs, ps)
 
 
 # ------------------------------------------------------------------------------------------
@@ -536,6 +556,7 @@ def one_f_one_b(mesh, microbatches: int, recompute: bool = True,
         mesh, m, unit_params, carry, positions, recipe)
     cmesh = context_mesh(mesh)
     n_shards = math.prod(mesh.shape[a] for a in BATCH_AXES)
+    bs = _batch_spec(mesh)
 
     def forward(params, xs):
       return _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, gathers,
@@ -555,8 +576,8 @@ def one_f_one_b(mesh, microbatches: int, recompute: bool = True,
       d_outs, d_acc = ct
       body = _backward_1f1b(apply_unit, acc_shapes, n_stages, m, gathers, n_shards, recompute)
       grads, d_xs = jax.shard_map(
-          body, mesh=cmesh, in_specs=(param_specs, BATCH, BATCH, BATCH, P(), P(PIPE)),
-          out_specs=(param_specs, BATCH), axis_names=frozenset(MANUAL))(
+          body, mesh=cmesh, in_specs=(param_specs, bs, bs, bs, P(), P(PIPE)),
+          out_specs=(param_specs, bs), axis_names=frozenset({PIPE, *batch_axes(mesh)}))(
               params, xs, ps, d_outs, d_acc, f_bar)
       return grads, d_xs
 
