@@ -4,7 +4,17 @@ The backbone's U units (leading parameter axis, placed over ``pipeline`` by the 
 form P stages of U/P consecutive units; the batch is cut into M microbatches. Microbatch j
 holds rows j, j + M, j + 2M, ... of the batch, so every batch shard holds a share of every
 microbatch and the batch axes stay busy. Everything runs inside a ``jax.shard_map`` that is
-manual over ``pipeline`` only (the other axes stay with the compiler and the plain ops).
+manual over ``pipeline`` and the batch axes (``data``, ``fsdp``, ``expert``), with every
+collective explicit; the plain ops run inside on each shard's rows (no nested shard_map;
+other axes must be of size 1). The stage parameters enter split as the recipe places them
+(:func:`stage_specs`: units over ``pipeline``, a dimension over ``fsdp``) and are gathered
+over the batch axes once, before the tick loop (:func:`_gather_params`); the parameter
+gradients accumulate per shard through the ticks and are reduce-scattered / summed over the
+batch axes once, after the loop (GPipe: the transpose of that gather, by autodiff; 1F1B:
+:func:`_reduce_grads`). Left to the partitioner (a body manual over ``pipeline`` only, before
+session 12), the stage re-gathered its parameters and all-reduced each tick's gradient
+contribution inside the loop, every tick: 4.4x (GPipe) and 8.9x (1F1B) the analytic bytes on
+the tiny config (docs/pipeline.md).
 
 * :func:`gpipe`: a ``lax.scan`` over M + P - 1 ticks runs every stage once per tick (stage p
   works on microbatch ``tick - p``; one ``ppermute`` of activations per tick). The backward
@@ -30,8 +40,10 @@ replicated over the stages and need the output); under 1F1B each microbatch's gr
 the pipeline input leaves stage 0 the same way. No whole-batch reduction follows the loop.
 
 MoE auxiliaries are kept per unit and per microbatch and combined exactly: every aux term
-is a token mean (averaged over the equal-sized microbatches) except the load-balancing loss
-``E * sum_e f_e P_e``, a product of two batch means, which is rebuilt per unit from the
+is a token mean (averaged over the equal-sized microbatches, and over the equal-sized batch
+shards by one ``pmean`` after the loop; 1F1B's backward gives each shard 1 / shards of the
+aux cotangent) except the load-balancing loss ``E * sum_e f_e P_e``,
+a product of two batch means, which is rebuilt per unit from the
 microbatch means of ``f`` (``expert_load``) and ``P`` (``mean_prob``), so it equals the
 unpipelined value, gradients included. 1F1B can do this because its backward starts after
 the primal forward has seen every microbatch's load; a 1F1B that computed the loss inside
@@ -41,6 +53,7 @@ Embedding, encoders and heads run outside the pipeline, replicated over its stag
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import jax
@@ -48,18 +61,40 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from omni_jax.parallel.mesh import context_mesh
+from omni_jax.parallel import recipes
+from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
 
 PIPE = "pipeline"
 SCHEDULES = ("gpipe", "1f1b")
 
 
+def batch_axes(mesh) -> tuple[str, ...]:
+  """The batch axes of ``mesh`` that split the batch (size > 1): with ``pipeline``, the axes
+  the stage body is manual over."""
+  return tuple(a for a in BATCH_AXES if mesh.shape[a] > 1)
+
+
+def _batch_spec(mesh) -> P:
+  """The batch dimension of activations, inside the body and out."""
+  axes = batch_axes(mesh)
+  return P(axes) if axes else P()
+
+
+def _body_batch_axes() -> tuple[str, ...]:
+  """Inside the body: its manual batch axes."""
+  return tuple(a for a in BATCH_AXES if a in jax.sharding.get_abstract_mesh().manual_axes)
+
+
 def vary(tree):
-  """Marks values as differing per stage (scan carries that become stage-dependent)."""
+  """Marks values as differing over every manual axis of the body (per stage and per batch
+  shard): scan carries that become so, and the parameters before the tick loop, so that the
+  reductions their transposes need happen once, after the loop."""
+  manual = (PIPE, *_body_batch_axes())
+
   def one(a):
-    if PIPE in jax.typeof(a).manual_axis_type.varying:
-      return a
-    return jax.lax.pcast(a, (PIPE,), to="varying")
+    have = jax.typeof(a).manual_axis_type.varying
+    missing = tuple(ax for ax in manual if ax not in have)
+    return jax.lax.pcast(a, missing, to="varying") if missing else a
   return jax.tree.map(one, tree)
 
 
@@ -148,7 +183,7 @@ def schedule_text(n_stages: int, m: int) -> str:
 # Shared pieces
 # ------------------------------------------------------------------------------------------
 
-def _check_shapes(n_stages, m, unit_params, x):
+def _check_shapes(n_stages, m, unit_params, x, n_shards):
   units = jax.tree.leaves(unit_params)[0].shape[0]
   if units % n_stages:
     raise ValueError(f"pipeline={n_stages} stages need the backbone's {units} units (layers / "
@@ -157,6 +192,75 @@ def _check_shapes(n_stages, m, unit_params, x):
   if b % m:
     raise ValueError(f"batch of {b} rows does not split into parallel.pipeline_microbatches="
                      f"{m}")
+  if (b // m) % n_shards:
+    raise ValueError(f"microbatches of {b // m} rows (batch {b} / parallel.pipeline_microbatches="
+                     f"{m}) do not split over the {n_shards} batch shards ({list(BATCH_AXES)}); "
+                     "the stages run each shard's rows locally: make batch / microbatches a "
+                     "multiple of the batch shards")
+
+
+def _check_mesh(mesh):
+  manual = (PIPE, *BATCH_AXES)
+  others = {a: mesh.shape[a] for a in mesh.axis_names if a not in manual and mesh.shape[a] > 1}
+  if others:
+    raise ValueError(f"the pipeline's stage body is manual over {list(manual)} and runs the "
+                     f"plain ops; it does not split over {others}")
+
+
+def stage_specs(mesh, unit_params, recipe: str = "omni"):
+  """``(in_specs, gathers)`` of the stage parameters: ``in_specs`` per leaf is the recipe's
+  placement of that backbone unit parameter (``backbone/units/...``) with the unit axis over
+  ``pipeline`` and the other dimensions over the batch axes the recipe names (``fsdp``);
+  ``gathers`` per leaf the ``(dim, axes)`` the body all-gathers once before the tick loop.
+  An axis the recipe names outside the batch axes (``tensor``, ...) must be of size 1 here
+  (:func:`_check_mesh`) and drops out; a unit axis the recipe would split otherwise is kept
+  whole over the batch axes (the parameter enters gathered on that dimension)."""
+  full, _ = recipes.resolve(recipes.RECIPES.get(recipe), {"backbone": {"units": unit_params}},
+                            mesh)
+
+  def one(sharding, leaf):
+    entries = list(sharding.spec) + [None] * (leaf.ndim - len(sharding.spec))
+    spec, gather = [PIPE], []
+    for dim, entry in enumerate(entries[1:], start=1):
+      axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
+      axes = tuple(a for a in axes if mesh.shape[a] > 1)
+      if axes and all(a in BATCH_AXES for a in axes):
+        spec.append(axes[0] if len(axes) == 1 else axes)
+        gather.append((dim, axes))
+      else:
+        spec.append(None)
+    return P(*spec), tuple(gather)
+  leaves, treedef = jax.tree.flatten(unit_params)
+  pairs = [one(s, leaf) for s, leaf in zip(treedef.flatten_up_to(full["backbone"]["units"]),
+                                           leaves, strict=True)]
+  return (jax.tree.unflatten(treedef, [s for s, _ in pairs]),
+          jax.tree.unflatten(treedef, [g for _, g in pairs]))
+
+
+def _gather_params(params, gathers):
+  """The stage's whole parameters from the batch-axis shards: one tiled ``all_gather`` per
+  split dimension, before the tick loop (its transpose, a ``psum_scatter``, reduces the
+  accumulated gradient once after the loop), then marked varying over every manual axis
+  (the transpose of that: a ``psum`` over the batch axes a leaf is not split over)."""
+  def one(a, gather):
+    for dim, axes in gather:
+      a = jax.lax.all_gather(a, axes, axis=dim, tiled=True)
+    return a
+  return vary(jax.tree.map(one, params, gathers))
+
+
+def _reduce_grads(grads, gathers):
+  """The transpose of :func:`_gather_params` for the 1F1B backward's hand-accumulated stage
+  gradients (whole, per batch shard): ``psum_scatter`` over the split dimensions' axes, a
+  ``psum`` over the other batch axes; once, after the loop."""
+  def one(g, gather):
+    used = set()
+    for dim, axes in gather:
+      g = jax.lax.psum_scatter(g, axes, scatter_dimension=dim, tiled=True)
+      used.update(axes)
+    rest = tuple(a for a in _body_batch_axes() if a not in used)
+    return jax.lax.psum(g, rest) if rest else g
+  return jax.tree.map(one, grads, gathers)
 
 
 def _split(a, m):
@@ -217,10 +321,14 @@ def _aux_cotangent(d_acc, f_bar, m, units):
   return ct
 
 
-def _forward(apply_unit, acc_shapes, n_stages, m, remat=False):
+def _forward(apply_unit, acc_shapes, n_stages, m, gathers, remat=False):
   """The shard_map body of the pipelined forward (GPipe ticks): ``(params, xs, ps) ->
-  (outs [B/M, M, ...] (every stage), aux (summed over stages), f_bar [units, E])``."""
+  (outs [B/M, M, ...] (every stage), aux (summed over stages), f_bar [units, E])``, all per
+  batch shard. The parameters are gathered over the batch axes once, before the loop; the
+  aux sums are averaged over the batch shards once, after it (every aux term is built from
+  token means over equal-sized shards, so the mean of the shards' means is the batch's)."""
   def body(params, xs, ps):
+    params = _gather_params(params, gathers)
     stage = jax.lax.axis_index(PIPE)
     last = stage == n_stages - 1
     shift = [(i, (i + 1) % n_stages) for i in range(n_stages)]
@@ -242,6 +350,8 @@ def _forward(apply_unit, acc_shapes, n_stages, m, remat=False):
 
     init = (vary(jnp.zeros_like(_mb(xs, 0))), jnp.zeros_like(xs), vary(aux0))
     (_, outs, sums), _ = jax.lax.scan(tick, init, jnp.arange(m + n_stages - 1))
+    axes = _body_batch_axes()
+    sums = jax.lax.pmean(sums, axes) if axes else sums
     acc = jax.tree.map(lambda v: jax.lax.psum(v, PIPE), _finish_aux(sums, m))  # scalars / [E]
     f_bar = jax.lax.stop_gradient(sums["expert_load"] / m)
     return outs, acc, f_bar
@@ -266,39 +376,41 @@ def _publish(buf, j, value, owner):
   return jax.lax.cond((j >= 0) & (j < m), put, lambda: buf)
 
 
-def _prepare(mesh, m, unit_params, carry, positions):
+def _prepare(mesh, m, unit_params, carry, positions, recipe):
+  _check_mesh(mesh)
   n_stages = mesh.shape[PIPE]
   x, acc0 = carry
-  _check_shapes(n_stages, m, unit_params, x)
+  _check_shapes(n_stages, m, unit_params, x, math.prod(mesh.shape[a] for a in BATCH_AXES))
   acc_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), acc0)
   xs, ps = _split(x, m), jax.tree.map(lambda a: _split(a, m), positions)
-  param_specs = jax.tree.map(lambda _: P(PIPE), unit_params)
-  return n_stages, acc0, acc_shapes, xs, ps, param_specs
+  param_specs, gathers = stage_specs(mesh, unit_params, recipe)
+  return n_stages, acc0, acc_shapes, xs, ps, param_specs, gathers
 
 
-def _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, unit_params, xs, ps,
-                 remat=False):
-  return jax.shard_map(_forward(apply_unit, acc_shapes, n_stages, m, remat),
-                       mesh=context_mesh(mesh), in_specs=(param_specs, P(), P()),
-                       out_specs=(P(), P(), P(PIPE)),
-                       axis_names=frozenset({PIPE}))(unit_params, xs, ps)
+def _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, gathers, unit_params,
+                 xs, ps, remat=False):
+  return jax.shard_map(_forward(apply_unit, acc_shapes, n_stages, m, gathers, remat),
+                       mesh=context_mesh(mesh),
+                       in_specs=(param_specs, _batch_spec(mesh), _batch_spec(mesh)),
+                       out_specs=(_batch_spec(mesh), P(), P(PIPE)),
+                       axis_names=frozenset({PIPE, *batch_axes(mesh)}))(unit_params, xs, ps)
 
 
 # ------------------------------------------------------------------------------------------
 # GPipe
 # ------------------------------------------------------------------------------------------
 
-def gpipe(mesh, microbatches: int, remat: bool = False) -> Callable:
+def gpipe(mesh, microbatches: int, remat: bool = False, recipe: str = "omni") -> Callable:
   """A ``layer_stack`` implementation: GPipe over ``pipeline`` with ``microbatches``;
   ``remat``: each stage under ``jax.checkpoint`` (keeps its input, recomputes in the
-  backward)."""
+  backward); ``recipe`` places the stage parameters (:func:`stage_specs`)."""
   m = microbatches
 
   def impl(apply_unit, unit_params, carry, positions):
-    n_stages, acc0, acc_shapes, xs, ps, param_specs = _prepare(mesh, m, unit_params, carry,
-                                                               positions)
+    n_stages, acc0, acc_shapes, xs, ps, param_specs, gathers = _prepare(
+        mesh, m, unit_params, carry, positions, recipe)
     outs, acc, _ = _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs,
-                                unit_params, xs, ps, remat)
+                                gathers, unit_params, xs, ps, remat)
     return _merge(outs), jax.tree.map(jnp.add, acc0, acc)
   return impl
 
@@ -324,7 +436,7 @@ def _join_residuals(treedef, kept, where, param_leaves):
   return jax.tree.unflatten(treedef, leaves)
 
 
-def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
+def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, gathers, n_shards, recompute=True):
   """The shard_map body of the 1F1B backward: ``(params, xs, ps, d_outs [B/M, M, ...], d_acc,
   f_bar [units, E]) -> (d_params, d_xs [B/M, M, ...] (every stage))``. ``recompute``: the ring
   holds each in-flight microbatch's unit inputs and its backward recomputes the units one at
@@ -347,13 +459,15 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
       next_f += fwd_tab[t, p] >= 0
 
   def body(params, xs, ps, d_outs, d_acc, f_bar):
+    params = _gather_params(params, gathers)
     stage = jax.lax.axis_index(PIPE)
     last = stage == n_stages - 1
     fwd_shift = [(i, (i + 1) % n_stages) for i in range(n_stages)]
     bwd_shift = [(i, (i - 1) % n_stages) for i in range(n_stages)]
     run_stage = _stage_fn(apply_unit, acc_shapes)
     units = jax.tree.leaves(params)[0].shape[0]
-    ct_aux = _aux_cotangent(d_acc, f_bar, m, units)
+    # Each shard's aux enters the batch's as 1 / n_shards of a mean (the forward's pmean).
+    ct_aux = jax.tree.map(lambda c: c / n_shards, _aux_cotangent(d_acc, f_bar, m, units))
     param_leaves_of = lambda prm: jax.tree.leaves(prm)
     pos_of = lambda j: jax.tree.map(lambda a: _mb(a, j), ps)
     mb_shape = _mb(xs, 0).shape
@@ -426,24 +540,27 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute=True):
     init = (*vary((params, ring0, box, box, jax.tree.map(jnp.zeros_like, params))),
             jnp.zeros_like(xs))
     (_, _, _, _, grads, d_xs), _ = jax.lax.scan(tick, init, tabs, length=n_ticks)
-    return grads, d_xs
+    return _reduce_grads(grads, gathers), d_xs
   return body
 
 
-def one_f_one_b(mesh, microbatches: int, recompute: bool = True) -> Callable:
+def one_f_one_b(mesh, microbatches: int, recompute: bool = True,
+                recipe: str = "omni") -> Callable:
   """A ``layer_stack`` implementation: the GPipe forward with a 1F1B backward (module doc);
   ``recompute``: the ring holds unit inputs and the backward recomputes the units (the
   default, what the recipe's ``1f1b`` runs), else it holds the stage's residuals."""
   m = microbatches
 
   def impl(apply_unit, unit_params, carry, positions):
-    n_stages, acc0, acc_shapes, xs, ps, param_specs = _prepare(mesh, m, unit_params, carry,
-                                                               positions)
+    n_stages, acc0, acc_shapes, xs, ps, param_specs, gathers = _prepare(
+        mesh, m, unit_params, carry, positions, recipe)
     cmesh = context_mesh(mesh)
+    n_shards = math.prod(mesh.shape[a] for a in BATCH_AXES)
+    bs = _batch_spec(mesh)
 
     def forward(params, xs):
-      return _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, params, xs,
-                          ps)
+      return _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, gathers,
+                          params, xs, ps)
 
     @jax.custom_vjp
     def pipelined(params, xs):
@@ -457,10 +574,10 @@ def one_f_one_b(mesh, microbatches: int, recompute: bool = True) -> Callable:
     def bwd(res, ct):
       params, xs, f_bar = res
       d_outs, d_acc = ct
-      body = _backward_1f1b(apply_unit, acc_shapes, n_stages, m, recompute)
+      body = _backward_1f1b(apply_unit, acc_shapes, n_stages, m, gathers, n_shards, recompute)
       grads, d_xs = jax.shard_map(
-          body, mesh=cmesh, in_specs=(param_specs, P(), P(), P(), P(), P(PIPE)),
-          out_specs=(param_specs, P()), axis_names=frozenset({PIPE}))(
+          body, mesh=cmesh, in_specs=(param_specs, bs, bs, bs, P(), P(PIPE)),
+          out_specs=(param_specs, bs), axis_names=frozenset({PIPE, *batch_axes(mesh)}))(
               params, xs, ps, d_outs, d_acc, f_bar)
       return grads, d_xs
 

@@ -8,7 +8,7 @@ import pytest
 
 from omni_jax.config import ConfigError
 from omni_jax.data.stream import OmniStream
-from omni_jax.parallel import layout, recipes
+from omni_jax.parallel import hlo_cost, layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.parallel.pipeline import SCHEDULES, schedule_1f1b
 from omni_jax.train.omni import check_batch_fits_mesh, parallel_op_names
@@ -26,9 +26,9 @@ def _max_rel(a_tree, b_tree):
 # coefficient: the pipeline rebuilds the whole batch's E * sum_e f_e P_e per unit, so it must
 # match one device as exactly as the cross-entropy does (f32).
 @pytest.mark.parametrize("mesh_cfg,n_micro,units_per_stage", [
-    (dict(pipeline=2, fsdp=4), 4, 1),
+    (dict(pipeline=2, fsdp=4), 2, 1),
     pytest.param(dict(pipeline=4, fsdp=2), 4, 1, marks=pytest.mark.slow),
-    pytest.param(dict(pipeline=2, data=4), 4, 2, marks=pytest.mark.slow),
+    pytest.param(dict(pipeline=2, data=4), 2, 2, marks=pytest.mark.slow),
 ])
 def test_schedules_match_one_device(mesh_cfg, n_micro, units_per_stage, micro):
   _, _, loss, params, batch = micro(lb_coef=1.0,
@@ -42,9 +42,22 @@ def test_schedules_match_one_device(mesh_cfg, n_micro, units_per_stage, micro):
     ops = layout.ops(mesh, {"pipeline": schedule}, n_micro)
     f = jax.jit(jax.value_and_grad(lambda p, b, ops=ops: loss(p, b, ops)),
                 out_shardings=(None, sh))
-    lp, grads[schedule] = f(jax.device_put(params, sh), mesh_lib.put_batch(mesh, batch))
+    args = (jax.device_put(params, sh), mesh_lib.put_batch(mesh, batch))
+    lp, grads[schedule] = f(*args)
     assert abs(float(lp) - float(l1)) <= 1e-5 * abs(float(l1)), schedule
     assert _max_rel(grads[schedule], g1) <= 1e-5, schedule
+    # Inside the tick loops only the pipeline's own traffic runs (neighbour sends, each
+    # microbatch's publish over the stages); the stage parameters' gather over the batch axes
+    # and the gradients' reduction over them run once per step, outside the loops.
+    colls = [c for c in hlo_cost.collectives_per_step(f.lower(*args).compile().as_text())
+             if "backbone/shard_map" in c.op_name]
+    in_loop = [c for c in colls if "/while/" in c.op_name]
+    assert in_loop and all(c.kind == "collective-permute" or (
+        c.kind == "all-reduce" and c.group == mesh_cfg["pipeline"]) for c in in_loop), (
+            schedule, [(c.kind, c.group, c.op_name) for c in in_loop])
+    n_batch = mesh_lib.batch_divisor(mesh)
+    assert {c.kind for c in colls if c.group == n_batch} >= (
+        {"all-gather", "reduce-scatter"} if "fsdp" in mesh_cfg else {"all-reduce"}), schedule
   assert _max_rel(grads["1f1b"], grads["gpipe"]) <= 1e-5
 
 
@@ -56,7 +69,7 @@ def test_reference_variants_match_one_device(micro):
   mesh = mesh_lib.make_mesh(dict(pipeline=2, fsdp=4))
   sh, _ = recipes.resolve(recipes.RECIPES.get("omni"), params, mesh)
   for name in ("gpipe_remat", "1f1b_residual_ring"):
-    ops = {"layer_stack": VARIANTS[name](mesh, 4)}
+    ops = {"layer_stack": VARIANTS[name](mesh, 2)}
     f = jax.jit(jax.value_and_grad(lambda p, b, ops=ops: loss(p, b, ops)),
                 out_shardings=(None, sh))
     lp, g = f(jax.device_put(params, sh), mesh_lib.put_batch(mesh, batch))
@@ -96,6 +109,12 @@ def test_pipeline_config_errors(micro):
     check_batch_fits_mesh(stream, mesh_lib.make_mesh(dict(pipeline=2, fsdp=4)), 8)
   with pytest.raises(ValueError, match="composes with data and fsdp only"):
     layout.ops(mesh_lib.make_mesh(dict(pipeline=2, expert=4)))
+  # The stages run each batch shard's rows: a microbatch must split over the batch shards.
+  _, _, loss, params, batch = micro(lb_coef=0.0, num_layers=2)
+  mesh = mesh_lib.make_mesh(dict(pipeline=2, fsdp=4))
+  with pytest.raises(ValueError, match=r"microbatches of 2 rows \(batch 8 / parallel.pipeline_"
+                     r"microbatches=4\) do not split over the 4 batch shards"):
+    jax.eval_shape(lambda p, b: loss(p, b, layout.ops(mesh, {}, 4)), params, batch)
   bad = ml_collections.ConfigDict({"parallel": {"pipeline": "zero_bubble"}})
   with pytest.raises(ConfigError, match=r"pipeline='zero_bubble'.*allowed: \['gpipe', '1f1b'\]"):
     parallel_op_names(bad)
