@@ -12,8 +12,9 @@ module maps those names onto implementations for the axes that are > 1:
 * ``tensor > 1``: Megatron ``self_attention`` and ``dense_mlp``
   (:mod:`omni_jax.parallel.tensor_parallel`), which then run the sequence body themselves;
 * ``pipeline > 1``: GPipe or 1F1B ``layer_stack`` (:mod:`omni_jax.parallel.pipeline`, seam
-  ``pipeline``), with the plain ops inside the stages (pipeline composes with ``data`` and
-  ``fsdp``);
+  ``pipeline``): the stage body is manual over ``pipeline`` and the batch axes (parameters
+  gathered over ``fsdp`` once per step, gradients reduced once after the tick loop), with the
+  plain ops inside the stages (pipeline composes with ``data`` and ``fsdp``);
 * ``encoder_batch = all_devices``: the modality encoders' batch over every device
   (:mod:`omni_jax.parallel.encoder_placement`), whatever the backbone's layout.
 """
@@ -84,7 +85,7 @@ def ops(mesh, names: Mapping[str, str] | None = None,
       raise ValueError(f"mesh.pipeline > 1 composes with data and fsdp only, not {others}: "
                        "the explicit ops would nest shard_maps inside the stages, which the "
                        "XLA partitioner of jax 0.10 rejects")
-    # Inside the stages the plain ops run; the compiler splits them over data / fsdp.
+    # Inside the stages the plain ops run on each batch shard's own rows (pipeline.py).
     return {"layer_stack": pipeline_op(names.get("pipeline", "gpipe"), mesh,
                                        pipeline_microbatches), **enc}
   ep = mesh.shape["expert"] > 1
