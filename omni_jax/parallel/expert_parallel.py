@@ -51,12 +51,12 @@ from jax.sharding import PartitionSpec as P
 
 from omni_jax.models.moe import capacity_positions, moe_dispatch, swiglu_experts
 from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
+from omni_jax.parallel.moe_local import fsdp_axis, gather_experts
 from omni_jax.parallel.ragged_exchange import ragged_all_to_all, resolve_impl
 
 EXCHANGES = ("ragged", "padded")
 
 EXPERT = "expert"
-FSDP = "fsdp"
 
 
 def _slots(dest: jax.Array, num_dest: int) -> jax.Array:
@@ -128,7 +128,6 @@ def ep_moe_dispatch(mesh, *, exchange: str = "ragged", ragged_impl: str = "auto"
   tok_axes = (*BATCH_AXES, "sequence")
   n_shards = math.prod(mesh.shape[a] for a in tok_axes)
   tokens = P(BATCH_AXES, "sequence")
-  f = mesh.shape[FSDP]
 
   def dispatch(x, expert_ids, gates, wi_gate, wi_up, wo, *, impl, capacity):
     num_experts = wi_gate.shape[0]
@@ -138,13 +137,11 @@ def ep_moe_dispatch(mesh, *, exchange: str = "ragged", ragged_impl: str = "auto"
     e_loc = num_experts // ep
     # each expert's model dim split over fsdp (as the omni recipe places it), gathered inside
     # the shard_map: the backward then reduce-scatters the experts' gradients over fsdp
-    zero = FSDP if f > 1 and wi_gate.shape[1] % f == 0 else None
+    zero = fsdp_axis(mesh, wi_gate)
     col, row = P(EXPERT, zero, None), P(EXPERT, None, zero)
 
     def body(x, ids, g, wg, wu, wo_):
-      if zero:
-        wg, wu = (jax.lax.all_gather(w, FSDP, axis=1, tiled=True) for w in (wg, wu))
-        wo_ = jax.lax.all_gather(wo_, FSDP, axis=2, tiled=True)
+      wg, wu, wo_ = gather_experts(zero, wg, wu, wo_)
       lead, d, k = x.shape[:-1], x.shape[-1], ids.shape[-1]
       xf, idf, gf = x.reshape(-1, d), ids.reshape(-1), g.reshape(-1, k)
       n = xf.shape[0]

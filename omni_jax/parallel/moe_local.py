@@ -36,26 +36,41 @@ from omni_jax.parallel.tensor_parallel import TENSOR, enter
 FSDP = "fsdp"
 
 
+def fsdp_axis(mesh, wi_gate) -> str | None:
+  """``"fsdp"`` if the experts' model dimension (``wi_gate`` ``[E, D, F]``) is split over it
+  (as the omni recipe places it: fsdp > 1 dividing D), else None."""
+  f = mesh.shape[FSDP]
+  return FSDP if f > 1 and wi_gate.shape[1] % f == 0 else None
+
+
+def gather_experts(zero: str | None, wi_gate, wi_up, wo):
+  """Inside a ``shard_map``: the experts' model dimension all-gathered over ``zero``
+  (:func:`fsdp_axis`; None: already whole). Gathered here rather than at the boundary, the
+  backward reduce-scatters their gradients."""
+  if not zero:
+    return wi_gate, wi_up, wo
+  gather = lambda w, axis: jax.lax.all_gather(w, zero, axis=axis, tiled=True)
+  return gather(wi_gate, 1), gather(wi_up, 1), gather(wo, 2)
+
+
 def local_moe_dispatch(mesh) -> Callable:
   """``moe_dispatch`` on ``[B, T, ...]`` tokens, run shard-locally over batch and sequence."""
   axes = (*BATCH_AXES, "sequence")
   n = math.prod(mesh.shape[a] for a in axes)
   tokens = P(BATCH_AXES, "sequence")
-  t, f = mesh.shape[TENSOR], mesh.shape[FSDP]
+  t = mesh.shape[TENSOR]
 
   def dispatch(x, expert_ids, gates, wi_gate, wi_up, wo, *, impl, capacity):
     if x.ndim != 3:
       raise ValueError(f"shard-local MoE dispatch needs [B, T, D] tokens, got {x.shape}")
     local_cap = None if capacity is None else max(1, math.ceil(capacity / n))
     split = t > 1 and wi_gate.shape[-1] % t == 0   # else the width stays whole (replicated)
-    zero = FSDP if f > 1 and wi_gate.shape[1] % f == 0 else None   # the model dim's shards
+    zero = fsdp_axis(mesh, wi_gate)
     width = TENSOR if split else None
     col, row = P(None, zero, width), P(None, width, zero)
 
     def body(x, ids, g, wg, wu, wo_):
-      if zero:  # FSDP inside: gathered here, so the backward reduce-scatters their gradients
-        wg, wu = (jax.lax.all_gather(w, FSDP, axis=1, tiled=True) for w in (wg, wu))
-        wo_ = jax.lax.all_gather(wo_, FSDP, axis=2, tiled=True)
+      wg, wu, wo_ = gather_experts(zero, wg, wu, wo_)
       x = enter(x) if split else x
       y, dropped = moe_dispatch.default(x, ids, g, wg, wu, wo_, impl=impl, capacity=local_cap)
       return jax.lax.psum(y, TENSOR) if split else y, jax.lax.pmean(dropped, axes)

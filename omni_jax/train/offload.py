@@ -131,11 +131,10 @@ def bytes_by_kind(tree) -> dict[str, int]:
   return out
 
 
-def saved_residuals(loss_fn: Callable, params, batch) -> list[jax.Array]:
-  """The arrays the backward pass of ``loss_fn(params, batch)`` keeps, computed by a jitted
-  forward (``jax.vjp``): the VJP closure's leaves, each once, less the inputs themselves
-  (parameters and batch, which live in the state and the input anyway). Offloaded residuals
-  come back with ``pinned_host`` shardings."""
+def residuals_of(loss_fn: Callable) -> Callable:
+  """``(params, batch) -> [arrays]``: the forward of ``loss_fn`` (``jax.vjp``) returning the
+  VJP closure's leaves, each once, less the inputs themselves (parameters and batch, which
+  live in the state and the input anyway) — what the backward pass keeps."""
   def forward(p, b):
     _, vjp_fn = jax.vjp(lambda q: loss_fn(q, b)[0], p)
     seen = {id(x) for x in jax.tree.leaves((p, b))}
@@ -145,7 +144,14 @@ def saved_residuals(loss_fn: Callable, params, batch) -> list[jax.Array]:
         seen.add(id(r))
         out.append(r)
     return out
-  return jax.jit(forward)(params, batch)
+  return forward
+
+
+def saved_residuals(loss_fn: Callable, params, batch) -> list[jax.Array]:
+  """The arrays the backward pass of ``loss_fn(params, batch)`` keeps
+  (:func:`residuals_of`), computed by a jitted forward. Offloaded residuals come back with
+  ``pinned_host`` shardings."""
+  return jax.jit(residuals_of(loss_fn))(params, batch)
 
 
 def memory_report(state, residuals, compiled=None) -> dict[str, Any]:

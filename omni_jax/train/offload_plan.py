@@ -31,7 +31,6 @@ one :class:`ConfigError` naming the smallest.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -93,32 +92,22 @@ class Rates:
     return Hardware(n_gpus=1, swap_bw_host=bw, swap_bw_gpu=bw, shared_cores=self.shared_cores)
 
 
-def _best_seconds(fn, repeats: int) -> float:
-  jax.block_until_ready(fn())   # warm-up (compile)
-  best = float("inf")
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    best = min(best, time.perf_counter() - t0)
-  return best
-
-
 def measure_rates(peak_flops: float = 0.0, nbytes: int = 32 * 2**20, repeats: int = 3,
                   device: jax.Device | None = None) -> Rates:
   """This machine's rates, best of ``repeats``: host<->device copies of an ``nbytes`` float32
   array, the streaming rate of an elementwise update of it, and (unless ``peak_flops`` > 0,
   e.g. ``train.peak_flops``) the matmul FLOP/s (:func:`~omni_jax.train.perf.measure_matmul_flops`).
   """
-  from omni_jax.train.perf import measure_matmul_flops
+  from omni_jax.train.perf import best_seconds, measure_matmul_flops
   device = device or jax.devices()[0]
   dev = jax.sharding.SingleDeviceSharding(device)
   host = dev.with_memory_kind(offload.HOST)
   x = jax.device_put(np.ones(nbytes // 4, np.float32), dev)
   h = jax.device_put(x, host)
-  t_in = _best_seconds(lambda: jax.device_put(h, dev), repeats)
-  t_out = _best_seconds(lambda: jax.device_put(x, host), repeats)
+  t_in = best_seconds(lambda: jax.device_put(h, dev), repeats)
+  t_out = best_seconds(lambda: jax.device_put(x, host), repeats)
   axpy = jax.jit(lambda a: a * 0.5 + 1.0)
-  t_stream = _best_seconds(lambda: axpy(x), repeats)
+  t_stream = best_seconds(lambda: axpy(x), repeats)
   flops, src = (float(peak_flops), "typed: config.train.peak_flops") if peak_flops > 0 else (
       measure_matmul_flops(device=device), "measured: best 2048^3 float32 matmul")
   return Rates(flops, nbytes / t_in, nbytes / t_out, 2 * nbytes / t_stream,
@@ -156,16 +145,7 @@ def activation_cost(loss_fn: Callable, params, batch, fwd_flops: float | None = 
   ``params`` and ``batch`` may be abstract (``jax.ShapeDtypeStruct``): nothing is compiled.
   The residuals are those of :func:`offload.saved_residuals` (each once, less the inputs).
   ``fwd_flops``: the forward's FLOPs when already known (no checkpoint policy changes them)."""
-  def forward(p, b):
-    _, vjp_fn = jax.vjp(lambda q: loss_fn(q, b)[0], p)
-    seen = {id(x) for x in jax.tree.leaves((p, b))}
-    out = []
-    for r in jax.tree.leaves(vjp_fn):
-      if id(r) not in seen:
-        seen.add(id(r))
-        out.append(r)
-    return out
-  lowered = jax.jit(forward).lower(params, batch)
+  lowered = jax.jit(offload.residuals_of(loss_fn)).lower(params, batch)
   shapes = jax.tree.leaves(lowered.out_info)
   kinds = _result_kinds(lowered) or ["device"] * len(shapes)
   if len(kinds) != len(shapes):

@@ -16,13 +16,19 @@ def measure_matmul_flops(n: int = 2048, dtype=jnp.float32, repeats: int = 5,
   a = jax.device_put(jax.random.normal(key, (n, n), dtype), device)
   b = jax.device_put(jax.random.normal(jax.random.fold_in(key, 1), (n, n), dtype), device)
   f = jax.jit(lambda x, y: x @ y)
-  f(a, b).block_until_ready()
+  return 2.0 * n ** 3 / best_seconds(lambda: f(a, b), repeats)
+
+
+def best_seconds(fn, repeats: int) -> float:
+  """Fastest of ``repeats`` timed calls of ``fn()`` (its outputs waited for), after one
+  untimed warm-up call (the compile)."""
+  jax.block_until_ready(fn())
   best = float("inf")
   for _ in range(repeats):
     t0 = time.perf_counter()
-    f(a, b).block_until_ready()
+    jax.block_until_ready(fn())
     best = min(best, time.perf_counter() - t0)
-  return 2.0 * n ** 3 / best
+  return best
 
 
 class RateMeter:
