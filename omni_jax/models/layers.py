@@ -14,6 +14,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from omni_jax.models.blockwise import (  # noqa: F401  (re-exported kernel pieces)
   NEG_INF,
@@ -148,10 +149,38 @@ def self_attention(x, positions, wq, wk, wv, wo, *, rope_theta: float = 10_000.0
                             attend=attention, segment_ids=segment_ids)
 
 
+def _matmul(a: jax.Array, w: jax.Array) -> jax.Array:
+  return a @ w
+
+
+def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_out: jax.Array,
+           matmul=_matmul) -> jax.Array:
+  """SwiGLU ``matmul(silu(matmul(x, w_gate)) * matmul(x, w_up), w_out)`` that keeps only
+  its inputs and the two projections ``gate`` and ``up`` for the backward pass.
+
+  Differentiated as written, the SwiGLU tail keeps six hidden-sized arrays per MLP for the
+  backward (``gate``, ``up``, ``sigmoid(gate)``, its derivative, ``silu(gate)`` and the
+  product fed to the output projection): in the omni ``bench`` step they were half of all
+  saved residuals. Here the whole MLP runs under ``jax.checkpoint`` saving only ``gate`` and
+  ``up`` (named ``swiglu_gate`` / ``swiglu_up``); the backward recomputes the elementwise
+  product (a few elementwise passes; no matmul is recomputed). Anything the matmul does to
+  its weights (under a ``shard_map``, marking them device-varying: a copy per use) is
+  recomputed too instead of being kept. ``matmul(a, w)``: any map linear in ``a`` over its
+  last axis — ``a @ w`` (default), a batched expert einsum, ``ragged_dot`` with bound group
+  sizes. Same values and gradients as the plain expression.
+  """
+  def run(x, w_gate, w_up, w_out):
+    gate = checkpoint_name(matmul(x, w_gate), "swiglu_gate")
+    up = checkpoint_name(matmul(x, w_up), "swiglu_up")
+    return matmul(nn.silu(gate) * up, w_out)
+  policy = jax.checkpoint_policies.save_only_these_names("swiglu_gate", "swiglu_up")
+  return jax.checkpoint(run, policy=policy)(x, w_gate, w_up, w_out)
+
+
 @named_op("dense_mlp")
 def dense_mlp(x, w_gate, w_up, w_out) -> jax.Array:
   """SwiGLU: silu(x W_gate) * (x W_up) W_out (a named op so tensor parallelism can split it)."""
-  return (nn.silu(x @ w_gate) * (x @ w_up)) @ w_out
+  return swiglu(x, w_gate, w_up, w_out)
 
 
 class Kernel(nn.Module):

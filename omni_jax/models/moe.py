@@ -27,6 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from omni_jax.models.layers import swiglu
 from omni_jax.models.named_ops import named_op
 
 IMPLS = ("dropless", "capacity")
@@ -228,9 +229,12 @@ def swiglu_experts(buf: jax.Array, wi_gate: jax.Array, wi_up: jax.Array, wo: jax
                    ) -> jax.Array:
   """Every expert's SwiGLU on its own slots: ``buf`` [E, C, D] -> [E, C, D] (batched matmuls,
   exactly E*C rows of FLOPs; an all-zero slot gives zeros)."""
-  gate = jnp.einsum("ecd,edf->ecf", buf, wi_gate)
-  up = jnp.einsum("ecd,edf->ecf", buf, wi_up)
-  return jnp.einsum("ecf,efd->ecd", nn.silu(gate) * up, wo)
+  return swiglu(buf, wi_gate, wi_up, wo, matmul=_expert_matmul)
+
+
+def _expert_matmul(a: jax.Array, w: jax.Array) -> jax.Array:
+  """``[E, C, X] x [E, X, Y] -> [E, C, Y]``: each expert's rows times its own weight."""
+  return jnp.einsum("ecx,exy->ecy", a, w)
 
 
 def _dispatch_capacity(x, expert_ids, wi_gate, wi_up, wo, capacity: int
@@ -315,11 +319,6 @@ def _expert_init(in_axis: int, out_axis: int) -> nn.initializers.Initializer:
   """Fan-in scaled truncated normal for stacked ``[E, in, out]`` expert kernels."""
   return nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
                                           in_axis=in_axis, out_axis=out_axis, batch_axis=0)
-
-
-def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_out: jax.Array) -> jax.Array:
-  """Dense SwiGLU ``(silu(x @ w_gate) * (x @ w_up)) @ w_out``."""
-  return (nn.silu(x @ w_gate) * (x @ w_up)) @ w_out
 
 
 class MoE(nn.Module):

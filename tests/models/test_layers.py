@@ -76,3 +76,36 @@ def test_blockwise_attention_equals_dense_values_and_grads(causal):
     np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
   with pytest.raises(ValueError, match="not a multiple of block=5"):
     blockwise_attention(q, k, v, causal=causal, block=5)
+
+
+def test_swiglu_keeps_two_hidden_arrays_and_equals_plain():
+  """The lean SwiGLU (``gated_project``) gives the plain expression's values and gradients
+  and keeps only ``gate`` and ``up`` for the backward (plain autodiff keeps six
+  hidden-sized arrays: gate, up, sigmoid, its derivative, silu, the product)."""
+  from omni_jax.models.layers import swiglu
+  from omni_jax.train.offload import residuals_of
+
+  ks = jax.random.split(jax.random.PRNGKey(3), 4)
+  d, f, n = 8, 24, 5
+  p = (jax.random.normal(ks[0], (d, f)), jax.random.normal(ks[1], (d, f)),
+       jax.random.normal(ks[2], (f, d)))
+  x = jax.random.normal(ks[3], (n, d))
+  w = jnp.linspace(-1.0, 1.0, n * d).reshape(n, d)
+
+  def plain(p, x):
+    return jnp.sum(w * ((jax.nn.silu(x @ p[0]) * (x @ p[1])) @ p[2]))
+
+  def lean(p, x):
+    return jnp.sum(w * swiglu(x, *p))
+
+  np.testing.assert_allclose(lean(p, x), plain(p, x), rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(jax.grad(lean, argnums=(0, 1))(p, x)),
+                  jax.tree.leaves(jax.grad(plain, argnums=(0, 1))(p, x))):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+  def hidden(fn):
+    res = jax.eval_shape(residuals_of(lambda p, x: (fn(p, x), None)), p, x)
+    return sorted(r.shape for r in res if r.shape == (n, f))
+
+  assert hidden(plain) == [(n, f)] * 6
+  assert hidden(lean) == [(n, f)] * 2
