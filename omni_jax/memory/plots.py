@@ -167,14 +167,23 @@ def plot_validation(rows: list[dict], path: str, band: float = 0.15) -> None:
       ye = np.array([iqr(r["predicted_rounds_s"], y) for r, y in zip(sel, ys_p, strict=True)]).T
       ax.errorbar(xs_m, ys_p, xerr=xe, yerr=ye, fmt="none", lw=0.8, capsize=2,
                   color=pts.get_facecolor()[0], zorder=2)
-    for r in sel:
+    for i, r in enumerate(sel):     # labels alternate below / above: neighbours overlap less
       ax.annotate(r["name"].rsplit("-", 1)[0], (r["measured_iter_time_s"],
-                  r["predicted_iter_time_s"]), fontsize=6, xytext=(4, -8),
+                  r["predicted_iter_time_s"]), fontsize=6, xytext=(4, -8 if i % 2 else 3),
                   textcoords="offset points")
   ax.set_xscale("log")
   ax.set_yscale("log")
   ax.set_xlim(lo, hi)
   ax.set_ylim(lo, hi)
+  # plain labels at 1, 2, 3, 5 x 10^k only (the default labels every minor tick: they overlap)
+  from matplotlib.ticker import FuncFormatter
+
+  def label(v, _):
+    mant = v / 10 ** np.floor(np.log10(v))
+    return f"{v:g}" if any(abs(mant - k) < 1e-6 for k in (1, 2, 3, 5)) else ""
+  for axis in (ax.xaxis, ax.yaxis):
+    axis.set_major_formatter(FuncFormatter(label))
+    axis.set_minor_formatter(FuncFormatter(label))
   ax.set_xlabel("measured s / iteration")
   ax.set_ylabel("predicted s / iteration (cost model)")
   errs = [abs(r["predicted_iter_time_s"] - r["measured_iter_time_s"])
