@@ -233,3 +233,66 @@ class Calibrator:
     out["host_update_params_per_s"] = self.params / seconds["adam:host"]
     out["device_update_params_per_s"] = self.params / seconds["adam:device"]
     return out
+
+
+# ---------------------------------------------------------------- the on-demand executor's gaps
+class LmsGapProbe:
+  """The on-demand (``lms``) executor's own time between its calls, on a calibration model.
+
+  The on-demand executor waits for every swap and program before the next, so the Python
+  work it does between them (slicing trees, choosing programs, the ledger, counting bytes
+  before a copy is issued) is on the critical path; the :class:`Calibrator` points time the
+  ``Mover`` calls themselves, not that. A call of the probe runs one iteration of an ``lms``
+  plan on ``model`` (the calibration block's model: no reported configuration) and records
+  ``(wall - busy) / calls``: the iteration's wall time less the time its swaps and programs
+  were in flight (its timeline), per call. The first call compiles and is not recorded.
+  The schedule is the plain on-demand one (every residual and gradient accumulator
+  swapped), microbatch size ``u``. ``rounds`` holds one list of samples per closed round
+  (:meth:`close_round`)."""
+
+  def __init__(self, model, seed: int, batch: int, u: int):
+    from omni_jax.memory import executor as ex
+    from omni_jax.memory import executor_lms as exl
+    from omni_jax.memory import schedules as sch
+    if batch % u:
+      raise ValueError(f"LmsGapProbe: u = {u} must divide batch = {batch}")
+    # the plain on-demand schedule: every residual and accumulator swapped (nothing kept)
+    self.plan = sch.Plan("lms", u, batch // u)
+    self.mover = ex.Mover(2**62, blocking=True)
+    params = [jax.jit(layer.init)(k) for layer, k in zip(
+        model.layers, jax.random.split(jax.random.key(seed), model.num_layers), strict=True)]
+    self.state = ex.to_host_state([jax.device_get(p) for p in params], self.mover.host)
+    inputs, targets = model.example_batch(jax.random.key(seed + 1), batch)
+    self.xs = ex.split_microbatches(inputs, u, self.mover.host)
+    self.ys = ex.split_microbatches(targets, u, self.mover.host)
+    self.runner = exl.LmsExecutor(model, self.plan, batch)
+    self.rounds: list[list[float]] = []
+    self._current: list[float] = []
+    self._warm = False
+
+  def __call__(self) -> None:
+    calls0 = sum(self.mover.calls.values())
+    self.state, _, _ = self.runner.step(self.state, self.xs, self.ys, self.mover)
+    t0, t1 = self.mover.steps[-1]
+    busy = sum(e - s for _, _, s, e in self.mover.events if s >= t0)
+    calls = sum(self.mover.calls.values()) - calls0
+    if self._warm and calls:
+      self._current.append(max(t1 - t0 - busy, 0.0) / calls)
+    self._warm = True
+
+  def close_round(self) -> None:
+    """Ends a round: its samples become ``rounds[-1]``."""
+    self.rounds.append(self._current)
+    self._current = []
+
+  def reset(self) -> None:
+    """Forgets every round (a new configuration's rounds start)."""
+    self.rounds, self._current = [], []
+
+  def pooled(self, rounds: list[int] | None = None) -> float:
+    """Median seconds per call over the chosen rounds' samples (default all)."""
+    sel = self.rounds if rounds is None else [self.rounds[i] for i in rounds]
+    vals = [v for r in sel for v in r]
+    if not vals:
+      raise ValueError("LmsGapProbe.pooled: no samples in the chosen rounds")
+    return float(np.median(vals))

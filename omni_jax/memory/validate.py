@@ -165,11 +165,16 @@ def layer_times(seconds: dict[str, float], kinds, u: int
   return out
 
 
-def _price(cfg, plan, prof, calib, seconds: dict, u: int):
+def _price(cfg, plan, prof, calib, seconds: dict, u: int, gap: float = 0.0):
   """(predicted seconds, tasks, Hardware, fit) of ``plan`` from one set of sampled
-  seconds."""
+  seconds; an ``lms`` plan's every transfer and program call also costs ``gap`` seconds
+  (the on-demand executor's own time between calls, :class:`~omni_jax.memory.calibration.
+  LmsGapProbe`)."""
   fit = calib.fit(seconds)
   hw = hardware_from(cfg, fit)
+  if plan.kind == "lms" and gap:
+    hw = dataclasses.replace(hw, transfer_overhead_s=hw.transfer_overhead_s + gap,
+                             program_overhead_s=hw.program_overhead_s + gap)
   p = pf.retimed(prof, layer_times(seconds, {lp.kind for lp in prof.layers}, u))
   tasks = simulate(sch.build_graph(plan, p, hw), hw)
   return makespan(tasks), tasks, hw, fit
@@ -186,7 +191,8 @@ def _busy(tasks_or_events) -> dict[str, float]:
 
 
 def run_configuration(cfg, c: Configuration, model, prof, calib: cal.Calibrator,
-                      layer_calls: dict, inputs, targets, workdir: str) -> dict:
+                      layer_calls: dict, inputs, targets, workdir: str,
+                      probe: cal.LmsGapProbe | None = None) -> dict:
   """Plans, executes and prices one configuration, its calibration sampled in rounds
   interleaved with its measured iterations.
 
@@ -196,13 +202,23 @@ def run_configuration(cfg, c: Configuration, model, prof, calib: cal.Calibrator,
   round samples every point again (``cfg.profile_repeats`` timed calls each). The
   prediction prices the plan with the ``cfg.timing`` statistic of all those rounds' samples
   together (the planning round left out); each round priced alone, against the iterations
-  that follow it, gives the spread."""
+  that follow it, gives the spread. An ``lms`` configuration's rounds also run ``probe``
+  (the on-demand executor's time between calls, on the calibration model)."""
   from omni_jax.memory import study
   budget = int(prof.model_bytes / c.model_to_budget)
   calls = dict(calib.calls)
   for kind, (fwd, fwd_bwd) in layer_calls.items():
     calls[f"layer:{kind}:fwd"], calls[f"layer:{kind}:fwd_bwd"] = fwd, fwd_bwd
-  sampler = cal.Sampler(calls, after=calib.release)
+  use_probe = probe is not None and c.mode == "lms"
+  if use_probe:
+    calls["lms_gap"] = probe
+    probe.reset()
+
+  def after_round() -> None:
+    calib.release()
+    if use_probe:
+      probe.close_round()
+  sampler = cal.Sampler(calls, after=after_round)
   sampler.sample(cfg.profile_repeats)            # warms every call; plans the schedule
   plan_secs = sampler.pooled(cfg.timing)
   hw0 = hardware_from(cfg, calib.fit(plan_secs))
@@ -213,6 +229,8 @@ def run_configuration(cfg, c: Configuration, model, prof, calib: cal.Calibrator,
     r = pl.plan_baseline("lms", prof0, hw0, budget, cfg.batch, (c.u,))
   sampler.rounds.clear()
   sampler.round_times.clear()
+  if use_probe:
+    probe.reset()
   run_cfg = ml_collections.ConfigDict(dict(
       device_budget_bytes=budget, seed=cfg.seed, lr=cfg.lr, steps=cfg.steps, trace=False,
       verify=False, batch=cfg.batch))
@@ -228,13 +246,16 @@ def run_configuration(cfg, c: Configuration, model, prof, calib: cal.Calibrator,
   t0 = time.time()
   real = study.execute(run_cfg, c.mode, r.plan, model, inputs, targets, sub, between=between)
   seconds = sampler.pooled(cfg.timing)
-  predicted, tasks, hw, fit = _price(cfg, r.plan, prof, calib, seconds, c.u)
+  gap = probe.pooled() if use_probe else 0.0
+  predicted, tasks, hw, fit = _price(cfg, r.plan, prof, calib, seconds, c.u, gap)
+  t_no_gap = _price(cfg, r.plan, prof, calib, seconds, c.u)[0]
   steady = real["iter_times_s"][1:]
   measured = STATS[cfg.timing](steady)
   # each round priced alone, against the iterations right after it
   pred_rounds, meas_rounds, fits = [], [], []
   for i, step in enumerate(round_after):
-    p_i, _, _, f_i = _price(cfg, r.plan, prof, calib, sampler.pooled(cfg.timing, [i]), c.u)
+    p_i, _, _, f_i = _price(cfg, r.plan, prof, calib, sampler.pooled(cfg.timing, [i]), c.u,
+                            probe.pooled([i]) if use_probe else 0.0)
     fits.append(f_i)
     pred_rounds.append(p_i)
     block = real["iter_times_s"][step + 1:step + 1 + cfg.sample_every]
@@ -250,6 +271,9 @@ def run_configuration(cfg, c: Configuration, model, prof, calib: cal.Calibrator,
   spread = cal.spread_of_fits(fits)
   return {"name": c.name, **dataclasses.asdict(c), "budget_bytes": budget,
           "predicted_separate_streams_s": t_sep, "predicted_no_overheads_s": t_no_oh,
+          "predicted_no_lms_gap_s": t_no_gap,
+          "lms_gap_per_call_s": gap if use_probe else None,
+          "lms_gap_rounds_s": probe.rounds if use_probe else None,
           "model_bytes": prof.model_bytes, "microbatches": r.plan.m,
           "keep_resid": list(r.plan.keep_resid), "keep_grads": r.plan.keep_grads,
           "fwd_packs": [list(p) for p in r.plan.fwd_packs],
@@ -316,6 +340,8 @@ def run(cfg, workdir: str) -> dict:
   d_cal, mc = cfg.hardware.calibration_d_model, cfg.model
   cal_model = sm.gpt_stack(mc.vocab, mc.seq_len, d_cal, mc.num_heads, 1)
   calib = cal.Calibrator(jax.jit(cal_model.layers[1].init)(jax.random.key(cfg.seed)))
+  probe = (cal.LmsGapProbe(cal_model, cfg.seed, cfg.batch, 2 if cfg.batch % 2 == 0 else 1)
+           if any(c.mode == "lms" for c in confs) else None)
   rows, profiles = [], {}
   by_model: dict[tuple[int, int], list[Configuration]] = {}
   for c in confs:
@@ -335,7 +361,7 @@ def run(cfg, workdir: str) -> dict:
       prof = pf.profile_model(model, (c.u,), params=params,
                               timings={(k, c.u): (0.0, 0.0) for k in kinds})
       row = run_configuration(cfg, c, model, prof, calib, calls_by_u[c.u], inputs, targets,
-                              workdir)
+                              workdir, probe)
       logging.info("%s: predicted %.4f s (rounds %.4f-%.4f), measured %.4f s", c.name,
                    row["predicted_iter_time_s"], min(row["predicted_rounds_s"]),
                    max(row["predicted_rounds_s"]), row["measured_iter_time_s"])
@@ -363,6 +389,10 @@ def run(cfg, workdir: str) -> dict:
              "model_error_median_no_overheads": float(np.median(relative_errors(
                  [r["predicted_no_overheads_s"] for r in rows],
                  [r["measured_iter_time_s"] for r in rows]))),
+             "model_error_median_no_lms_gap": float(np.median(relative_errors(
+                 [r["predicted_no_lms_gap_s"] for r in rows],
+                 [r["measured_iter_time_s"] for r in rows]))),
+             "lms_gap_per_call_s": _median_or_none([r["lms_gap_per_call_s"] for r in rows]),
              # the spread: how much one round's calibration moves (relative interquartile
              # range over rounds, median over configurations), what pricing with one round
              # alone would have scored, and how much the prediction and the iterations move

@@ -135,6 +135,34 @@ def test_two_configuration_sweep_writes_the_summary(tmp_path):
     assert set(summary["calibration_rel_iqr_median"]) >= {"transfer_leaf_s", "out_bw_ratio"}
   assert summary["calibration_rounds"] == 3          # after steps 0, 1 and 2
   assert len(summary["model_error_median_per_round"]) == 2   # rounds with iterations after
+  assert summary["lms_gap_per_call_s"] >= 0                  # the lms row ran the probe
   errs = [r["model_error"] for r in rows]
   assert summary["model_error_max"] == pytest.approx(max(errs))
   assert (tmp_path / "validate.png").stat().st_size > 0
+
+
+def test_lms_gap_adds_its_cost_per_call_on_one_core():
+  # On one shared core the makespan is the sum of every task; the on-demand executor's gap
+  # g per call adds g x (transfer and program calls) to an lms plan and nothing to harmony.
+  from omni_jax.memory import schedules as sch
+  from omni_jax.memory.profiler import LayerProfile, ModelProfile
+  cfg = harmony_config.get_config("validate")
+  lps = tuple(LayerProfile(f"l{i}", "k", 25, 100, 200, 4, 4, 10, {2: 1e-3}, {2: 2e-3},
+                           param_leaves=3, act_leaves=2) for i in range(2))
+  prof = ModelProfile(lps, 4, (2,), "given")
+  fit = {"transfer_overhead_s": 1e-4, "transfer_leaf_s": 1e-5, "swap_bw_in": 1e9,
+         "swap_bw_out": 1e9, "program_overhead_s": 2e-5, "program_leaf_s": 1e-6,
+         "host_update_params_per_s": 1e8, "device_update_params_per_s": 1e9}
+
+  class Fixed:
+    def fit(self, seconds):
+      return dict(fit)
+  secs = {"layer:k:fwd": 1e-3, "layer:k:fwd_bwd": 3e-3}
+  plan = sch.Plan("lms", 2, 2)
+  t0, tasks, _, _ = va._price(cfg, plan, prof, Fixed(), secs, 2)
+  t1, _, _, _ = va._price(cfg, plan, prof, Fixed(), secs, 2, gap=5e-4)
+  calls = sum(t.calls for t in tasks if t.stream in ("in", "out", "compute"))
+  assert calls > 0 and t1 - t0 == pytest.approx(5e-4 * calls, rel=1e-9)
+  hplan = sch.Plan("harmony", 2, 2, ((0, 1),), ((0, 1), (1, 2)))
+  assert va._price(cfg, hplan, prof, Fixed(), secs, 2, gap=5e-4)[0] == pytest.approx(
+      va._price(cfg, hplan, prof, Fixed(), secs, 2)[0])
