@@ -117,17 +117,23 @@ def validate_config() -> ml_collections.ConfigDict:
   c.seed = 0
   c.model = dict(vocab=64, seq_len=32, num_heads=4)
   c.batch = 8
-  c.steps = 8
+  c.steps = 13                          # the first compiles; 12 measured iterations
   c.lr = 1e-3
-  c.profile_repeats = 20                # timed runs per layer kind and size, and per rate
+  # The layer times, copy / Adam rates and fixed costs are sampled in rounds interleaved with
+  # each configuration's measured iterations (after the compiling one and after every
+  # `sample_every` more: 7 rounds), `profile_repeats` timed calls per point per round, so a
+  # change of the machine's load hits both (validate.run_configuration).
+  c.profile_repeats = 3
+  c.sample_every = 2
   # Layer times, rates and the measured iterations all take the same statistic of their
-  # timed repeats: "median" (typical; robust to other jobs' bursts, and, unlike "min", not
+  # timed samples: "median" (typical; robust to other jobs' bursts, and, unlike "min", not
   # falling as repeats are added), "min" (best: capacity, as the study's profile) or "mean".
   c.timing = "median"
   # Host / device Adam rates are calibrated on one GPT block of width calibration_d_model, a
   # width no configuration below uses; copy rates and the executors' fixed costs per call
-  # and per array by micro-benchmarks (tiny arrays, that block's parameter pytree) through
-  # the executors' Mover (validate.measure_overheads). shared_cores: on XLA:CPU the "device"
+  # and per array by micro-benchmarks (1-32 tiny arrays, 1-4 copies of that block's
+  # parameter pytree) through the executors' Mover, fitted by least squares
+  # (omni_jax/memory/calibration.py). shared_cores: on XLA:CPU the "device"
   # is host RAM and a swap a memcpy on the same cores as the programs and host updates, so
   # the cost model runs at most `cores` of them at a time (1: one at a time).
   c.hardware = dict(calibration_d_model=160, shared_cores=True, cores=1)

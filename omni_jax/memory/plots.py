@@ -137,7 +137,10 @@ def plot_settings_sweep(cells: list[dict], path: str, goal_swap: float, goal_spe
 
 def plot_validation(rows: list[dict], path: str, band: float = 0.15) -> None:
   """Predicted vs measured iteration time per configuration (log-log), the y = x line and
-  a +-``band`` relative band; harmony and lms configurations marked apart."""
+  a +-``band`` relative band; harmony and lms configurations marked apart. Where a row has
+  them, bars span the interquartile range of its steady iterations (``iter_times_s[1:]``,
+  horizontal) and of its predictions priced with one calibration round at a time
+  (``predicted_rounds_s``, vertical)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -153,19 +156,40 @@ def plot_validation(rows: list[dict], path: str, band: float = 0.15) -> None:
     sel = [r for r in rows if r["mode"] == mode]
     if not sel:
       continue
-    ax.scatter([r["measured_iter_time_s"] for r in sel], [r["predicted_iter_time_s"] for r in sel],
-               marker=marker, s=36, zorder=3, label=mode)
-    for r in sel:
+    xs_m = [r["measured_iter_time_s"] for r in sel]
+    ys_p = [r["predicted_iter_time_s"] for r in sel]
+    pts = ax.scatter(xs_m, ys_p, marker=marker, s=36, zorder=3, label=mode)
+    if all("predicted_rounds_s" in r for r in sel):
+      def iqr(vals, centre):
+        q1, q3 = np.percentile(vals, [25, 75])
+        return [max(centre - q1, 0.0), max(q3 - centre, 0.0)]
+      xe = np.array([iqr(r["iter_times_s"][1:], x) for r, x in zip(sel, xs_m, strict=True)]).T
+      ye = np.array([iqr(r["predicted_rounds_s"], y) for r, y in zip(sel, ys_p, strict=True)]).T
+      ax.errorbar(xs_m, ys_p, xerr=xe, yerr=ye, fmt="none", lw=0.8, capsize=2,
+                  color=pts.get_facecolor()[0], zorder=2)
+    for i, r in enumerate(sel):     # labels alternate below / above: neighbours overlap less
       ax.annotate(r["name"].rsplit("-", 1)[0], (r["measured_iter_time_s"],
-                  r["predicted_iter_time_s"]), fontsize=6, xytext=(4, -8),
+                  r["predicted_iter_time_s"]), fontsize=6, xytext=(4, -8 if i % 2 else 3),
                   textcoords="offset points")
   ax.set_xscale("log")
   ax.set_yscale("log")
   ax.set_xlim(lo, hi)
   ax.set_ylim(lo, hi)
+  # plain labels at 1, 2, 3, 5 x 10^k only (the default labels every minor tick: they overlap)
+  from matplotlib.ticker import FuncFormatter
+
+  def label(v, _):
+    mant = v / 10 ** np.floor(np.log10(v))
+    return f"{v:g}" if any(abs(mant - k) < 1e-6 for k in (1, 2, 3, 5)) else ""
+  for axis in (ax.xaxis, ax.yaxis):
+    axis.set_major_formatter(FuncFormatter(label))
+    axis.set_minor_formatter(FuncFormatter(label))
   ax.set_xlabel("measured s / iteration")
   ax.set_ylabel("predicted s / iteration (cost model)")
-  ax.set_title("Harmony cost model vs real executor")
+  errs = [abs(r["predicted_iter_time_s"] - r["measured_iter_time_s"])
+          / r["measured_iter_time_s"] for r in rows]
+  ax.set_title(f"Harmony cost model vs real executor\n(error median {np.median(errs):.3f}, "
+               f"max {max(errs):.3f}; bars: interquartile range)", fontsize=10)
   ax.legend(loc="upper left", fontsize=8)
   fig.tight_layout()
   fig.savefig(path)

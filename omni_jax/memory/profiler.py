@@ -120,12 +120,10 @@ STATS = {"min": min, "median": lambda ts: float(np.median(ts)),
          "mean": lambda ts: float(np.mean(ts))}
 
 
-def _measure(apply, params, x_spec, u: int, repeats: int, stat: str = "min"
-             ) -> tuple[float, float]:
-  """(forward s, backward-only s) of one microbatch of size u, jitted; ``stat`` of repeats
-  (``min``: best, the machine's capacity; ``median``: typical, robust to outliers and, unlike
-  the best, not falling with the number of repeats; ``mean``: the expected time under the
-  machine's current load). Compare with a measured run under the same statistic."""
+def layer_calls(apply, params, x_spec, u: int):
+  """(forward, forward + backward) of one microbatch of size u as zero-argument calls, each
+  jitted, compiled here and waiting for its result: what :func:`_measure` times, and what a
+  caller samples in rounds of its own (``validate``: interleaved with a measured run)."""
   x = jax.tree.map(lambda s: jnp.zeros((u, *s.shape), s.dtype), x_spec)
   fwd = jax.jit(apply)
   y = fwd(params, x)
@@ -134,13 +132,48 @@ def _measure(apply, params, x_spec, u: int, repeats: int, stat: str = "min"
   def fwd_bwd(p, x, dy):
     out, vjp_fn = jax.vjp(apply, p, x)
     return out, vjp_fn(dy)
+  fb = jax.jit(fwd_bwd)
+  return (lambda: jax.block_until_ready(fwd(params, x)),
+          lambda: jax.block_until_ready(fb(params, x, dy)))
 
-  # best of ``repeats`` after a warm-up: the machine's capacity, robust to other processes
-  # sharing the cores (a median would price their interference into the plan)
-  # (``stat="min"``); ``median`` / ``mean`` price typical interference, as a run has
-  t_f = STATS[stat](time_calls(fwd, params, x, repeats=repeats))
-  t_fb = STATS[stat](time_calls(jax.jit(fwd_bwd), params, x, dy, repeats=repeats))
+
+def kind_calls(model: SeqModel, params: list[Any], u: int) -> dict[str, tuple[Any, Any]]:
+  """Per layer kind, :func:`layer_calls` of its first layer at microbatch size ``u`` (the
+  layer :func:`profile_model` times for that kind)."""
+  out, x_spec = {}, model.input_spec
+  for i, layer in enumerate(model.layers):
+    y1 = jax.eval_shape(layer.apply, params[i], _batched(x_spec, 1))
+    if layer.kind not in out:
+      out[layer.kind] = layer_calls(layer_fn(model, i), params[i],
+                                    layer_input_spec(model, i, x_spec), u)
+    x_spec = jax.ShapeDtypeStruct(y1.shape[1:], y1.dtype)
+  return out
+
+
+def _measure(apply, params, x_spec, u: int, repeats: int, stat: str = "min"
+             ) -> tuple[float, float]:
+  """(forward s, backward-only s) of one microbatch of size u, jitted; ``stat`` of repeats
+  (``min``: best, the machine's capacity; ``median``: typical, robust to outliers and, unlike
+  the best, not falling with the number of repeats; ``mean``: the expected time under the
+  machine's current load). Compare with a measured run under the same statistic."""
+  fwd, fwd_bwd = layer_calls(apply, params, x_spec, u)
+  t_f = STATS[stat](time_calls(fwd, repeats=repeats))
+  t_fb = STATS[stat](time_calls(fwd_bwd, repeats=repeats))
   return t_f, max(t_fb - t_f, 0.0)
+
+
+def retimed(prof: ModelProfile, times: dict[tuple[str, int], tuple[float, float]]
+            ) -> ModelProfile:
+  """``prof`` with every layer's (forward, backward-only) seconds per microbatch size taken
+  from ``times[(kind, u)]`` (bytes and array counts unchanged)."""
+  missing = sorted({(lp.kind, u) for lp in prof.layers for u in prof.microbatch_sizes}
+                   - set(times))
+  if missing:
+    raise ValueError(f"retimed: no times for (layer kind, microbatch size) {missing}")
+  return dataclasses.replace(prof, layers=tuple(dataclasses.replace(
+      lp, fwd_s={u: float(times[(lp.kind, u)][0]) for u in prof.microbatch_sizes},
+      bwd_s={u: float(times[(lp.kind, u)][1]) for u in prof.microbatch_sizes})
+      for lp in prof.layers))
 
 
 def _flops(apply, p_shapes, x_shapes) -> tuple[float, float]:
@@ -156,17 +189,27 @@ def _flops(apply, p_shapes, x_shapes) -> tuple[float, float]:
 
 def profile_model(model: SeqModel, microbatch_sizes, params: list[Any] | None = None,
                   measure: bool = True, flops_per_s: float = 0.0,
-                  repeats: int = 5, stat: str = "min") -> ModelProfile:
+                  repeats: int = 5, stat: str = "min",
+                  timings: dict[tuple[str, int], tuple[float, float]] | None = None
+                  ) -> ModelProfile:
   """Profiles every layer; timing is measured once per layer kind and microbatch size.
 
   ``measure=True`` needs real ``params`` and times jitted forward / forward+backward here;
   ``measure=False`` needs ``flops_per_s > 0`` and uses shapes only (no memory is allocated).
+  ``timings`` ((kind, u) -> (forward s, backward-only s)), when given, are the times, taken
+  elsewhere (``measure`` and ``flops_per_s`` are then not used): the bytes and array counts
+  of a profile whose times a caller samples itself (see :func:`retimed`).
   """
   sizes = tuple(sorted({int(u) for u in microbatch_sizes}))
   if not sizes or sizes[0] < 1:
     raise ValueError(f"microbatch_sizes = {list(microbatch_sizes)} must be positive integers")
   if stat not in STATS:
     raise ValueError(f"stat = {stat!r} must be one of {list(STATS)}")
+  if timings is not None:
+    missing = sorted({(layer.kind, u) for layer in model.layers for u in sizes} - set(timings))
+    if missing:
+      raise ValueError(f"profile_model: timings lack (layer kind, microbatch size) {missing}")
+    measure, flops_per_s = False, 1.0
   if measure and params is None:
     raise ValueError("profile_model(measure=True) needs the model's params to time layers")
   if not measure and flops_per_s <= 0:
@@ -186,7 +229,9 @@ def profile_model(model: SeqModel, microbatch_sizes, params: list[Any] | None = 
     for u in sizes:
       key = (layer.kind, u)
       if key not in timed:
-        if measure:
+        if timings is not None:
+          timed[key] = tuple(timings[key])
+        elif measure:
           timed[key] = _measure(fn, params[i], fn_spec, u, repeats, stat)
         else:
           f, b = _flops(fn, p_shapes[i], _batched_tree(fn_spec, u))
@@ -202,5 +247,6 @@ def profile_model(model: SeqModel, microbatch_sizes, params: list[Any] | None = 
         act_leaves=batch_residual_leaves(fn, p_shapes[i], _batched_tree(fn_spec, 1),
                                          _batched_tree(fn_spec, 2))))
     x_spec = y_spec
-  source = "measured" if measure else f"flops@{flops_per_s:.3g}"
+  source = ("given" if timings is not None else "measured" if measure
+            else f"flops@{flops_per_s:.3g}")
   return ModelProfile(tuple(out), tree_bytes(model.target_spec), sizes, source)

@@ -434,8 +434,11 @@ def _global_rel(a, b) -> float:
   return float(np.sqrt(num / max(den, 1e-300)))
 
 
-def execute(cfg, kind: str, plan: sch.Plan, model, inputs, targets, workdir: str) -> dict:
-  """Trains ``cfg.steps`` real iterations of a plan; bytes, times, device peak, losses."""
+def execute(cfg, kind: str, plan: sch.Plan, model, inputs, targets, workdir: str,
+            between=None) -> dict:
+  """Trains ``cfg.steps`` real iterations of a plan; bytes, times, device peak, losses.
+  ``between(step)``, when given, runs after each iteration (untimed; ``validate`` samples its
+  calibration there, interleaved with the measured iterations)."""
   adam = sm.AdamConfig(lr=cfg.lr)
   # Harmony overlaps its transfers, programs and host updates; the lms baseline runs on
   # demand (each transfer and program waits for the one before), as it is defined.
@@ -471,6 +474,8 @@ def execute(cfg, kind: str, plan: sch.Plan, model, inputs, targets, workdir: str
       logging.info("harmony vs plain training after step 1: %s", out["verify"])
     prog.update(step + 1, f"step {times[-1]:.2f} s, loss {loss:.4f}, "
                 f"{sum(bytes_per_iter.values())} bytes moved", force=True)
+    if between is not None:
+      between(step)
   mover.close()                      # the transfer threads
   t_begin, t_end = mover.steps[-1]   # the last (compiled, steady) iteration
   last = [e for e in mover.events if e[2] >= t_begin]

@@ -2,18 +2,23 @@
 run by the real executors (issue 22, ``configs/harmony.py:validate``).
 
 Each configuration is (model width, blocks, microbatch size, model-to-budget ratio, mode):
-a GPT stack is profiled on this machine (per-layer forward / backward seconds,
-:func:`~omni_jax.memory.profiler.profile_model`); this machine's Adam rates
-(:func:`~omni_jax.memory.study.measure_hardware`, on one block of a width no configuration
-uses) and the executors' copy rates and fixed costs per call and per array
-(:func:`measure_overheads`) are measured once, apart from the configurations; the schedule
-of ``mode`` (``harmony`` or ``lms``) is planned at that microbatch size under the budget
-and its iteration time predicted by :func:`~omni_jax.memory.costmodel.simulate`; then the
-same plan trains for real
-(:func:`~omni_jax.memory.study.execute`) and its steady iterations are the measurement. All
-timings, both sides, take the same statistic of their repeats (``cfg.timing``). Per
-configuration the predicted and measured busy seconds of each stream (compute, swap in,
-swap out, host update) say which term of the model is off.
+a GPT stack's per-layer bytes and array counts come from shapes
+(:func:`~omni_jax.memory.profiler.profile_model`); its layer times (forward, forward +
+backward of each layer kind at the configuration's microbatch size) and this machine's copy
+rates, Adam rates and the executors' fixed costs per call and per array
+(:class:`~omni_jax.memory.calibration.Calibrator`, on one block of a width no configuration
+uses) are sampled in rounds *interleaved with the configuration's own measured iterations*
+(a round after the compiling iteration and after every ``sample_every`` more), so that the
+machine's load, which moves from minute to minute on a shared host, hits the calibration
+and the measurement alike. The schedule of ``mode`` (``harmony`` or ``lms``) is planned at
+that microbatch size under the budget (from a first round), trained for real
+(:func:`~omni_jax.memory.study.execute`), and priced by
+:func:`~omni_jax.memory.costmodel.simulate` with the statistic (``cfg.timing``) of all
+rounds' samples together; its steady iterations, under the same statistic, are the
+measurement. Nothing is fitted to the configurations' measured times. Each round priced on
+its own against the iterations after it, and the per-round calibrations' interquartile
+range, report the spread. Per configuration the predicted and measured busy seconds of each
+stream (compute, swap in, swap out, host update) say which term of the model is off.
 ``model_error`` = |predicted - measured| / measured.
 """
 
@@ -29,6 +34,7 @@ import numpy as np
 from absl import logging
 
 from omni_jax.config import check_keys, positive_int, require
+from omni_jax.memory import calibration as cal
 from omni_jax.memory import planner as pl
 from omni_jax.memory import profiler as pf
 from omni_jax.memory import schedules as sch
@@ -39,8 +45,8 @@ from omni_jax.train.metrics import write_json_atomic
 
 MODES = ("harmony", "lms")
 FIELDS = ("d_model", "num_layers", "u", "model_to_budget", "mode")
-TOP_KEYS = ("variant", "seed", "model", "batch", "steps", "lr", "profile_repeats", "timing",
-            "hardware", "configurations")
+TOP_KEYS = ("variant", "seed", "model", "batch", "steps", "lr", "profile_repeats",
+            "sample_every", "timing", "hardware", "configurations")
 MODEL_KEYS = ("vocab", "seq_len", "num_heads")
 HW_KEYS = ("calibration_d_model", "shared_cores", "cores")
 TIMINGS = tuple(STATS)
@@ -112,7 +118,7 @@ def validate_config(cfg) -> list[Configuration]:
   check_keys(cfg, TOP_KEYS)
   check_keys(cfg.model, MODEL_KEYS, "model.", required=MODEL_KEYS)
   check_keys(cfg.hardware, HW_KEYS, "hardware.", required=HW_KEYS)
-  for k in ("batch", "steps", "profile_repeats", "seed"):
+  for k in ("batch", "steps", "profile_repeats", "sample_every", "seed"):
     require(isinstance(cfg[k], int) and cfg[k] >= (0 if k == "seed" else 1), k, cfg[k],
             "must be a positive integer" if k != "seed" else "must be an integer >= 0")
   require(cfg.timing in TIMINGS, "timing", cfg.timing, f"must be one of {TIMINGS}")
@@ -120,6 +126,9 @@ def validate_config(cfg) -> list[Configuration]:
   require(isinstance(cores, int) and not isinstance(cores, bool) and cores >= 1,
           "hardware.cores", cores, "must be a positive integer")
   require(cfg.steps >= 2, "steps", cfg.steps, "must be >= 2 (the first one compiles)")
+  require(cfg.sample_every <= cfg.steps - 1, "sample_every", cfg.sample_every,
+          f"must be <= steps - 1 = {cfg.steps - 1} (a calibration round after the compiling "
+          "iteration and after every sample_every measured ones)")
   for k in MODEL_KEYS:
     positive_int(cfg.model, k, "model.")
   confs = configurations(cfg)
@@ -129,6 +138,46 @@ def validate_config(cfg) -> list[Configuration]:
           "must be a positive multiple of model.num_heads that no configuration uses (the "
           "rates are calibrated apart from the reported configurations)")
   return confs
+
+
+# ---------------------------------------------------------------- pricing
+def hardware_from(cfg, fit: dict) -> Hardware:
+  """The cost model's machine from calibrated rates and fixed costs
+  (:meth:`~omni_jax.memory.calibration.Calibrator.fit`)."""
+  return Hardware(1, fit["swap_bw_in"], fit["swap_bw_in"], True,
+                  fit["host_update_params_per_s"], fit["device_update_params_per_s"],
+                  shared_cores=cfg.hardware.shared_cores, cores=cfg.hardware.cores,
+                  transfer_overhead_s=fit["transfer_overhead_s"],
+                  transfer_leaf_s=fit["transfer_leaf_s"],
+                  program_overhead_s=fit["program_overhead_s"],
+                  program_leaf_s=fit["program_leaf_s"],
+                  out_bw_ratio=fit["swap_bw_out"] / fit["swap_bw_in"])
+
+
+def layer_times(seconds: dict[str, float], kinds, u: int
+                ) -> dict[tuple[str, int], tuple[float, float]]:
+  """(kind, u) -> (forward s, backward-only s) from sampled ``layer:<kind>:fwd`` and
+  ``layer:<kind>:fwd_bwd`` seconds (backward = their difference, at least 0)."""
+  out = {}
+  for k in kinds:
+    f, fb = seconds[f"layer:{k}:fwd"], seconds[f"layer:{k}:fwd_bwd"]
+    out[(k, u)] = (f, max(fb - f, 0.0))
+  return out
+
+
+def _price(cfg, plan, prof, calib, seconds: dict, u: int, gap: float = 0.0):
+  """(predicted seconds, tasks, Hardware, fit) of ``plan`` from one set of sampled
+  seconds; an ``lms`` plan's every transfer and program call also costs ``gap`` seconds
+  (the on-demand executor's own time between calls, :class:`~omni_jax.memory.calibration.
+  LmsGapProbe`)."""
+  fit = calib.fit(seconds)
+  hw = hardware_from(cfg, fit)
+  if plan.kind == "lms" and gap:
+    hw = dataclasses.replace(hw, transfer_overhead_s=hw.transfer_overhead_s + gap,
+                             program_overhead_s=hw.program_overhead_s + gap)
+  p = pf.retimed(prof, layer_times(seconds, {lp.kind for lp in prof.layers}, u))
+  tasks = simulate(sch.build_graph(plan, p, hw), hw)
+  return makespan(tasks), tasks, hw, fit
 
 
 # ---------------------------------------------------------------- one configuration
@@ -141,43 +190,114 @@ def _busy(tasks_or_events) -> dict[str, float]:
   return out
 
 
-def run_configuration(cfg, c: Configuration, model, prof, hw: Hardware, inputs, targets,
-                      workdir: str) -> dict:
-  """Plans, predicts and executes one configuration."""
+def run_configuration(cfg, c: Configuration, model, prof, calib: cal.Calibrator,
+                      layer_calls: dict, inputs, targets, workdir: str,
+                      probe: cal.LmsGapProbe | None = None) -> dict:
+  """Plans, executes and prices one configuration, its calibration sampled in rounds
+  interleaved with its measured iterations.
+
+  A first round of every calibration point and layer time (``prof``: the model's bytes,
+  its times replaced) plans the schedule; then the plan trains ``cfg.steps`` iterations,
+  and right after the first (compiling) one and after every ``cfg.sample_every`` more a
+  round samples every point again (``cfg.profile_repeats`` timed calls each). The
+  prediction prices the plan with the ``cfg.timing`` statistic of all those rounds' samples
+  together (the planning round left out); each round priced alone, against the iterations
+  that follow it, gives the spread. An ``lms`` configuration's rounds also run ``probe``
+  (the on-demand executor's time between calls, on the calibration model)."""
   from omni_jax.memory import study
   budget = int(prof.model_bytes / c.model_to_budget)
+  calls = dict(calib.calls)
+  for kind, (fwd, fwd_bwd) in layer_calls.items():
+    calls[f"layer:{kind}:fwd"], calls[f"layer:{kind}:fwd_bwd"] = fwd, fwd_bwd
+  use_probe = probe is not None and c.mode == "lms"
+  if use_probe:
+    calls["lms_gap"] = probe
+    probe.reset()
+
+  def after_round() -> None:
+    calib.release()
+    if use_probe:
+      probe.close_round()
+  sampler = cal.Sampler(calls, after=after_round)
+  sampler.sample(cfg.profile_repeats)            # warms every call; plans the schedule
+  plan_secs = sampler.pooled(cfg.timing)
+  hw0 = hardware_from(cfg, calib.fit(plan_secs))
+  prof0 = pf.retimed(prof, layer_times(plan_secs, layer_calls, c.u))
   if c.mode == "harmony":
-    r = pl.plan_harmony(prof, hw, budget, cfg.batch, (c.u,))
+    r = pl.plan_harmony(prof0, hw0, budget, cfg.batch, (c.u,))
   else:
-    r = pl.plan_baseline("lms", prof, hw, budget, cfg.batch, (c.u,))
+    r = pl.plan_baseline("lms", prof0, hw0, budget, cfg.batch, (c.u,))
+  sampler.rounds.clear()
+  sampler.round_times.clear()
+  if use_probe:
+    probe.reset()
   run_cfg = ml_collections.ConfigDict(dict(
       device_budget_bytes=budget, seed=cfg.seed, lr=cfg.lr, steps=cfg.steps, trace=False,
       verify=False, batch=cfg.batch))
   sub = os.path.join(workdir, c.name)
   os.makedirs(sub, exist_ok=True)
+  round_after: list[int] = []
+
+  def between(step: int) -> None:
+    if step % cfg.sample_every == 0:
+      sampler.sample(cfg.profile_repeats)
+      round_after.append(step)
+
   t0 = time.time()
-  real = study.execute(run_cfg, c.mode, r.plan, model, inputs, targets, sub)
+  real = study.execute(run_cfg, c.mode, r.plan, model, inputs, targets, sub, between=between)
+  seconds = sampler.pooled(cfg.timing)
+  gap = probe.pooled() if use_probe else 0.0
+  predicted, tasks, hw, fit = _price(cfg, r.plan, prof, calib, seconds, c.u, gap)
+  t_no_gap = _price(cfg, r.plan, prof, calib, seconds, c.u)[0]
+  steady = real["iter_times_s"][1:]
+  measured = STATS[cfg.timing](steady)
+  # each round priced alone, against the iterations right after it
+  pred_rounds, meas_rounds, fits = [], [], []
+  for i, step in enumerate(round_after):
+    p_i, _, _, f_i = _price(cfg, r.plan, prof, calib, sampler.pooled(cfg.timing, [i]), c.u,
+                            probe.pooled([i]) if use_probe else 0.0)
+    fits.append(f_i)
+    pred_rounds.append(p_i)
+    block = real["iter_times_s"][step + 1:step + 1 + cfg.sample_every]
+    meas_rounds.append(float(STATS[cfg.timing](block)) if block else None)
   # ablations: the same plan priced with swaps, compute and updates on separate streams, and
   # without the fixed costs per call and per array
+  p_lay = pf.retimed(prof, layer_times(seconds, layer_calls, c.u))
   separate = dataclasses.replace(hw, shared_cores=False)
-  t_sep = makespan(simulate(sch.build_graph(r.plan, prof, separate), separate))
+  t_sep = makespan(simulate(sch.build_graph(r.plan, p_lay, separate), separate))
   no_oh = dataclasses.replace(hw, transfer_overhead_s=0.0, transfer_leaf_s=0.0,
                               program_overhead_s=0.0, program_leaf_s=0.0)
-  t_no_oh = makespan(simulate(sch.build_graph(r.plan, prof, no_oh), no_oh))
+  t_no_oh = makespan(simulate(sch.build_graph(r.plan, p_lay, no_oh), no_oh))
+  spread = cal.spread_of_fits(fits)
   return {"name": c.name, **dataclasses.asdict(c), "budget_bytes": budget,
           "predicted_separate_streams_s": t_sep, "predicted_no_overheads_s": t_no_oh,
+          "predicted_no_lms_gap_s": t_no_gap,
+          "lms_gap_per_call_s": gap if use_probe else None,
+          "lms_gap_rounds_s": probe.rounds if use_probe else None,
           "model_bytes": prof.model_bytes, "microbatches": r.plan.m,
           "keep_resid": list(r.plan.keep_resid), "keep_grads": r.plan.keep_grads,
           "fwd_packs": [list(p) for p in r.plan.fwd_packs],
           "bwd_packs": [list(p) for p in r.plan.bwd_packs],
           "swap_bytes_per_iter": real["swap_bytes_per_iter"],
-          "predicted_iter_time_s": r.predicted_s,
-          # the steady iterations' min or mean: the same statistic as the profile's layer
-          # times and the rates (cfg.timing); the median is kept beside it
-          "measured_iter_time_s": STATS[cfg.timing](real["iter_times_s"][1:]),
+          "predicted_iter_time_s": predicted,
+          "predicted_at_planning_s": r.predicted_s,
+          # the steady iterations' statistic: the same as the calibration's (cfg.timing);
+          # the median is kept beside it
+          "measured_iter_time_s": measured,
           "measured_median_iter_time_s": real["measured_iter_time_s"],
           "iter_times_s": real["iter_times_s"],
-          "predicted_busy_s": _busy(r.tasks), "measured_busy_s": real["busy_s_last_step"],
+          "calibration_rounds": len(round_after), "round_after_step": round_after,
+          "predicted_rounds_s": pred_rounds, "measured_rounds_s": meas_rounds,
+          "model_error_rounds": [abs(p - m) / m if m else None
+                                 for p, m in zip(pred_rounds, meas_rounds, strict=True)],
+          "predicted_rel_iqr": cal.rel_iqr(pred_rounds),
+          "measured_rel_iqr": cal.rel_iqr(steady),
+          "calibration": fit, "calibration_rel_iqr": spread,
+          "calibration_rounds_fit": fits,
+          "sampled_seconds": seconds,
+          "samples_s": {"round_start_unix_s": sampler.round_times, "rounds": sampler.rounds},
+          "hardware": dataclasses.asdict(hw),
+          "predicted_busy_s": _busy(tasks), "measured_busy_s": real["busy_s_last_step"],
           "overlap_fraction": real["overlap_fraction"], "run_s": time.time() - t0}
 
 
@@ -191,92 +311,21 @@ def _busy_ratios(rows: list[dict]) -> dict[str, float]:
   return out
 
 
-def _line(x0: float, t0: float, x1: float, t1: float) -> tuple[float, float]:
-  """(intercept, slope) of the line through two timed points, each clipped at 0 (a cost
-  is never negative)."""
-  slope = max((t1 - t0) / (x1 - x0), 0.0)
-  return max(t0 - slope * x0, 0.0), slope
+def _median_or_none(values) -> float | None:
+  vs = [v for v in values if v is not None]
+  return float(np.median(vs)) if vs else None
 
 
-TINY, MANY = 64, 32   # float32 per tiny array; arrays in the many-arrays swap point
-PROGRAM_LEAVES = (1, 32)                                      # arrays in (and out)
-
-
-def measure_overheads(params, stat: str = "median", repeats: int = 20) -> dict:
-  """The executors' fixed costs and copy rates, from micro-benchmarks apart from any
-  configuration (``stat`` of ``repeats`` timed runs after a warm-up, all points timed in
-  turn).
-
-  Swaps, through the executors' :class:`~omni_jax.memory.executor.Mover` in its on-demand
-  mode (issue, wait, free), in each direction, of four pytrees: one tiny array and ``MANY``
-  tiny arrays (bytes negligible: the line through them gives ``transfer_overhead_s`` per
-  call and ``transfer_leaf_s`` per array — ``jax.device_put`` copies each leaf on its own,
-  so a pytree of many small arrays costs far more than its bytes say), then the calibration
-  layer's parameters ``params`` and two copies of them (the leaf sizes the executors move):
-  their bytes over their time less those fixed costs give ``swap_bw_in`` / ``swap_bw_out``.
-  Programs: an elementwise program over k = 1 and 32 small arrays, run through
-  ``Mover.run`` and called plainly as the profiler calls a layer; the line through the two
-  differences (the executor's bookkeeping, the ledger, the timeline) gives
-  ``program_overhead_s + 2k * program_leaf_s``."""
-  from omni_jax.memory import executor as ex
-  mover = ex.Mover(2**62, blocking=True)
-
-  def interleaved(fns: list) -> list[float]:
-    """``stat`` of each function's timed calls, the calls taken in turn (round-robin, after
-    one untimed round) so that a burst of other jobs' load hits every point alike."""
-    ts: list[list[float]] = [[] for _ in fns]
-    for r in range(repeats + 1):
-      for i, fn in enumerate(fns):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        if r:
-          ts[i].append(time.perf_counter() - t0)
-    return [float(STATS[stat](t)) for t in ts]
-
-  def swap_in(h):
-    mover.free(mover.to_device(h, "calibration"))
-
-  def swap_out(d):
-    return mover.to_host(d, "calibration", free=False)
-
-  params = jax.device_get(params)
-  points = {"tiny": [np.ones((TINY,), np.float32)],
-            "many_tiny": [np.ones((TINY,), np.float32) for _ in range(MANY)],
-            "layer": params, "two_layers": [params, params]}
-  rows, fns = [], []
-  for tree in points.values():
-    h, d = jax.device_put(tree, mover.host), jax.device_put(tree, mover.dev)
-    rows.append([float(len(jax.tree.leaves(tree))), float(pf.tree_bytes(tree))])
-    fns += [lambda h=h: swap_in(h), lambda d=d: swap_out(d)]
-  times = interleaved(fns)
-  t_in, t_out = times[0::2], times[1::2]
-  fastest = 1e12          # a copy faster than 1 TB/s is noise: cap the rate there
-
-  def rates(ts):
-    a, b = _line(rows[0][0], ts[0], rows[1][0], ts[1])
-    nbytes = rows[2][1] + rows[3][1]
-    net = ts[2] + ts[3] - 2 * a - b * (rows[2][0] + rows[3][0])
-    return a, b, nbytes / max(net, nbytes / fastest)
-  a_in, b_in, bw_in = rates(t_in)
-  _, _, bw_out = rates(t_out)
-  fns = []
-  for k in PROGRAM_LEAVES:
-    tree = jax.device_put([np.ones((64,), np.float32) for _ in range(k)], mover.dev)
-    prog = ex.Program(jax.jit(lambda t: [x + 1.0 for x in t]), tree)
-
-    def via_mover(prog=prog, tree=tree):
-      mover.free(mover.run(prog, "calibration", tree))
-    fns += [via_mover, lambda prog=prog, tree=tree: prog(tree)]
-  times = interleaved(fns)
-  extra = [times[0] - times[1], times[2] - times[3]]
-  p0, p1 = _line(2.0 * PROGRAM_LEAVES[0], extra[0], 2.0 * PROGRAM_LEAVES[1], extra[1])
-  mover.timeline.sync()
-  return {"transfer_overhead_s": a_in, "transfer_leaf_s": b_in,
-          "swap_bw_in": bw_in, "swap_bw_out": bw_out,
-          "program_overhead_s": p0, "program_leaf_s": p1,
-          "swap_points": {"names": list(points), "arrays_bytes": rows,
-                          "in_s": t_in, "out_s": t_out},
-          "program_points": {"arrays": list(PROGRAM_LEAVES), "extra_s": extra}}
+def _per_round_medians(rows: list[dict]) -> list[float]:
+  """Per round index, the median over configurations of that round's model error (its
+  calibration alone against the iterations after it)."""
+  n = min(r["calibration_rounds"] for r in rows)
+  out = []
+  for i in range(n):
+    errs = [r["model_error_rounds"][i] for r in rows if r["model_error_rounds"][i] is not None]
+    if errs:
+      out.append(float(np.median(errs)))
+  return out
 
 
 # ---------------------------------------------------------------- the sweep
@@ -287,26 +336,12 @@ def run(cfg, workdir: str) -> dict:
   confs = validate_config(cfg)
   os.makedirs(workdir, exist_ok=True)
   t_start = time.time()
-  # rates on one block of a width kept apart from the reported configurations
+  # the machine's points on one block of a width kept apart from the reported configurations
   d_cal, mc = cfg.hardware.calibration_d_model, cfg.model
-  cal = sm.gpt_stack(mc.vocab, mc.seq_len, d_cal, mc.num_heads, 1)
-  cal_params = jax.jit(cal.layers[1].init)(jax.random.key(cfg.seed))
-  hw_m = study.measure_hardware(stat=cfg.timing, repeats=cfg.profile_repeats,
-                                params=cal_params)
-  # copy rates and fixed costs from the executors' own micro-benchmarks (the block's copy
-  # rates above fold its per-array cost into the rate; kept for the record)
-  oh = measure_overheads(cal_params, cfg.timing, cfg.profile_repeats)
-  hw_m["block_swap_bw_in"], hw_m["block_swap_bw_out"] = hw_m["swap_bw_in"], hw_m["swap_bw_out"]
-  hw_m.update(oh)
-  hw = Hardware(1, oh["swap_bw_in"], oh["swap_bw_in"], True, hw_m["host_update_params_per_s"],
-                hw_m["device_update_params_per_s"], shared_cores=cfg.hardware.shared_cores,
-                cores=cfg.hardware.cores,
-                transfer_overhead_s=oh["transfer_overhead_s"],
-                transfer_leaf_s=oh["transfer_leaf_s"],
-                program_overhead_s=oh["program_overhead_s"],
-                program_leaf_s=oh["program_leaf_s"],
-                out_bw_ratio=oh["swap_bw_out"] / oh["swap_bw_in"])
-  logging.info("measured hardware: %s", hw_m)
+  cal_model = sm.gpt_stack(mc.vocab, mc.seq_len, d_cal, mc.num_heads, 1)
+  calib = cal.Calibrator(jax.jit(cal_model.layers[1].init)(jax.random.key(cfg.seed)))
+  probe = (cal.LmsGapProbe(cal_model, cfg.seed, cfg.batch, 2 if cfg.batch % 2 == 0 else 1)
+           if any(c.mode == "lms" for c in confs) else None)
   rows, profiles = [], {}
   by_model: dict[tuple[int, int], list[Configuration]] = {}
   for c in confs:
@@ -316,27 +351,35 @@ def run(cfg, workdir: str) -> dict:
     params = [jax.jit(layer.init)(k) for layer, k in zip(
         model.layers, jax.random.split(jax.random.key(cfg.seed), model.num_layers),
         strict=True)]
-    t0 = time.time()
-    prof = pf.profile_model(model, sorted({c.u for c in cs}), params=params,
-                            repeats=cfg.profile_repeats, stat=cfg.timing)
-    logging.info("profiled d=%d L=%d in %.1f s", d, nl, time.time() - t0)
-    profiles[f"d{d}-L{nl}"] = study._profile_to_json(prof)
     inputs, targets = model.example_batch(jax.random.key(cfg.seed + 1), cfg.batch)
+    kinds = {layer.kind for layer in model.layers}
+    calls_by_u: dict[int, dict] = {}
     for c in cs:
-      row = run_configuration(cfg, c, model, prof, hw, inputs, targets, workdir)
-      logging.info("%s: predicted %.4f s, measured %.4f s", c.name,
-                   row["predicted_iter_time_s"], row["measured_iter_time_s"])
+      if c.u not in calls_by_u:
+        calls_by_u[c.u] = pf.kind_calls(model, params, c.u)
+      # bytes and array counts from shapes; the times are sampled per configuration
+      prof = pf.profile_model(model, (c.u,), params=params,
+                              timings={(k, c.u): (0.0, 0.0) for k in kinds})
+      row = run_configuration(cfg, c, model, prof, calib, calls_by_u[c.u], inputs, targets,
+                              workdir, probe)
+      logging.info("%s: predicted %.4f s (rounds %.4f-%.4f), measured %.4f s", c.name,
+                   row["predicted_iter_time_s"], min(row["predicted_rounds_s"]),
+                   max(row["predicted_rounds_s"]), row["measured_iter_time_s"])
       rows.append(row)
+      profiles[c.name] = study._profile_to_json(pf.retimed(
+          prof, layer_times(row["sampled_seconds"], kinds, c.u)))
   errs = relative_errors([r["predicted_iter_time_s"] for r in rows],
                          [r["measured_iter_time_s"] for r in rows])
   for r, e in zip(rows, errs, strict=True):
     r["model_error"] = e
+  per_round = _per_round_medians(rows)
   summary = {**error_summary([r["predicted_iter_time_s"] for r in rows],
                              [r["measured_iter_time_s"] for r in rows]),
              "configurations": [{k: r[k] for k in (
                  "name", "mode", "d_model", "num_layers", "u", "model_to_budget",
                  "budget_bytes", "predicted_iter_time_s", "measured_iter_time_s",
-                 "model_error", "measured_median_iter_time_s")} for r in rows],
+                 "model_error", "measured_median_iter_time_s", "predicted_rel_iqr",
+                 "measured_rel_iqr")} for r in rows],
              # which term is off: per stream, median over configurations of measured busy
              # seconds (last iteration) / predicted busy seconds
              "busy_ratio_median": _busy_ratios(rows),
@@ -346,14 +389,31 @@ def run(cfg, workdir: str) -> dict:
              "model_error_median_no_overheads": float(np.median(relative_errors(
                  [r["predicted_no_overheads_s"] for r in rows],
                  [r["measured_iter_time_s"] for r in rows]))),
-             "time_source": "predicted: cost model with this machine's profiled layer times "
-                            "and measured copy / Adam rates; measured: iterations "
-                            f"2-{cfg.steps} of the real executor; both as the {cfg.timing} "
-                            "of their timed repeats (median iteration beside it)",
+             "model_error_median_no_lms_gap": float(np.median(relative_errors(
+                 [r["predicted_no_lms_gap_s"] for r in rows],
+                 [r["measured_iter_time_s"] for r in rows]))),
+             "lms_gap_per_call_s": _median_or_none([r["lms_gap_per_call_s"] for r in rows]),
+             # the spread: how much one round's calibration moves (relative interquartile
+             # range over rounds, median over configurations), what pricing with one round
+             # alone would have scored, and how much the prediction and the iterations move
+             "calibration_rounds": min(r["calibration_rounds"] for r in rows),
+             "calibration_rel_iqr_median": {k: _median_or_none(
+                 [r["calibration_rel_iqr"][k] for r in rows])
+                 for k in rows[0]["calibration_rel_iqr"]},
+             "model_error_median_per_round": per_round,
+             "predicted_rel_iqr_median": _median_or_none([r["predicted_rel_iqr"]
+                                                          for r in rows]),
+             "measured_rel_iqr_median": _median_or_none([r["measured_rel_iqr"]
+                                                         for r in rows]),
+             "time_source": "predicted: cost model with this machine's layer times and "
+                            "copy / Adam rates and fixed costs, sampled in rounds "
+                            "interleaved with each configuration's measured iterations; "
+                            f"measured: iterations 2-{cfg.steps} of the real executor; both "
+                            f"as the {cfg.timing} of their timed samples (median iteration "
+                            "beside it)",
              "wall_s": time.time() - t_start}
   write_json_atomic(os.path.join(workdir, "validate.json"),
-                    {"hardware": dataclasses.asdict(hw), "measured_hardware": hw_m,
-                     "profiles": profiles, "rows": rows})
+                    {"profiles": profiles, "rows": rows})
   plot_validation(rows, os.path.join(workdir, "validate.png"))
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)
   return summary
