@@ -102,13 +102,17 @@ def test_pipeline_with_sequence(op, schedules, micro):
                                "all-to-all" if op == "ulysses" else "collective-permute")
 
 
-def test_pipeline_with_expert(micro):
-  _pipeline_matches_one_device(micro, dict(pipeline=2, expert=2, fsdp=2), {}, SCHEDULES,
+# 1F1B in the default suite (its forward is GPipe's; its backward the hand-written loop),
+# GPipe's autodiff backward too under slow (each schedule is a compile of the 8-device step).
+@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
+def test_pipeline_with_expert(schedule, micro):
+  _pipeline_matches_one_device(micro, dict(pipeline=2, expert=2, fsdp=2), {}, (schedule,),
                                "all-to-all")
 
 
-def test_pipeline_with_tensor(micro):
-  _pipeline_matches_one_device(micro, dict(pipeline=2, tensor=2, fsdp=2), {}, SCHEDULES,
+@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
+def test_pipeline_with_tensor(schedule, micro):
+  _pipeline_matches_one_device(micro, dict(pipeline=2, tensor=2, fsdp=2), {}, (schedule,),
                                "all-reduce")
 
 
