@@ -116,6 +116,12 @@ def test_pipeline_with_tensor(schedule, micro):
                                "all-reduce")
 
 
+@pytest.mark.slow  # experts split over expert and their width over tensor, in one stage
+def test_pipeline_with_expert_and_tensor(micro):
+  _pipeline_matches_one_device(micro, dict(pipeline=2, expert=2, tensor=2), {}, ("1f1b",),
+                               "all-to-all")
+
+
 @pytest.mark.slow  # the ZeRO group over fsdp x expert: the recipe reaches the stage
 def test_pipeline_with_expert_zero3(micro):
   _pipeline_matches_one_device(micro, dict(pipeline=2, expert=2, fsdp=2), {}, ("gpipe",),
