@@ -95,6 +95,7 @@ def _pipeline_matches_one_device(micro, mesh_cfg, overrides, schedules, in_loop_
 @pytest.mark.parametrize("op,schedules", [
     ("ulysses", SCHEDULES),
     pytest.param("ring", ("1f1b",), marks=pytest.mark.slow),
+    pytest.param("ring_zigzag", ("gpipe",), marks=pytest.mark.slow),
 ])
 def test_pipeline_with_sequence(op, schedules, micro):
   _pipeline_matches_one_device(micro, dict(pipeline=2, sequence=2, fsdp=2),
