@@ -110,7 +110,7 @@ def main(argv):
     mesh = mesh_lib.make_mesh(mesh_cfg)
     micro = pipeline_microbatches(config)
     check_batch_fits_mesh(stream, mesh, micro)
-    loss_fn = make_loss_fn(spec, model, mesh, op_names, micro)
+    loss_fn = make_loss_fn(spec, model, mesh, op_names, micro, recipe)
     state, shardings = create_state(init, tx, loop.seed,
                                     state_sharding(mesh, recipe))
     batch = mesh_lib.put_batch(mesh, host_batch)

@@ -42,6 +42,7 @@ the rest are dropped and counted in ``dropped_frac``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -53,6 +54,7 @@ from omni_jax.models.moe import capacity_positions, moe_dispatch, swiglu_experts
 from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
 from omni_jax.parallel.moe_local import fsdp_axis, gather_experts
 from omni_jax.parallel.ragged_exchange import ragged_all_to_all, resolve_impl
+from omni_jax.parallel.tensor_parallel import TENSOR, enter, is_manual, own_part
 
 EXCHANGES = ("ragged", "padded")
 
@@ -90,7 +92,11 @@ def _ragged_dropless(xf, idf, wg, wu, wo, *, ep, e_loc, k, recv_factor, impl):
   ends = jnp.cumsum(recv_counts.reshape(-1))
   r = jnp.arange(m)
   valid = r < ends[-1]
-  local = jnp.where(valid, jnp.searchsorted(ends, r, side="right") % e_loc, e_loc)
+  # searchsorted(ends, r, side="right") as a count: jnp.searchsorted fails to trace inside a
+  # partially manual shard_map in jax 0.10 (a pipeline stage), and ends has only ep * e_loc
+  # entries.
+  group = jnp.sum(ends[None, :] <= r[:, None], axis=1)
+  local = jnp.where(valid, group % e_loc, e_loc)
   lorder = jnp.argsort(local, stable=True)               # empty rows last, in no group
   sizes = jnp.bincount(local, length=e_loc + 1)[:e_loc].astype(jnp.int32)
   rows = recv[lorder]
@@ -106,6 +112,88 @@ def _ragged_dropless(xf, idf, wg, wu, wo, *, ep, e_loc, k, recv_factor, impl):
   return out, jnp.zeros((nk,), bool).at[order].set(kept, unique_indices=True)
 
 
+def ep_body(x, ids, g, wg, wu, wo_, *, impl: str, capacity: int | None,
+            exchange: str = "ragged", ragged_impl: str = "auto",
+            recv_factor: float | None = None, n_shards: int = 1, zero: str | None = None,
+            token_axes: tuple[str, ...] = (), tensor_split: bool = False):
+  """The expert-parallel dispatch of this device's tokens ``x`` [..., D] (``ids`` / ``g``
+  [..., k]) for a context in which ``expert`` is manual: the body of :func:`ep_moe_dispatch`'s
+  ``shard_map``, and the ``moe_dispatch`` inside a pipeline stage (:func:`stage_dispatch`).
+  ``wg``/``wu``/``wo_`` are the local experts ``[E/ep, ...]``; their model dimension split over
+  ``zero`` (gathered here; None: whole); ``tensor_split``: their width is this rank's slice
+  of a manual ``tensor`` (one psum over ``tensor`` completes the output, as Megatron's MLP).
+  ``capacity`` is the capacity of the tokens of ``n_shards`` such devices. Returns
+  ``(y, dropped_frac)``, the fraction averaged over ``token_axes``."""
+  ep = jax.lax.axis_size(EXPERT)
+  wg, wu, wo_ = gather_experts(zero, wg, wu, wo_)
+  e_loc = wg.shape[0]
+  num_experts = ep * e_loc
+  split = tensor_split
+  if split:
+    x = enter(x)
+  lead, d, k = x.shape[:-1], x.shape[-1], ids.shape[-1]
+  xf, idf, gf = x.reshape(-1, d), ids.reshape(-1), g.reshape(-1, k)
+  n = xf.shape[0]
+  finish = lambda y: jax.lax.psum(y, TENSOR) if split else y
+  mean = lambda v: jax.lax.pmean(v, token_axes) if token_axes else v
+  dest = idf // e_loc                                   # [n*k] owning device
+  if impl == "dropless" and exchange == "ragged":
+    out, keep = _ragged_dropless(xf, idf, wg, wu, wo_, ep=ep, e_loc=e_loc, k=k,
+                                 recv_factor=recv_factor, impl=ragged_impl)
+    yt = jnp.einsum("nkd,nk->nd", out.reshape(n, k, d).astype(jnp.float32),
+                    gf.astype(jnp.float32))
+    dropped = jnp.mean(1.0 - keep.astype(jnp.float32))
+    return finish(yt.astype(x.dtype).reshape(*lead, d)), mean(dropped)
+  if impl == "dropless":
+    cap = n * k
+    slot = _slots(dest, ep)
+    keep = slot < cap
+  else:  # the single-device rule on this shard: per expert, c slots in priority order
+    c = min(n, max(1, math.ceil(capacity / n_shards)))
+    cap = e_loc * c
+    position = capacity_positions(ids.reshape(n, k), num_experts).reshape(-1)
+    keep = position < c
+    slot = (idf % e_loc) * c + position
+  where = jnp.where(keep, dest * cap + slot, ep * cap)  # out of range: dropped
+  token = jnp.arange(n * k) // k
+  send = jnp.zeros((ep * cap, d), x.dtype).at[where].set(xf[token], mode="drop")
+  send_e = jnp.full((ep * cap,), -1, jnp.int32).at[where].set(
+      (idf % e_loc).astype(jnp.int32), mode="drop")
+  a2a = lambda v: jax.lax.all_to_all(v.reshape(ep, cap, *v.shape[1:]), EXPERT, 0, 0,
+                                     tiled=True).reshape(ep * cap, *v.shape[1:])
+  recv, recv_e = a2a(send), a2a(send_e)
+  if impl == "dropless":
+    valid = recv_e >= 0
+    y, _ = moe_dispatch.default(recv, jnp.maximum(recv_e, 0)[:, None],
+                                valid[:, None].astype(jnp.float32), wg, wu, wo_,
+                                impl="dropless", capacity=None)
+  else:  # slots arrive grouped [source, local expert, c]: batched matmuls per expert
+    grouped = recv.reshape(ep, e_loc, c, d).transpose(1, 0, 2, 3).reshape(e_loc, ep * c, d)
+    y = swiglu_experts(grouped, wg, wu, wo_).reshape(e_loc, ep, c, d).transpose(
+        1, 0, 2, 3).reshape(ep * cap, d)
+  back = a2a(y)                                         # outputs for what we sent
+  out = jnp.where(keep[:, None], back[jnp.where(keep, where, 0)], 0).reshape(n, k, d)
+  yt = jnp.einsum("nkd,nk->nd", out.astype(jnp.float32), gf.astype(jnp.float32))
+  dropped = jnp.mean(1.0 - keep.astype(jnp.float32))
+  return finish(yt.astype(x.dtype).reshape(*lead, d)), mean(dropped)
+
+
+def _check_options(exchange, ragged_impl, recv_factor):
+  if exchange not in EXCHANGES:
+    raise ValueError(f"ep_moe_dispatch: exchange = {exchange!r} is not allowed: one of "
+                     f"{list(EXCHANGES)}")
+  if recv_factor is not None and not (isinstance(recv_factor, (int, float))
+                                      and not isinstance(recv_factor, bool) and recv_factor > 0):
+    raise ValueError(f"ep_moe_dispatch: recv_factor = {recv_factor!r} must be > 0 or None")
+  resolve_impl(ragged_impl)                               # fails now on a bad name
+
+
+def _check_experts(num_experts, ep):
+  if num_experts % ep:
+    raise ValueError(f"expert parallelism splits {num_experts} experts over expert={ep}: "
+                     "choose mesh.expert dividing model.moe.num_experts")
+
+
 def ep_moe_dispatch(mesh, *, exchange: str = "ragged", ragged_impl: str = "auto",
                     recv_factor: float | None = None) -> Callable:
   """A ``moe_dispatch`` implementation with experts split over mesh axis ``expert``.
@@ -117,75 +205,45 @@ def ep_moe_dispatch(mesh, *, exchange: str = "ragged", ragged_impl: str = "auto"
   buffer rows as a multiple of the local assignments ``n*k`` (None: the worst case
   ``ep * n * k``, nothing can drop).
   """
-  if exchange not in EXCHANGES:
-    raise ValueError(f"ep_moe_dispatch: exchange = {exchange!r} is not allowed: one of "
-                     f"{list(EXCHANGES)}")
-  if recv_factor is not None and not (isinstance(recv_factor, (int, float))
-                                      and not isinstance(recv_factor, bool) and recv_factor > 0):
-    raise ValueError(f"ep_moe_dispatch: recv_factor = {recv_factor!r} must be > 0 or None")
-  resolve_impl(ragged_impl)                               # fails now on a bad name
+  _check_options(exchange, ragged_impl, recv_factor)
   ep = mesh.shape[EXPERT]
   tok_axes = (*BATCH_AXES, "sequence")
   n_shards = math.prod(mesh.shape[a] for a in tok_axes)
   tokens = P(BATCH_AXES, "sequence")
 
   def dispatch(x, expert_ids, gates, wi_gate, wi_up, wo, *, impl, capacity):
-    num_experts = wi_gate.shape[0]
-    if num_experts % ep:
-      raise ValueError(f"expert parallelism splits {num_experts} experts over expert={ep}: "
-                       "choose mesh.expert dividing model.moe.num_experts")
-    e_loc = num_experts // ep
+    _check_experts(wi_gate.shape[0], ep)
     # each expert's model dim split over fsdp (as the omni recipe places it), gathered inside
     # the shard_map: the backward then reduce-scatters the experts' gradients over fsdp
     zero = fsdp_axis(mesh, wi_gate)
     col, row = P(EXPERT, zero, None), P(EXPERT, None, zero)
-
-    def body(x, ids, g, wg, wu, wo_):
-      wg, wu, wo_ = gather_experts(zero, wg, wu, wo_)
-      lead, d, k = x.shape[:-1], x.shape[-1], ids.shape[-1]
-      xf, idf, gf = x.reshape(-1, d), ids.reshape(-1), g.reshape(-1, k)
-      n = xf.shape[0]
-      dest = idf // e_loc                                   # [n*k] owning device
-      if impl == "dropless" and exchange == "ragged":
-        out, keep = _ragged_dropless(xf, idf, wg, wu, wo_, ep=ep, e_loc=e_loc, k=k,
-                                     recv_factor=recv_factor, impl=ragged_impl)
-        yt = jnp.einsum("nkd,nk->nd", out.reshape(n, k, d).astype(jnp.float32),
-                        gf.astype(jnp.float32))
-        dropped = jnp.mean(1.0 - keep.astype(jnp.float32))
-        return yt.astype(x.dtype).reshape(*lead, d), jax.lax.pmean(dropped, tok_axes)
-      if impl == "dropless":
-        cap = n * k
-        slot = _slots(dest, ep)
-        keep = slot < cap
-      else:  # the single-device rule on this shard: per expert, c slots in priority order
-        c = min(n, max(1, math.ceil(capacity / n_shards)))
-        cap = e_loc * c
-        position = capacity_positions(ids.reshape(n, k), num_experts).reshape(-1)
-        keep = position < c
-        slot = (idf % e_loc) * c + position
-      where = jnp.where(keep, dest * cap + slot, ep * cap)  # out of range: dropped
-      token = jnp.arange(n * k) // k
-      send = jnp.zeros((ep * cap, d), x.dtype).at[where].set(xf[token], mode="drop")
-      send_e = jnp.full((ep * cap,), -1, jnp.int32).at[where].set(
-          (idf % e_loc).astype(jnp.int32), mode="drop")
-      a2a = lambda v: jax.lax.all_to_all(v.reshape(ep, cap, *v.shape[1:]), EXPERT, 0, 0,
-                                         tiled=True).reshape(ep * cap, *v.shape[1:])
-      recv, recv_e = a2a(send), a2a(send_e)
-      if impl == "dropless":
-        valid = recv_e >= 0
-        y, _ = moe_dispatch.default(recv, jnp.maximum(recv_e, 0)[:, None],
-                                    valid[:, None].astype(jnp.float32), wg, wu, wo_,
-                                    impl="dropless", capacity=None)
-      else:  # slots arrive grouped [source, local expert, c]: batched matmuls per expert
-        grouped = recv.reshape(ep, e_loc, c, d).transpose(1, 0, 2, 3).reshape(e_loc, ep * c, d)
-        y = swiglu_experts(grouped, wg, wu, wo_).reshape(e_loc, ep, c, d).transpose(
-            1, 0, 2, 3).reshape(ep * cap, d)
-      back = a2a(y)                                         # outputs for what we sent
-      out = jnp.where(keep[:, None], back[jnp.where(keep, where, 0)], 0).reshape(n, k, d)
-      yt = jnp.einsum("nkd,nk->nd", out.astype(jnp.float32), gf.astype(jnp.float32))
-      dropped = jnp.mean(1.0 - keep.astype(jnp.float32))
-      return yt.astype(x.dtype).reshape(*lead, d), jax.lax.pmean(dropped, tok_axes)
+    body = functools.partial(ep_body, impl=impl, capacity=capacity, exchange=exchange,
+                             ragged_impl=ragged_impl, recv_factor=recv_factor,
+                             n_shards=n_shards, zero=zero, token_axes=tok_axes)
     return jax.shard_map(body, mesh=context_mesh(mesh),
                          in_specs=(tokens, tokens, tokens, col, col, row),
                          out_specs=(tokens, P()))(x, expert_ids, gates, wi_gate, wi_up, wo)
+  return dispatch
+
+
+def stage_dispatch(*, exchange: str = "ragged", ragged_impl: str = "auto",
+                   recv_factor: float | None = None) -> Callable:
+  """A ``moe_dispatch`` for a context manual over every mesh axis of size > 1 (a pipeline
+  stage): :func:`ep_body` on this device's tokens, with this rank's experts and, where
+  ``tensor`` is manual and divides it, this rank's slice of their width
+  (:func:`~omni_jax.parallel.tensor_parallel.own_part`; the model dimension whole). The
+  ``capacity`` it is given is already this device's (the MoE layer
+  computes it from the tokens it sees); ``dropped_frac`` stays this device's (the stage
+  averages its aux over the devices after the tick loop)."""
+  _check_options(exchange, ragged_impl, recv_factor)
+
+  def dispatch(x, expert_ids, gates, wi_gate, wi_up, wo, *, impl, capacity):
+    _check_experts(wi_gate.shape[0], jax.lax.axis_size(EXPERT))
+    parts = [own_part(w, 0, EXPERT) for w in (wi_gate, wi_up, wo)]
+    split = is_manual(TENSOR) and wi_gate.shape[-1] % jax.lax.axis_size(TENSOR) == 0
+    if split:
+      parts = [own_part(parts[0], 2), own_part(parts[1], 2), own_part(parts[2], 1)]
+    return ep_body(x, expert_ids, gates, *parts, impl=impl, capacity=capacity,
+                   exchange=exchange, ragged_impl=ragged_impl, recv_factor=recv_factor,
+                   tensor_split=split)
   return dispatch

@@ -12,9 +12,13 @@ module maps those names onto implementations for the axes that are > 1:
 * ``tensor > 1``: Megatron ``self_attention`` and ``dense_mlp``
   (:mod:`omni_jax.parallel.tensor_parallel`), which then run the sequence body themselves;
 * ``pipeline > 1``: GPipe or 1F1B ``layer_stack`` (:mod:`omni_jax.parallel.pipeline`, seam
-  ``pipeline``): the stage body is manual over ``pipeline`` and the batch axes (parameters
-  gathered over ``fsdp`` once per step, gradients reduced once after the tick loop), with the
-  plain ops inside the stages (pipeline composes with ``data`` and ``fsdp``);
+  ``pipeline``): the stage body is manual over every mesh axis of size > 1 (parameters
+  placed by the recipe, their ZeRO split gathered once per step, gradients reduced once after
+  the tick loop); inside the stages the ops above run as plain bodies for that manual
+  context (:func:`stage_ops`: Ulysses / ring over ``sequence``, the expert-parallel dispatch
+  over ``expert``, Megatron attention / MLP over ``tensor``), since jax 0.10 rejects a
+  ``shard_map`` nested in the stages. The pipeline composes with every axis; ``recipe``
+  (``config.parallel.recipe``) places the stage parameters;
 * ``encoder_batch = all_devices``: the modality encoders' batch over every device
   (:mod:`omni_jax.parallel.encoder_placement`), whatever the backbone's layout.
 """
@@ -24,13 +28,20 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 
+from omni_jax.models.layers import attention
+from omni_jax.parallel import expert_parallel, moe_local
 from omni_jax.parallel.encoder_placement import encoder_all_devices
 from omni_jax.parallel.expert_parallel import ep_moe_dispatch
 from omni_jax.parallel.moe_local import local_moe_dispatch
 from omni_jax.parallel.pipeline import pipeline_op
 from omni_jax.parallel.recipes import OP_CHOICES, RECIPES
 from omni_jax.parallel.ring_attention import ring_attention, ring_body
-from omni_jax.parallel.tensor_parallel import megatron_attention, megatron_mlp
+from omni_jax.parallel.tensor_parallel import (
+  megatron_attention,
+  megatron_mlp,
+  stage_attention,
+  stage_mlp,
+)
 from omni_jax.parallel.ulysses import ulysses_attention, ulysses_body
 
 SEQUENCE_OPS = {"ulysses": (ulysses_attention, ulysses_body), "ring": (ring_attention, ring_body),
@@ -74,20 +85,16 @@ def op_names(recipe: str = "omni", overrides: Mapping[str, str] | None = None) -
 
 
 def ops(mesh, names: Mapping[str, str] | None = None,
-        pipeline_microbatches: int = 4) -> dict[str, Callable]:
-  """Named-op overrides for ``mesh``; ``names`` from :func:`op_names` (default: omni)."""
+        pipeline_microbatches: int = 4, recipe: str = "omni") -> dict[str, Callable]:
+  """Named-op overrides for ``mesh``; ``names`` from :func:`op_names` (default: omni);
+  ``recipe`` places the pipeline's stage parameters (``config.parallel.recipe``)."""
   names = dict(names) if names is not None else op_names()
   enc = ({"run_encoder": encoder_all_devices(mesh)}
          if names.get("encoder_batch") == "all_devices" else {})
   if mesh.shape["pipeline"] > 1:
-    others = {a: mesh.shape[a] for a in ("expert", "sequence", "tensor") if mesh.shape[a] > 1}
-    if others:
-      raise ValueError(f"mesh.pipeline > 1 composes with data and fsdp only, not {others}: "
-                       "the explicit ops would nest shard_maps inside the stages, which the "
-                       "XLA partitioner of jax 0.10 rejects")
-    # Inside the stages the plain ops run on each batch shard's own rows (pipeline.py).
     return {"layer_stack": pipeline_op(names.get("pipeline", "gpipe"), mesh,
-                                       pipeline_microbatches), **enc}
+                                       pipeline_microbatches, recipe=recipe,
+                                       stage_ops=stage_ops(mesh, names)), **enc}
   ep = mesh.shape["expert"] > 1
   out = {"moe_dispatch": ep_moe_dispatch(mesh) if ep else local_moe_dispatch(mesh), **enc}
   seq_op, seq_body = SEQUENCE_OPS[names.get("sequence_attention", "ulysses")]
@@ -96,4 +103,34 @@ def ops(mesh, names: Mapping[str, str] | None = None,
     out["dense_mlp"] = megatron_mlp(mesh)
   elif mesh.shape["sequence"] > 1:
     out["attention"] = seq_op(mesh)
+  return out
+
+
+def _tensor_stage_attention(*args, **kwargs):
+  raise ValueError("pipeline + tensor: the attention ran outside the self_attention op (the "
+                   "qk_norm / qkv_bias / rope_scaling switches project q, k, v themselves), "
+                   "which the stage's Megatron bodies do not split; use mesh.tensor = 1 with "
+                   "mesh.pipeline > 1 for such a model")
+
+
+def stage_ops(mesh, names: Mapping[str, str]) -> dict[str, Callable]:
+  """The named ops inside a pipeline stage, whose body is manual over every mesh axis of size
+  > 1: the same bodies the ``shard_map`` ops above run, called directly (jax 0.10 rejects a
+  ``shard_map`` nested in the stage). ``sequence``: the Ulysses / ring body as ``attention``;
+  ``tensor``: the Megatron attention (with the sequence body inside) and MLP; ``expert``: the
+  expert-parallel dispatch body; ``tensor`` without ``expert``: the plain dispatch on the
+  experts' width slice. Data and fsdp alone need none (the plain ops on each shard's rows)."""
+  out = {}
+  seq_body = (SEQUENCE_OPS[names.get("sequence_attention", "ulysses")][1]
+              if mesh.shape["sequence"] > 1 else None)
+  if mesh.shape["expert"] > 1:
+    out["moe_dispatch"] = expert_parallel.stage_dispatch()
+  elif mesh.shape["tensor"] > 1:
+    out["moe_dispatch"] = moe_local.stage_dispatch
+  if mesh.shape["tensor"] > 1:
+    out["self_attention"] = stage_attention(seq_body or attention.default)
+    out["dense_mlp"] = stage_mlp
+    out["attention"] = _tensor_stage_attention
+  elif seq_body:
+    out["attention"] = seq_body
   return out

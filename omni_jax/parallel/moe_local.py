@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 from omni_jax.models.moe import moe_dispatch
 from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
-from omni_jax.parallel.tensor_parallel import TENSOR, enter
+from omni_jax.parallel.tensor_parallel import TENSOR, enter, is_manual, own_part
 
 FSDP = "fsdp"
 
@@ -80,3 +80,17 @@ def local_moe_dispatch(mesh) -> Callable:
   return dispatch
 
 
+
+
+def stage_dispatch(x, expert_ids, gates, wi_gate, wi_up, wo, *, impl, capacity):
+  """A ``moe_dispatch`` for a context manual over every mesh axis of size > 1 (a pipeline
+  stage) without expert parallelism: the plain dispatch on this device's tokens (``capacity``
+  is already theirs: the MoE layer computes it from the tokens it sees); with ``tensor``
+  manual and the experts' width dividing it, on this rank's width slice
+  (:func:`~omni_jax.parallel.tensor_parallel.own_part`) with one psum over ``tensor``."""
+  split = is_manual(TENSOR) and wi_gate.shape[-1] % jax.lax.axis_size(TENSOR) == 0
+  if split:
+    x, wi_gate, wi_up, wo = enter(x), own_part(wi_gate, 2), own_part(wi_up, 2), own_part(wo, 1)
+  y, dropped = moe_dispatch.default(x, expert_ids, gates, wi_gate, wi_up, wo, impl=impl,
+                                    capacity=capacity)
+  return (jax.lax.psum(y, TENSOR) if split else y), dropped

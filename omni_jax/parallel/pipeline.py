@@ -4,17 +4,20 @@ The backbone's U units (leading parameter axis, placed over ``pipeline`` by the 
 form P stages of U/P consecutive units; the batch is cut into M microbatches. Microbatch j
 holds rows j, j + M, j + 2M, ... of the batch, so every batch shard holds a share of every
 microbatch and the batch axes stay busy. Everything runs inside a ``jax.shard_map`` that is
-manual over ``pipeline`` and the batch axes (``data``, ``fsdp``, ``expert``), with every
-collective explicit; the plain ops run inside on each shard's rows (no nested shard_map;
-other axes must be of size 1). The stage parameters enter split as the recipe places them
-(:func:`stage_specs`: units over ``pipeline``, a dimension over ``fsdp``) and are gathered
-over the batch axes once, before the tick loop (:func:`_gather_params`); the parameter
-gradients accumulate per shard through the ticks and are reduce-scattered / summed over the
-batch axes once, after the loop (GPipe: the transpose of that gather, by autodiff; 1F1B:
-:func:`_reduce_grads`). Left to the partitioner (a body manual over ``pipeline`` only, before
-session 12), the stage re-gathered its parameters and all-reduced each tick's gradient
-contribution inside the loop, every tick: 4.4x (GPipe) and 8.9x (1F1B) the analytic bytes on
-the tiny config (docs/pipeline.md).
+manual over every mesh axis of size > 1, with every collective explicit: inside the stages
+the named ops are the layout's bodies for a manual context (``stage_ops``,
+``layout.stage_ops``: the Ulysses / ring body over ``sequence``, the expert-parallel dispatch
+body over ``expert``, the Megatron bodies over ``tensor``; with only ``data`` / ``fsdp``, the
+plain ops on each shard's rows) — jax 0.10 rejects a ``shard_map`` nested in the stages. The
+stage parameters enter split as the recipe places them (:func:`stage_specs`: units over
+``pipeline``, the ``tensor`` / ``expert`` splits the stage ops take, the ZeRO group's) and
+the ZeRO split is gathered once, before the tick loop (:func:`_gather_params`); the
+parameter gradients accumulate per shard through the ticks and are reduce-scattered / summed
+over the data axes (batch and sequence) once, after the loop (GPipe: the transpose of that
+gather, by autodiff; 1F1B: :func:`_reduce_grads`). Left to the partitioner (a body manual
+over ``pipeline`` only, before session 12), the stage re-gathered its parameters and
+all-reduced each tick's gradient contribution inside the loop, every tick: 4.4x (GPipe) and
+8.9x (1F1B) the analytic bytes on the tiny config (docs/pipeline.md).
 
 * :func:`gpipe`: a ``lax.scan`` over M + P - 1 ticks runs every stage once per tick (stage p
   works on microbatch ``tick - p``; one ``ppermute`` of activations per tick). The backward
@@ -40,7 +43,7 @@ replicated over the stages and need the output); under 1F1B each microbatch's gr
 the pipeline input leaves stage 0 the same way. No whole-batch reduction follows the loop.
 
 MoE auxiliaries are kept per unit and per microbatch and combined exactly: every aux term
-is a token mean (averaged over the equal-sized microbatches, and over the equal-sized batch
+is a token mean (averaged over the equal-sized microbatches, and over the equal-sized data
 shards by one ``pmean`` after the loop; 1F1B's backward gives each shard 1 / shards of the
 aux cotangent) except the load-balancing loss ``E * sum_e f_e P_e``,
 a product of two batch means, which is rebuilt per unit from the
@@ -54,6 +57,7 @@ Embedding, encoders and heads run outside the pipeline, replicated over its stag
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import jax
@@ -61,38 +65,53 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from omni_jax.models import named_ops
 from omni_jax.parallel import recipes
 from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
 
 PIPE = "pipeline"
+SEQ = "sequence"
 SCHEDULES = ("gpipe", "1f1b")
+# The axes over which the activations differ: the batch axes and the sequence axis.
+DATA_AXES = (*BATCH_AXES, SEQ)
 
 
 def batch_axes(mesh) -> tuple[str, ...]:
-  """The batch axes of ``mesh`` that split the batch (size > 1): with ``pipeline``, the axes
-  the stage body is manual over."""
+  """The batch axes of ``mesh`` that split the batch (size > 1)."""
   return tuple(a for a in BATCH_AXES if mesh.shape[a] > 1)
 
 
+def manual_axes(mesh) -> frozenset[str]:
+  """The axes the stage body is manual over: every mesh axis of size > 1 (and ``pipeline``)."""
+  return frozenset({PIPE, *(a for a in mesh.axis_names if mesh.shape[a] > 1)})
+
+
 def _batch_spec(mesh) -> P:
-  """The batch dimension of activations, inside the body and out."""
+  """Activations ``[B/M, M, T, ...]`` (and positions ``[B/M, M, T]``): the batch over the
+  batch axes, the sequence over ``sequence``, inside the body and out."""
   axes = batch_axes(mesh)
-  return P(axes) if axes else P()
+  return P(axes or None, None, SEQ if mesh.shape[SEQ] > 1 else None)
 
 
-def _body_batch_axes() -> tuple[str, ...]:
-  """Inside the body: its manual batch axes."""
-  return tuple(a for a in BATCH_AXES if a in jax.sharding.get_abstract_mesh().manual_axes)
+def _body_data_axes() -> tuple[str, ...]:
+  """Inside the body: its manual axes over which the activations differ (batch, sequence)."""
+  return tuple(a for a in DATA_AXES if a in jax.sharding.get_abstract_mesh().manual_axes)
+
+
+def _varying(a) -> tuple[str, ...]:
+  return tuple(jax.typeof(a).manual_axis_type.varying)
 
 
 def vary(tree):
-  """Marks values as differing over every manual axis of the body (per stage and per batch
-  shard): scan carries that become so, and the parameters before the tick loop, so that the
-  reductions their transposes need happen once, after the loop."""
-  manual = (PIPE, *_body_batch_axes())
+  """Marks values as differing over the pipeline and data axes of the body (per stage, per
+  batch and sequence shard): scan carries that become so, and the parameters before the tick
+  loop, so that the reductions their transposes need happen once, after the loop. Not over
+  ``tensor``: the activations are the same on every tensor rank (the Megatron bodies mark
+  their inputs and psum their outputs)."""
+  manual = (PIPE, *_body_data_axes())
 
   def one(a):
-    have = jax.typeof(a).manual_axis_type.varying
+    have = _varying(a)
     missing = tuple(ax for ax in manual if ax not in have)
     return jax.lax.pcast(a, missing, to="varying") if missing else a
   return jax.tree.map(one, tree)
@@ -183,7 +202,7 @@ def schedule_text(n_stages: int, m: int) -> str:
 # Shared pieces
 # ------------------------------------------------------------------------------------------
 
-def _check_shapes(n_stages, m, unit_params, x, n_shards):
+def _check_shapes(n_stages, m, unit_params, x, n_shards, n_seq=1):
   units = jax.tree.leaves(unit_params)[0].shape[0]
   if units % n_stages:
     raise ValueError(f"pipeline={n_stages} stages need the backbone's {units} units (layers / "
@@ -197,70 +216,98 @@ def _check_shapes(n_stages, m, unit_params, x, n_shards):
                      f"{m}) do not split over the {n_shards} batch shards ({list(BATCH_AXES)}); "
                      "the stages run each shard's rows locally: make batch / microbatches a "
                      "multiple of the batch shards")
+  if x.shape[1] % n_seq:
+    raise ValueError(f"sequence length {x.shape[1]} is not a multiple of sequence={n_seq}")
 
 
-def _check_mesh(mesh):
-  manual = (PIPE, *BATCH_AXES)
-  others = {a: mesh.shape[a] for a in mesh.axis_names if a not in manual and mesh.shape[a] > 1}
-  if others:
-    raise ValueError(f"the pipeline's stage body is manual over {list(manual)} and runs the "
-                     f"plain ops; it does not split over {others}")
+KEPT_AXES = ("tensor", "expert")  # what a stage keeps split (the stage ops' model parallelism)
 
 
 def stage_specs(mesh, unit_params, recipe: str = "omni"):
   """``(in_specs, gathers)`` of the stage parameters: ``in_specs`` per leaf is the recipe's
-  placement of that backbone unit parameter (``backbone/units/...``) with the unit axis over
-  ``pipeline`` and the other dimensions over the batch axes the recipe names (``fsdp``);
-  ``gathers`` per leaf the ``(dim, axes)`` the body all-gathers once before the tick loop.
-  An axis the recipe names outside the batch axes (``tensor``, ...) must be of size 1 here
-  (:func:`_check_mesh`) and drops out; a unit axis the recipe would split otherwise is kept
-  whole over the batch axes (the parameter enters gathered on that dimension)."""
-  full, _ = recipes.resolve(recipes.RECIPES.get(recipe), {"backbone": {"units": unit_params}},
-                            mesh)
+  placement of that backbone unit parameter (``backbone/units/...``), the unit axis over
+  ``pipeline``; ``gathers`` per leaf the ``(dim, axes, kind)`` the body handles once before
+  the tick loop (:func:`_gather_params`): ``"gather"``: all-gathered; ``"keep"``: the
+  dimension stays split, where the recipe's rule names ``tensor`` or ``expert`` for it
+  literally and the leaf is one the stage ops take split (``Recipe.stage_split``: the
+  Megatron attention / MLP kernels, the routed experts). Every other split (the ZeRO group:
+  ``fsdp``, and under ``omni_zero3`` ``expert`` / ``sequence`` too; ``tensor`` on leaves the
+  plain ops use, e.g. shared experts) is gathered. A unit axis the recipe would split
+  otherwise is kept whole (the parameter enters gathered on it)."""
+  rec = recipes.RECIPES.get(recipe)
+  full, _ = recipes.resolve(rec, {"backbone": {"units": unit_params}}, mesh)
 
-  def one(sharding, leaf):
+  def one(path, sharding, leaf):
+    name = recipes.path_str(path)
+    rule = next(r for r in rec.rules if r.matches(name))
+    literal = rule.placement if isinstance(rule.placement, tuple) else ()
+    takes_split = any(re.search(pat, name) for pat in rec.stage_split)
     entries = list(sharding.spec) + [None] * (leaf.ndim - len(sharding.spec))
     spec, gather = [PIPE], []
     for dim, entry in enumerate(entries[1:], start=1):
       axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
-      axes = tuple(a for a in axes if mesh.shape[a] > 1)
-      if axes and all(a in BATCH_AXES for a in axes):
+      axes = tuple(a for a in axes if mesh.shape[a] > 1 and a != PIPE)
+      if (takes_split and len(axes) == 1 and axes[0] in KEPT_AXES and dim < len(literal)
+          and literal[dim] == axes[0]):
+        spec.append(axes[0])
+        gather.append((dim, axes, "keep"))
+      elif axes:
         spec.append(axes[0] if len(axes) == 1 else axes)
-        gather.append((dim, axes))
+        gather.append((dim, axes, "gather"))
       else:
         spec.append(None)
     return P(*spec), tuple(gather)
-  leaves, treedef = jax.tree.flatten(unit_params)
-  pairs = [one(s, leaf) for s, leaf in zip(treedef.flatten_up_to(full["backbone"]["units"]),
-                                           leaves, strict=True)]
-  return (jax.tree.unflatten(treedef, [s for s, _ in pairs]),
-          jax.tree.unflatten(treedef, [g for _, g in pairs]))
+  tree = {"backbone": {"units": unit_params}}
+  pairs = jax.tree_util.tree_map_with_path(
+      lambda path, sh, leaf: one(path, sh, leaf), full, tree,
+      is_leaf=lambda x: isinstance(x, jax.sharding.NamedSharding))["backbone"]["units"]
+  is_pair = lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], P)
+  return (jax.tree.map(lambda q: q[0], pairs, is_leaf=is_pair),
+          jax.tree.map(lambda q: q[1], pairs, is_leaf=is_pair))
 
 
 def _gather_params(params, gathers):
-  """The stage's whole parameters from the batch-axis shards: one tiled ``all_gather`` per
-  split dimension, before the tick loop (its transpose, a ``psum_scatter``, reduces the
-  accumulated gradient once after the loop), then marked varying over every manual axis
-  (the transpose of that: a ``psum`` over the batch axes a leaf is not split over)."""
+  """The stage's parameters from their shards, once, before the tick loop: one tiled
+  ``all_gather`` per gathered dimension (its transpose, a ``psum_scatter``, reduces the
+  accumulated gradient once after the loop); a kept dimension (``tensor`` / ``expert``) is
+  placed at this rank's offset in a zero buffer of the whole size — flax checks every
+  parameter's shape against the model's, and the stage ops take this rank's part back out
+  (``tensor_parallel.own_part``); its gradient is that part of the buffer's. Then marked
+  varying over the pipeline and data axes (the transpose of that: a ``psum`` over the data
+  axes a leaf is not split over)."""
   def one(a, gather):
-    for dim, axes in gather:
-      a = jax.lax.all_gather(a, axes, axis=dim, tiled=True)
+    for dim, axes, kind in gather:
+      if kind == "gather":
+        a = jax.lax.all_gather(a, axes, axis=dim, tiled=True)
+      else:
+        (axis,) = axes
+        n, size = jax.lax.axis_size(axis), a.shape[dim]
+        whole = jnp.zeros((*a.shape[:dim], n * size, *a.shape[dim + 1:]), a.dtype)
+        a = jax.lax.dynamic_update_slice_in_dim(whole, a, jax.lax.axis_index(axis) * size,
+                                                axis=dim)
     return a
   return vary(jax.tree.map(one, params, gathers))
 
 
-def _reduce_grads(grads, gathers):
+def _reduce_grads(grads, gathers, split):
   """The transpose of :func:`_gather_params` for the 1F1B backward's hand-accumulated stage
-  gradients (whole, per batch shard): ``psum_scatter`` over the split dimensions' axes, a
-  ``psum`` over the other batch axes; once, after the loop."""
-  def one(g, gather):
-    used = set()
-    for dim, axes in gather:
-      g = jax.lax.psum_scatter(g, axes, scatter_dimension=dim, tiled=True)
+  gradients (whole, per data shard): this rank's part of a kept dimension, ``psum_scatter``
+  over the gathered dimensions' axes, a ``psum`` over the other data axes the parameter is
+  not split over (``split``: the axes it entered the body split over, e.g. experts over
+  ``expert``); once, after the loop."""
+  def one(g, gather, split):
+    used = set(split)
+    for dim, axes, kind in reversed(gather):
+      if kind == "gather":
+        g = jax.lax.psum_scatter(g, axes, scatter_dimension=dim, tiled=True)
+      else:
+        (axis,) = axes
+        size = g.shape[dim] // jax.lax.axis_size(axis)
+        g = jax.lax.dynamic_slice_in_dim(g, jax.lax.axis_index(axis) * size, size, axis=dim)
       used.update(axes)
-    rest = tuple(a for a in _body_batch_axes() if a not in used)
+    rest = tuple(a for a in _body_data_axes() if a not in used)
     return jax.lax.psum(g, rest) if rest else g
-  return jax.tree.map(one, grads, gathers)
+  return jax.tree.map(one, grads, gathers, split)
 
 
 def _split(a, m):
@@ -324,8 +371,8 @@ def _aux_cotangent(d_acc, f_bar, m, units):
 def _forward(apply_unit, acc_shapes, n_stages, m, gathers, remat=False):
   """The shard_map body of the pipelined forward (GPipe ticks): ``(params, xs, ps) ->
   (outs [B/M, M, ...] (every stage), aux (summed over stages), f_bar [units, E])``, all per
-  batch shard. The parameters are gathered over the batch axes once, before the loop; the
-  aux sums are averaged over the batch shards once, after it (every aux term is built from
+  data shard. The parameters' ZeRO split is gathered once, before the loop; the aux sums are
+  averaged over the batch and sequence shards once, after it (every aux term is built from
   token means over equal-sized shards, so the mean of the shards' means is the batch's)."""
   def body(params, xs, ps):
     params = _gather_params(params, gathers)
@@ -350,7 +397,7 @@ def _forward(apply_unit, acc_shapes, n_stages, m, gathers, remat=False):
 
     init = (vary(jnp.zeros_like(_mb(xs, 0))), jnp.zeros_like(xs), vary(aux0))
     (_, outs, sums), _ = jax.lax.scan(tick, init, jnp.arange(m + n_stages - 1))
-    axes = _body_batch_axes()
+    axes = _body_data_axes()
     sums = jax.lax.pmean(sums, axes) if axes else sums
     acc = jax.tree.map(lambda v: jax.lax.psum(v, PIPE), _finish_aux(sums, m))  # scalars / [E]
     f_bar = jax.lax.stop_gradient(sums["expert_load"] / m)
@@ -377,40 +424,55 @@ def _publish(buf, j, value, owner):
 
 
 def _prepare(mesh, m, unit_params, carry, positions, recipe):
-  _check_mesh(mesh)
   n_stages = mesh.shape[PIPE]
   x, acc0 = carry
-  _check_shapes(n_stages, m, unit_params, x, math.prod(mesh.shape[a] for a in BATCH_AXES))
+  _check_shapes(n_stages, m, unit_params, x, math.prod(mesh.shape[a] for a in BATCH_AXES),
+                mesh.shape[SEQ])
   acc_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), acc0)
   xs, ps = _split(x, m), jax.tree.map(lambda a: _split(a, m), positions)
   param_specs, gathers = stage_specs(mesh, unit_params, recipe)
   return n_stages, acc0, acc_shapes, xs, ps, param_specs, gathers
 
 
+def _with_ops(body, stage_ops):
+  """``body`` traced with the stage's named ops (manual bodies: no nested ``shard_map``)."""
+  if not stage_ops:
+    return body
+
+  def run(*args):
+    with named_ops.override(**stage_ops):
+      return body(*args)
+  return run
+
+
 def _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, gathers, unit_params,
-                 xs, ps, remat=False):
-  return jax.shard_map(_forward(apply_unit, acc_shapes, n_stages, m, gathers, remat),
+                 xs, ps, remat=False, stage_ops=None):
+  return jax.shard_map(_with_ops(_forward(apply_unit, acc_shapes, n_stages, m, gathers, remat),
+                                 stage_ops),
                        mesh=context_mesh(mesh),
                        in_specs=(param_specs, _batch_spec(mesh), _batch_spec(mesh)),
                        out_specs=(_batch_spec(mesh), P(), P(PIPE)),
-                       axis_names=frozenset({PIPE, *batch_axes(mesh)}))(unit_params, xs, ps)
+                       axis_names=manual_axes(mesh))(unit_params, xs, ps)
 
 
 # ------------------------------------------------------------------------------------------
 # GPipe
 # ------------------------------------------------------------------------------------------
 
-def gpipe(mesh, microbatches: int, remat: bool = False, recipe: str = "omni") -> Callable:
+def gpipe(mesh, microbatches: int, remat: bool = False, recipe: str = "omni",
+          stage_ops=None) -> Callable:
   """A ``layer_stack`` implementation: GPipe over ``pipeline`` with ``microbatches``;
   ``remat``: each stage under ``jax.checkpoint`` (keeps its input, recomputes in the
-  backward); ``recipe`` places the stage parameters (:func:`stage_specs`)."""
+  backward); ``recipe`` places the stage parameters (:func:`stage_specs`); ``stage_ops``:
+  named-op implementations for inside the stage (``layout.stage_ops``: bodies for a context
+  manual over every mesh axis), required where ``sequence``, ``expert`` or ``tensor`` > 1."""
   m = microbatches
 
   def impl(apply_unit, unit_params, carry, positions):
     n_stages, acc0, acc_shapes, xs, ps, param_specs, gathers = _prepare(
         mesh, m, unit_params, carry, positions, recipe)
     outs, acc, _ = _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs,
-                                gathers, unit_params, xs, ps, remat)
+                                gathers, unit_params, xs, ps, remat, stage_ops)
     return _merge(outs), jax.tree.map(jnp.add, acc0, acc)
   return impl
 
@@ -459,6 +521,7 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, gathers, n_shards, recom
       next_f += fwd_tab[t, p] >= 0
 
   def body(params, xs, ps, d_outs, d_acc, f_bar):
+    split = jax.tree.map(_varying, params)
     params = _gather_params(params, gathers)
     stage = jax.lax.axis_index(PIPE)
     last = stage == n_stages - 1
@@ -540,27 +603,28 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, gathers, n_shards, recom
     init = (*vary((params, ring0, box, box, jax.tree.map(jnp.zeros_like, params))),
             jnp.zeros_like(xs))
     (_, _, _, _, grads, d_xs), _ = jax.lax.scan(tick, init, tabs, length=n_ticks)
-    return _reduce_grads(grads, gathers), d_xs
+    return _reduce_grads(grads, gathers, split), d_xs
   return body
 
 
 def one_f_one_b(mesh, microbatches: int, recompute: bool = True,
-                recipe: str = "omni") -> Callable:
+                recipe: str = "omni", stage_ops=None) -> Callable:
   """A ``layer_stack`` implementation: the GPipe forward with a 1F1B backward (module doc);
   ``recompute``: the ring holds unit inputs and the backward recomputes the units (the
-  default, what the recipe's ``1f1b`` runs), else it holds the stage's residuals."""
+  default, what the recipe's ``1f1b`` runs), else it holds the stage's residuals;
+  ``recipe``, ``stage_ops``: as :func:`gpipe`."""
   m = microbatches
 
   def impl(apply_unit, unit_params, carry, positions):
     n_stages, acc0, acc_shapes, xs, ps, param_specs, gathers = _prepare(
         mesh, m, unit_params, carry, positions, recipe)
     cmesh = context_mesh(mesh)
-    n_shards = math.prod(mesh.shape[a] for a in BATCH_AXES)
+    n_shards = math.prod(mesh.shape[a] for a in DATA_AXES)
     bs = _batch_spec(mesh)
 
     def forward(params, xs):
       return _run_forward(mesh, apply_unit, acc_shapes, n_stages, m, param_specs, gathers,
-                          params, xs, ps)
+                          params, xs, ps, stage_ops=stage_ops)
 
     @jax.custom_vjp
     def pipelined(params, xs):
@@ -576,8 +640,9 @@ def one_f_one_b(mesh, microbatches: int, recompute: bool = True,
       d_outs, d_acc = ct
       body = _backward_1f1b(apply_unit, acc_shapes, n_stages, m, gathers, n_shards, recompute)
       grads, d_xs = jax.shard_map(
-          body, mesh=cmesh, in_specs=(param_specs, bs, bs, bs, P(), P(PIPE)),
-          out_specs=(param_specs, bs), axis_names=frozenset({PIPE, *batch_axes(mesh)}))(
+          _with_ops(body, stage_ops), mesh=cmesh,
+          in_specs=(param_specs, bs, bs, bs, P(), P(PIPE)),
+          out_specs=(param_specs, bs), axis_names=manual_axes(mesh))(
               params, xs, ps, d_outs, d_acc, f_bar)
       return grads, d_xs
 
@@ -587,8 +652,11 @@ def one_f_one_b(mesh, microbatches: int, recompute: bool = True,
   return impl
 
 
-def pipeline_op(name: str, mesh, microbatches: int) -> Callable:
-  """The ``layer_stack`` implementation named ``name`` (one of :data:`SCHEDULES`)."""
+def pipeline_op(name: str, mesh, microbatches: int, recipe: str = "omni",
+                stage_ops=None) -> Callable:
+  """The ``layer_stack`` implementation named ``name`` (one of :data:`SCHEDULES`), its stage
+  parameters placed by ``recipe``, ``stage_ops`` inside the stages (:func:`gpipe`)."""
   if name not in SCHEDULES:
     raise ValueError(f"pipeline schedule {name!r} is not available; allowed: {list(SCHEDULES)}")
-  return (gpipe if name == "gpipe" else one_f_one_b)(mesh, microbatches)
+  return (gpipe if name == "gpipe" else one_f_one_b)(mesh, microbatches, recipe=recipe,
+                                                      stage_ops=stage_ops)

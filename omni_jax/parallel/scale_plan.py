@@ -136,7 +136,7 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | 
   shardings = state_sharding(mesh, recipe)(abstract)
   state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                        abstract, shardings)
-  step = jax.jit(make_train_step(make_loss_fn(spec, model, mesh, op_names), tx),
+  step = jax.jit(make_train_step(make_loss_fn(spec, model, mesh, op_names, recipe=recipe), tx),
                  donate_argnums=0, out_shardings=(shardings, None))
   t0 = time.perf_counter()
   compiled = step.lower(state, batch).compile()

@@ -11,12 +11,19 @@ all-reduces one gradient, not one per use. Parameters sharded over ``fsdp`` are 
 the local heads go through the Ulysses or ring body over ``sequence`` in the same
 ``shard_map``.
 
+The bodies (:func:`mlp_body`, :func:`attention_body`) are plain functions for a context in
+which ``tensor`` is already manual: the ``shard_map`` ops here call them, and so does a
+pipeline stage, whose body is manual over every mesh axis (:func:`stage_mlp`,
+:func:`stage_attention`: they take the weights split over ``tensor`` as the recipe places
+them, or whole, in which case each rank slices its own part).
+
 Grouped-query attention: when the key/value heads do not split t ways, their kernels are
 repeated to one per query head first (numerically the same attention).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -46,17 +53,28 @@ def enter(x):
   return jax.lax.pcast(x, (TENSOR,), to="varying")
 
 
+def mlp_body(x, wg, wu, wo):
+  """The Megatron MLP on this rank's width slice (``tensor`` manual): one psum out."""
+  return jax.lax.psum(dense_mlp.default(enter(x), wg, wu, wo), TENSOR)
+
+
+def attention_body(x, pos, wq, wk, wv, wo, seg, *, rope_theta, block, attend):
+  """The Megatron attention sublayer on this rank's heads (``tensor`` manual): one psum out.
+  ``wk``/``wv`` hold as many heads as ``wq`` (repeated first where grouped heads do not
+  split)."""
+  y = attention_sublayer(enter(x), pos, wq, wk, wv, wo, rope_theta=rope_theta, block=block,
+                         attend=attend, segment_ids=seg)
+  return jax.lax.psum(y, TENSOR)
+
+
 def megatron_mlp(mesh) -> Callable:
   """A ``dense_mlp`` implementation: width split over ``tensor``, one psum out."""
   t = mesh.shape[TENSOR]
 
   def impl(x, w_gate, w_up, w_out):
     _check("the MLP width", w_gate.shape[1], t)
-
-    def body(x, wg, wu, wo):
-      return jax.lax.psum(dense_mlp.default(enter(x), wg, wu, wo), TENSOR)
     col, row = P(None, TENSOR), P(TENSOR, None)
-    return jax.shard_map(body, mesh=context_mesh(mesh), in_specs=(TOKENS, col, col, row),
+    return jax.shard_map(mlp_body, mesh=context_mesh(mesh), in_specs=(TOKENS, col, col, row),
                          out_specs=TOKENS)(x, w_gate, w_up, w_out)
   return impl
 
@@ -76,14 +94,57 @@ def megatron_attention(mesh, sequence_body: Callable | None = None) -> Callable:
     if kv % t:
       wk, wv = jnp.repeat(wk, h // kv, axis=1), jnp.repeat(wv, h // kv, axis=1)
 
-    def body(x, pos, wq, wk, wv, wo, seg):
-      y = attention_sublayer(enter(x), pos, wq, wk, wv, wo, rope_theta=rope_theta, block=block,
-                             attend=attend, segment_ids=seg)
-      return jax.lax.psum(y, TENSOR)
+    body = functools.partial(attention_body, rope_theta=rope_theta, block=block,
+                             attend=attend)
     heads = P(None, TENSOR, None)
     seg_spec = None if segment_ids is None else POSITIONS
     return jax.shard_map(body, mesh=context_mesh(mesh),
                          in_specs=(TOKENS, POSITIONS, heads, heads, heads, P(TENSOR, None, None),
                                    seg_spec),
                          out_specs=TOKENS)(x, positions, wq, wk, wv, wo, segment_ids)
+  return impl
+
+
+def is_split(w, axis: str = TENSOR) -> bool:
+  """Inside a ``shard_map``: whether ``w`` differs over manual ``axis`` (entered split over
+  it), read from its type."""
+  return axis in jax.typeof(w).manual_axis_type.varying
+
+
+def is_manual(axis: str) -> bool:
+  """Whether ``axis`` is manual here (inside a pipeline stage: every axis of size > 1)."""
+  return axis in jax.sharding.get_abstract_mesh().manual_axes
+
+
+def own_part(w, dim: int, axis: str = TENSOR):
+  """Inside a ``shard_map`` manual over ``axis`` (a pipeline stage): this rank's part of
+  dimension ``dim`` of a whole-sized ``w`` — a weight that entered whole, or a split one that
+  the stage placed at this rank's offset of a whole-sized buffer (``pipeline._gather_params``:
+  the model's parameter shapes are checked). The gradient of a whole weight then sums over
+  the ranks by the transpose of the slice."""
+  n = jax.lax.axis_size(axis)
+  _check(f"dimension {dim} of a {w.shape} weight", w.shape[dim], n)
+  size = w.shape[dim] // n
+  return jax.lax.dynamic_slice_in_dim(w, jax.lax.axis_index(axis) * size, size, axis=dim)
+
+
+def stage_mlp(x, w_gate, w_up, w_out):
+  """A ``dense_mlp`` for a context manual over ``tensor`` (a pipeline stage)."""
+  return mlp_body(x, own_part(w_gate, 1), own_part(w_up, 1), own_part(w_out, 0))
+
+
+def stage_attention(attend: Callable) -> Callable:
+  """A ``self_attention`` for a context manual over ``tensor`` (and ``sequence`` if
+  ``attend`` is a sequence body): this rank's heads, one psum out. Key/value heads that do not
+  split over ``tensor`` (the recipe keeps them whole) are repeated to one per query head
+  first, then split like the queries."""
+  def impl(x, positions, wq, wk, wv, wo, *, rope_theta=10_000.0, block=0, segment_ids=None):
+    t = jax.lax.axis_size(TENSOR)
+    h, kv = wq.shape[1], wk.shape[1]
+    _check("num_heads", h, t)
+    if kv % t:
+      wk, wv = jnp.repeat(wk, h // kv, axis=1), jnp.repeat(wv, h // kv, axis=1)
+    return attention_body(x, positions, own_part(wq, 1), own_part(wk, 1), own_part(wv, 1),
+                          own_part(wo, 0), segment_ids, rope_theta=rope_theta, block=block,
+                          attend=attend)
   return impl

@@ -177,10 +177,11 @@ def pipeline_microbatches(config) -> int:
 
 
 def make_loss_fn(spec: OmniSpec, model: OmniModel, mesh, op_names: dict | None = None,
-                 microbatches: int = 4):
+                 microbatches: int = 4, recipe: str = "omni"):
   """``(params, batch, norm=None) -> (loss, metrics)`` with the mesh's named-op
-  implementations; ``norm`` for gradient accumulation (:func:`omni_loss`)."""
-  ops = layout.ops(mesh, op_names, microbatches)
+  implementations (``recipe`` places a pipeline's stage parameters); ``norm`` for gradient
+  accumulation (:func:`omni_loss`)."""
+  ops = layout.ops(mesh, op_names, microbatches, recipe)
 
   def loss_fn(params, batch, norm=None):
     with named_ops.override(**ops):  # active whenever the step is traced
@@ -226,8 +227,8 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
     return model.init(key, example)["params"]
 
   op_names = parallel_op_names(config)
-  layout_ops = layout.ops(mesh, op_names, micro)
-  loss_fn = make_loss_fn(spec, model, mesh, op_names, micro)
+  layout_ops = layout.ops(mesh, op_names, micro, recipe_name(config))
+  loss_fn = make_loss_fn(spec, model, mesh, op_names, micro, recipe_name(config))
   param_sharding = state_sharding(mesh, recipe_name(config))
   abstract_params = jax.eval_shape(init_params, jax.random.PRNGKey(0))
   params_total, params_active = count_params(spec, abstract_params)

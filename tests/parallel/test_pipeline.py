@@ -5,12 +5,13 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from omni_jax.config import ConfigError
 from omni_jax.data.stream import OmniStream
 from omni_jax.parallel import hlo_cost, layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.parallel.pipeline import SCHEDULES, schedule_1f1b
+from omni_jax.parallel.pipeline import SCHEDULES, schedule_1f1b, stage_specs
 from omni_jax.train.omni import check_batch_fits_mesh, parallel_op_names
 
 
@@ -61,6 +62,96 @@ def test_schedules_match_one_device(mesh_cfg, n_micro, units_per_stage, micro):
   assert _max_rel(grads["1f1b"], grads["gpipe"]) <= 1e-5
 
 
+# The pipeline composed with the model-parallel axes: the stage body is manual over every
+# axis of size > 1 and runs the Ulysses / ring, expert-parallel and Megatron bodies inside
+# (layout.stage_ops); the stage keeps the recipe's tensor / expert splits of its parameters
+# and gathers only the ZeRO (fsdp) split, once, outside the tick loop. Aux loss on, as above.
+def _pipeline_matches_one_device(micro, mesh_cfg, overrides, schedules, in_loop_kind,
+                                 recipe="omni"):
+  _, _, loss, params, batch = micro(lb_coef=1.0, num_layers=2)
+  l1, g1 = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, {})))(params, batch)
+  mesh = mesh_lib.make_mesh(mesh_cfg)
+  sh, _ = recipes.resolve(recipes.RECIPES.get(recipe), params, mesh)
+  grads = {}
+  for schedule in schedules:
+    names = layout.op_names(recipe, {**overrides, "pipeline": schedule})
+    ops = layout.ops(mesh, names, 2, recipe)
+    f = jax.jit(jax.value_and_grad(lambda p, b, ops=ops: loss(p, b, ops)),
+                out_shardings=(None, sh))
+    args = (jax.device_put(params, sh), mesh_lib.put_batch(mesh, batch))
+    lp, grads[schedule] = f(*args)
+    assert abs(float(lp) - float(l1)) <= 1e-5 * abs(float(l1)), schedule
+    assert _max_rel(grads[schedule], g1) <= 1e-5, schedule
+    # The seam's own collective runs inside the tick loop (the op's body is in the stage);
+    # no parameter is gathered or reduce-scattered there (only once, outside).
+    in_loop = {c.kind for c in hlo_cost.collectives_per_step(f.lower(*args).compile().as_text())
+               if "backbone/shard_map" in c.op_name and "/while/" in c.op_name}
+    assert in_loop_kind in in_loop and not in_loop & {"all-gather", "reduce-scatter"}, (
+        schedule, in_loop)
+  if len(schedules) == 2:
+    assert _max_rel(grads["1f1b"], grads["gpipe"]) <= 1e-5
+
+
+@pytest.mark.parametrize("op,schedules", [
+    ("ulysses", SCHEDULES),
+    pytest.param("ring", ("1f1b",), marks=pytest.mark.slow),
+    pytest.param("ring_zigzag", ("gpipe",), marks=pytest.mark.slow),
+])
+def test_pipeline_with_sequence(op, schedules, micro):
+  _pipeline_matches_one_device(micro, dict(pipeline=2, sequence=2, fsdp=2),
+                               {"sequence_attention": op}, schedules,
+                               "all-to-all" if op == "ulysses" else "collective-permute")
+
+
+# 1F1B in the default suite (its forward is GPipe's; its backward the hand-written loop),
+# GPipe's autodiff backward too under slow (each schedule is a compile of the 8-device step).
+@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
+def test_pipeline_with_expert(schedule, micro):
+  _pipeline_matches_one_device(micro, dict(pipeline=2, expert=2, fsdp=2), {}, (schedule,),
+                               "all-to-all")
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
+def test_pipeline_with_tensor(schedule, micro):
+  _pipeline_matches_one_device(micro, dict(pipeline=2, tensor=2, fsdp=2), {}, (schedule,),
+                               "all-reduce")
+
+
+@pytest.mark.slow  # experts split over expert and their width over tensor, in one stage
+def test_pipeline_with_expert_and_tensor(micro):
+  _pipeline_matches_one_device(micro, dict(pipeline=2, expert=2, tensor=2), {}, ("1f1b",),
+                               "all-to-all")
+
+
+@pytest.mark.slow  # the ZeRO group over fsdp x expert: the recipe reaches the stage
+def test_pipeline_with_expert_zero3(micro):
+  _pipeline_matches_one_device(micro, dict(pipeline=2, expert=2, fsdp=2), {}, ("gpipe",),
+                               "all-to-all", recipe="omni_zero3")
+
+
+def test_stage_specs_follow_the_recipe(micro):
+  # What the stage keeps split (the recipe's tensor / expert placement of the parameters its
+  # ops take split) and what it gathers once before the tick loop (the ZeRO group).
+  _, _, _, params, _ = micro(num_layers=2)
+  units = params["backbone"]["units"]
+  unit = lambda tree: tree["layer_0"]
+  ep = mesh_lib.make_mesh(dict(pipeline=2, expert=2, fsdp=2))
+  for recipe, dense_zero in (("omni", ("fsdp",)), ("omni_zero3", ("fsdp", "expert"))):
+    specs, gathers = stage_specs(ep, units, recipe)
+    assert unit(specs)["moe"]["wi_gate"] == P("pipeline", "expert", "fsdp", None), recipe
+    assert unit(gathers)["moe"]["wi_gate"] == ((1, ("expert",), "keep"),
+                                               (2, ("fsdp",), "gather")), recipe
+    assert unit(gathers)["attn"]["q"]["kernel"] == ((1, dense_zero, "gather"),), recipe
+  tp = mesh_lib.make_mesh(dict(pipeline=2, tensor=2, fsdp=2))
+  specs, gathers = stage_specs(tp, units, "omni")
+  attn = unit(specs)["attn"]
+  assert attn["q"]["kernel"] == P("pipeline", "fsdp", "tensor", None)
+  assert attn["k"]["kernel"] == P("pipeline", "fsdp", None, None)  # 1 kv head: kept whole
+  assert attn["o"]["kernel"] == P("pipeline", "tensor", None, "fsdp")
+  assert unit(gathers)["attn"]["o"]["kernel"] == ((1, ("tensor",), "keep"),
+                                                 (3, ("fsdp",), "gather"))
+
+
 @pytest.mark.slow  # the memory references of experiments/pipeline_memory.py: same values too
 def test_reference_variants_match_one_device(micro):
   from omni_jax.parallel.pipeline_memory import VARIANTS
@@ -107,8 +198,6 @@ def test_pipeline_config_errors(micro):
     check_batch_fits_mesh(stream, mesh_lib.make_mesh(dict(pipeline=4, fsdp=2)))
   with pytest.raises(ConfigError, match="pipeline_microbatches \\(8\\) x the 4 devices"):
     check_batch_fits_mesh(stream, mesh_lib.make_mesh(dict(pipeline=2, fsdp=4)), 8)
-  with pytest.raises(ValueError, match="composes with data and fsdp only"):
-    layout.ops(mesh_lib.make_mesh(dict(pipeline=2, expert=4)))
   # The stages run each batch shard's rows: a microbatch must split over the batch shards.
   _, _, loss, params, batch = micro(lb_coef=0.0, num_layers=2)
   mesh = mesh_lib.make_mesh(dict(pipeline=2, fsdp=4))

@@ -90,6 +90,10 @@ class Recipe:
   zero_axes: tuple[str, ...] = ("fsdp",)  # what "fsdp" in a rule stands for (ZeRO group)
   modules: tuple[Module, ...] = ()        # named parameter groups, first match wins
   module_zero: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (group, its ZeRO axes)
+  # Backbone unit parameters (path patterns) that a pipeline stage keeps split over ``tensor``
+  # / ``expert`` as the rules place them: those its in-stage ops take split (pipeline.py's
+  # stage_specs); every other split is gathered on entering the stage.
+  stage_split: tuple[str, ...] = ()
 
   def __post_init__(self):
     bad = [a for a in self.zero_axes if a not in ZERO_AXES_ALLOWED]

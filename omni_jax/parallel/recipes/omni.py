@@ -52,6 +52,12 @@ OMNI_RULES = [
     Rule(r".*", FSDP),
 ]
 
+# What a pipeline stage keeps split (the Megatron attention / MLP kernels and the routed experts,
+# which its named ops take split; layout.stage_ops). Shared experts are computed by plain code
+# inside the MoE layer, so they enter a stage whole.
+OMNI_STAGE_SPLIT = (rf"{UNIT}/attn/(q|k|v|o)/kernel$", rf"{UNIT}/mlp/(wi_gate|wi_up|wo)/kernel$",
+                    rf"{UNIT}/moe/(wi_gate|wi_up|wo)$")
+
 OMNI_OPS = (
     ("sequence_attention", "ulysses"),   # 'ring' for very long sequences / few heads
     ("moe_dispatch", "all_to_all"),
@@ -59,11 +65,12 @@ OMNI_OPS = (
     ("pipeline", "gpipe"),
 )
 
-RECIPES.add("omni", Recipe(tuple(OMNI_RULES), OMNI_OPS))
+RECIPES.add("omni", Recipe(tuple(OMNI_RULES), OMNI_OPS, stage_split=OMNI_STAGE_SPLIT))
 # ZeRO-3 over the whole data-parallel group: what the rules put on ``fsdp`` goes over
 # fsdp x expert x sequence (experts: over expert on E, fsdp x sequence on the model dim).
 RECIPES.add("omni_zero3", Recipe(tuple(OMNI_RULES), OMNI_OPS,
-                                 zero_axes=("fsdp", "expert", "sequence")))
+                                 zero_axes=("fsdp", "expert", "sequence"),
+                                 stage_split=OMNI_STAGE_SPLIT))
 
 OMNI_MODULES = (Module("encoders", r"(^|/)enc_[^/]+/"), Module("backbone", r".*"))
 # Encoders FSDP over all devices (params, grads, Adam moments) and their batch spread over all
@@ -71,4 +78,5 @@ OMNI_MODULES = (Module("encoders", r"(^|/)enc_[^/]+/"), Module("backbone", r".*"
 RECIPES.add("omni_enc_fsdp", Recipe(tuple(OMNI_RULES),
                                     OMNI_OPS + (("encoder_batch", "all_devices"),),
                                     modules=OMNI_MODULES,
-                                    module_zero=(("encoders", MESH_AXES),)))
+                                    module_zero=(("encoders", MESH_AXES),),
+                                    stage_split=OMNI_STAGE_SPLIT))
