@@ -80,6 +80,14 @@ class BlockLayout(NamedTuple):
   block: int
 
 
+def _count_at_or_below(bounds: jax.Array, v: jax.Array) -> jax.Array:
+  """``searchsorted(bounds, v, side="right")`` as a compare-all count (G is small). Not
+  ``jnp.searchsorted``: its default method compiles to loops (~2x this module's compile
+  time) and its "compare_all" fails inside a shard_map with varying manual axes (jax 0.10.2,
+  the pipeline stages)."""
+  return jnp.sum(bounds[None, :] <= v[:, None], axis=1, dtype=jnp.int32)
+
+
 def block_layout(group_sizes: jax.Array, num_rows: int, block: int) -> BlockLayout:
   """The block-padded layout of ``num_rows`` rows sorted by group (group ``g`` starts at a
   multiple of ``block``). ``sum(group_sizes)`` must be ``<= num_rows``, as for ragged_dot."""
@@ -98,15 +106,14 @@ def block_layout(group_sizes: jax.Array, num_rows: int, block: int) -> BlockLayo
   pstarts = pends - psizes
 
   p = jnp.arange(rows_p, dtype=jnp.int32)
-  # group of padded row p: in [0, G], G for the tail past the last group ("compare_all":
-  # G is small, and the default "scan" method compiled to loops, ~2x the compile time)
-  gp = jnp.searchsorted(pends, p, side="right", method="compare_all").astype(jnp.int32)
+  # group of padded row p: in [0, G], G for the tail past the last group
+  gp = _count_at_or_below(pends, p)
   gpc = jnp.minimum(gp, g - 1)
   off = p - pstarts[gpc]
   src = jnp.where((gp < g) & (off < sizes[gpc]), starts[gpc] + off, num_rows)
 
   i = jnp.arange(num_rows, dtype=jnp.int32)
-  gi = jnp.searchsorted(ends, i, side="right", method="compare_all").astype(jnp.int32)
+  gi = _count_at_or_below(ends, i)
   gic = jnp.minimum(gi, g - 1)
   dest = jnp.where(gi < g, pstarts[gic] + i - starts[gic], rows_p)
   return BlockLayout(dest, src, gpc[::block], block)
@@ -115,6 +122,15 @@ def block_layout(group_sizes: jax.Array, num_rows: int, block: int) -> BlockLayo
 def _block_dot(xb, w, grp, dims):
   return jax.lax.dot_general(xb, jax.lax.dynamic_index_in_dim(w, grp, 0, keepdims=False),
                              dims, preferred_element_type=jnp.float32)
+
+
+def _varying_like(a, *refs):
+  """``a`` marked as varying over every manual mesh axis (inside a ``shard_map``) that any of
+  ``refs`` varies over: a scan carry must enter with the type the body gives it (a type
+  cast, no communication; a no-op outside ``shard_map``)."""
+  axes = {ax for r in refs for ax in jax.typeof(r).manual_axis_type.varying}
+  missing = tuple(sorted(axes - set(jax.typeof(a).manual_axis_type.varying)))
+  return jax.lax.pcast(a, missing, to="varying") if missing else a
 
 
 @jax.custom_vjp
@@ -148,7 +164,8 @@ def _block_matmul_bwd(res, dy):
         dw, jax.lax.dynamic_index_in_dim(dw, grp, 0, keepdims=False) + dwb, grp, 0)
     return dw, dxb.astype(xp.dtype)
 
-  dw, dx = jax.lax.scan(body, jnp.zeros(w.shape, jnp.float32),
+  dw0 = _varying_like(jnp.zeros(w.shape, jnp.float32), xp, dy, w)
+  dw, dx = jax.lax.scan(body, dw0,
                         (xp.reshape(nb, block, k), dy.reshape(nb, block, n), block_group))
   return dx.reshape(xp.shape), dw.astype(w.dtype), None
 
