@@ -182,6 +182,10 @@ def block_matmul(xp: jax.Array, w: jax.Array, layout: BlockLayout) -> jax.Array:
   if xp.shape[0] != layout.block_group.shape[0] * layout.block:
     raise ValueError(f"block_matmul: xp has {xp.shape[0]} rows, the layout "
                      f"{layout.block_group.shape[0] * layout.block}")
+  # Inside a shard_map the rows may vary over manual axes that the weights do not (the
+  # shard-local dispatch): cast both to the union first, as jnp ops do implicitly, so the
+  # custom VJP's dw has the weights' type and autodiff sums it over those axes outside.
+  xp, w = _varying_like(xp, w), _varying_like(w, xp)
   return _block_matmul(xp, w, layout.block_group)
 
 
