@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from omni_jax.models.layers import swiglu
 from omni_jax.models.moe import capacity_positions, moe_dispatch, swiglu_experts
 from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
 from omni_jax.parallel.moe_local import fsdp_axis, gather_experts
@@ -100,9 +101,8 @@ def _ragged_dropless(xf, idf, wg, wu, wo, *, ep, e_loc, k, recv_factor, impl):
   lorder = jnp.argsort(local, stable=True)               # empty rows last, in no group
   sizes = jnp.bincount(local, length=e_loc + 1)[:e_loc].astype(jnp.int32)
   rows = recv[lorder]
-  h = jax.nn.silu(jax.lax.ragged_dot(rows, wg, sizes)) * jax.lax.ragged_dot(rows, wu, sizes)
-  y = jnp.zeros((m, d), xs.dtype).at[lorder].set(jax.lax.ragged_dot(h, wo, sizes),
-                                                 unique_indices=True)
+  out = swiglu(rows, wg, wu, wo, matmul=lambda a, w: jax.lax.ragged_dot(a, w, sizes))
+  y = jnp.zeros((m, d), xs.dtype).at[lorder].set(out, unique_indices=True)
   y = jnp.where(valid[:, None], y, 0)
   back = ragged_all_to_all(y, jnp.zeros((nk, d), y.dtype), recv_off, recv_n, a2a(in_off),
                            send_n, axis_name=EXPERT, impl=impl)
