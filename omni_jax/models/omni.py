@@ -185,23 +185,16 @@ def build_spec(model_cfg, tokenizer: str = "bytes") -> OmniSpec:
 def scatter_features(x, feats, pos, mask):
   """Writes ``feats`` [B, N, D] into ``x`` [B, T, D] at ``pos`` [B, N] where ``mask`` ([B]: per
   row, or [B, N]: per feature). Positions of written features must be distinct within a row;
-  masked-out features are sent past the row's end (each to its own position there) and
-  dropped, so their positions may repeat.
+  masked-out features are sent past the row's end and dropped, so their positions may repeat.
 
   One scatter per row under ``vmap``: XLA then sees the batch as a scatter batching dimension
   and keeps it split under a batch layout, where a scatter indexed by ``(arange(B), pos)``
-  made its partitioner all-gather ``x`` and the features (measured under ``data=8``). The
-  scatter declares its indices unique (they are: written positions distinct, dropped ones
-  past the end and distinct too), so its derivative is the plain scatter of the tangent;
-  otherwise JAX's scatter JVP scatters update ids into an ``x``-sized array and gathers them
-  back to find which write won, and with ``T`` split over ``sequence`` that gather is an
-  all-reduce of feature-sized ids over the sequence group (measured: 0.39 MB per step under
-  ``sequence=4+fsdp=2``)."""
-  t, n = x.shape[1], pos.shape[1]
+  made its partitioner all-gather ``x`` and the features (measured under ``data=8``)."""
+  t = x.shape[1]
   if mask.ndim == 1:
     mask = jnp.broadcast_to(mask[:, None], pos.shape)
-  dest = jnp.where(mask, pos, t + jnp.arange(n, dtype=pos.dtype))
-  row = lambda xr, fr, dr: xr.at[dr].set(fr, mode="drop", unique_indices=True)
+  dest = jnp.where(mask, pos, t)
+  row = lambda xr, fr, dr: xr.at[dr].set(fr, mode="drop")
   return jax.vmap(row)(x, feats.astype(x.dtype), dest)
 
 

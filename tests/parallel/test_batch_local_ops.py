@@ -1,7 +1,6 @@
 """Ops that must stay local under a batch split: the modality-feature scatter and the log-mel
 front end compile to no collective on a data=8 mesh (a batch-indexed scatter and an FFT used
-to make XLA all-gather the batch) and equal their unsharded values; the scatter's derivative
-stays local under a sequence split too."""
+to make XLA all-gather the batch) and equal their unsharded values."""
 
 import jax
 import jax.numpy as jnp
@@ -34,28 +33,6 @@ def test_feature_scatter_is_local_under_a_batch_split():
   f = jax.jit(scatter_features)
   assert hlo_report.collectives(f.lower(*args).compile().as_text()) == []
   np.testing.assert_array_equal(np.asarray(f(*args)), want)
-
-
-def test_feature_scatter_derivative_is_local_under_a_sequence_split():
-  # The scatter's JVP is the scatter of the tangent (its indices are declared unique): no
-  # id scatter and gather back, which under a sequence split all-reduced feature-sized ids.
-  rng = np.random.default_rng(0)
-  x = rng.normal(size=(2, 16, 4)).astype(np.float32)
-  feats = rng.normal(size=(2, 3, 4)).astype(np.float32)
-  pos = np.stack([rng.permutation(16)[:3] for _ in range(2)]).astype(np.int32)
-  mask = np.array([True, False])
-  mesh = mesh_lib.make_mesh({"sequence": 8})
-  seq = lambda a: jax.device_put(a, NamedSharding(mesh, P(None, "sequence")))
-  rep = lambda a: jax.device_put(a, NamedSharding(mesh, P()))
-  f = jax.jit(lambda x, f, p, m, dx, df: jax.jvp(
-      lambda a, b: scatter_features(a, b, p, m), (x, f), (dx, df)))
-  args = (seq(x), rep(feats), rep(pos), rep(mask), seq(2 * x), rep(3 * feats))
-  assert hlo_report.collectives(f.lower(*args).compile().as_text()) == []
-  want, dwant = x.copy(), 2 * x
-  want[0, pos[0]], dwant[0, pos[0]] = feats[0], 3 * feats[0]
-  y, dy = f(*args)
-  np.testing.assert_array_equal(np.asarray(y), want)
-  np.testing.assert_array_equal(np.asarray(dy), dwant)
 
 
 def test_log_mel_is_local_under_a_batch_split():
