@@ -231,7 +231,7 @@ def _dispatch_dropless(x, expert_ids, wi_gate, wi_up, wo, *, blocked: bool | Non
   # padded row p holds sorted row src[p] = assignment order[src[p]] of token order[.] // k;
   # padding rows (src == rows) are zeros, so they stay zero through the SwiGLU
   token = jnp.append(order // k, n)[layout.src]
-  xp = x.at[token].get(mode="fill", fill_value=0)
+  xp = jnp.asarray(x).at[token].get(mode="fill", fill_value=0)
   out_p = swiglu(xp, wi_gate, wi_up, wo, matmul=lambda a, w: gmm.block_matmul(a, w, layout))
   return out_p[layout.dest[inverse]].reshape(n, k, -1)
 

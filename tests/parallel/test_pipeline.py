@@ -93,7 +93,8 @@ def _pipeline_matches_one_device(micro, mesh_cfg, overrides, schedules, in_loop_
 
 
 @pytest.mark.parametrize("op,schedules", [
-    ("ulysses", SCHEDULES),
+    ("ulysses", ("1f1b",)),
+    pytest.param("ulysses", SCHEDULES, marks=pytest.mark.slow),
     pytest.param("ring", ("1f1b",), marks=pytest.mark.slow),
     pytest.param("ring_zigzag", ("gpipe",), marks=pytest.mark.slow),
 ])
@@ -111,7 +112,8 @@ def test_pipeline_with_expert(schedule, micro):
                                "all-to-all")
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
+@pytest.mark.slow  # the Megatron bodies run in the default suite without a pipeline
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_pipeline_with_tensor(schedule, micro):
   _pipeline_matches_one_device(micro, dict(pipeline=2, tensor=2, fsdp=2), {}, (schedule,),
                                "all-reduce")
