@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from omni_jax.modalities import MODALITY_KINDS
-from omni_jax.models.layers import rope
+from omni_jax.models.layers import rope, swiglu
 from omni_jax.models.moe import MoE
 from omni_jax.models.omni import OmniSpec, scatter_features
 
@@ -116,8 +116,7 @@ def forward(spec: OmniSpec, params, cache: dict, tokens: jax.Array, positions: j
                    dtype=bb.dtype).apply({"params": p["moe"]}, h)
       else:
         m = p["mlp"]
-        y = (jax.nn.silu(h @ m["wi_gate"]["kernel"].astype(bb.dtype))
-             * (h @ m["wi_up"]["kernel"].astype(bb.dtype))) @ m["wo"]["kernel"].astype(bb.dtype)
+        y = swiglu(h, *(m[n]["kernel"].astype(bb.dtype) for n in ("wi_gate", "wi_up", "wo")))
       x = x + y
       layer += 1
   h = _rms(x, params["final_norm"]["scale"]).astype(bb.dtype)

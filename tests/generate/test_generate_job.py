@@ -150,8 +150,13 @@ def test_greedy_generation_is_constrained_argmax_of_the_full_forward(trained):
       spec, params, c, jnp.asarray(prompts), jnp.broadcast_to(jnp.arange(p), (b, p)),
       inputs))(kv_cache.init_cache(spec, b, p))
   ref = full(np.pad(prompts, ((0, 0), (0, width - p)), constant_values=tok.pad_id))[:, :p]
-  np.testing.assert_allclose(np.asarray(dec.joint_logits(spec, pre)), np.asarray(ref),
-                             atol=1e-5, rtol=1e-5)
+  # 1e-5 of the logits' scale (max |logit|), not 1e-5 absolute: the cached attention and the
+  # dense one round differently in float32; on an AVX2 machine 2 of 6912 logits differed by
+  # 1.4e-5, already at the commit before this session's changes.
+  ref = np.asarray(ref)
+  scale = np.abs(ref[np.isfinite(ref)]).max()
+  np.testing.assert_allclose(np.asarray(dec.joint_logits(spec, pre)), ref,
+                             atol=1e-5 * scale, rtol=1e-5)
   for i in range(len(grammar)):
     tokens = np.full((2, width), tok.pad_id, np.int32)
     for r, seq in enumerate(seqs):
@@ -183,6 +188,7 @@ def test_sampled_codes_always_decode(trained):
   assert len(np.unique(ids[:, 1:-1])) > 1  # really sampled, not collapsed
 
 
+@pytest.mark.slow  # an end-to-end run (default suite time, session 13)
 def test_judge_writes_conditional_accuracy(trained, tmp_path, monkeypatch):
   """--judge: outputs of synthetic-caption prompts are judged (others not), the summary holds
   conditional_accuracy per modality and attribute, equal to the records' judged values."""

@@ -100,7 +100,7 @@ def test_swiglu_keeps_two_hidden_arrays_and_equals_plain():
 
   np.testing.assert_allclose(lean(p, x), plain(p, x), rtol=1e-6)
   for a, b in zip(jax.tree.leaves(jax.grad(lean, argnums=(0, 1))(p, x)),
-                  jax.tree.leaves(jax.grad(plain, argnums=(0, 1))(p, x))):
+                  jax.tree.leaves(jax.grad(plain, argnums=(0, 1))(p, x)), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
   def hidden(fn):
