@@ -31,6 +31,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from omni_jax.parallel.varying import varying_like
+
 # Padding rows allowed by the block-size choice, as a fraction of the rows (the bound
 # E*(b-1) <= rows / _PAD_FRACTION): FLOPs over the grouped ideal stay <= 1/8 + E blocks.
 _PAD_FRACTION = 8
@@ -124,15 +126,6 @@ def _block_dot(xb, w, grp, dims):
                              dims, preferred_element_type=jnp.float32)
 
 
-def _varying_like(a, *refs):
-  """``a`` marked as varying over every manual mesh axis (inside a ``shard_map``) that any of
-  ``refs`` varies over: a scan carry must enter with the type the body gives it (a type
-  cast, no communication; a no-op outside ``shard_map``)."""
-  axes = {ax for r in refs for ax in jax.typeof(r).manual_axis_type.varying}
-  missing = tuple(sorted(axes - set(jax.typeof(a).manual_axis_type.varying)))
-  return jax.lax.pcast(a, missing, to="varying") if missing else a
-
-
 @jax.custom_vjp
 def _block_matmul(xp, w, block_group):
   nb = block_group.shape[0]
@@ -164,7 +157,7 @@ def _block_matmul_bwd(res, dy):
         dw, jax.lax.dynamic_index_in_dim(dw, grp, 0, keepdims=False) + dwb, grp, 0)
     return dw, dxb.astype(xp.dtype)
 
-  dw0 = _varying_like(jnp.zeros(w.shape, jnp.float32), xp, dy, w)
+  dw0 = varying_like(jnp.zeros(w.shape, jnp.float32), xp, dy, w)
   dw, dx = jax.lax.scan(body, dw0,
                         (xp.reshape(nb, block, k), dy.reshape(nb, block, n), block_group))
   return dx.reshape(xp.shape), dw.astype(w.dtype), None
@@ -185,7 +178,7 @@ def block_matmul(xp: jax.Array, w: jax.Array, layout: BlockLayout) -> jax.Array:
   # Inside a shard_map the rows may vary over manual axes that the weights do not (the
   # shard-local dispatch): cast both to the union first, as jnp ops do implicitly, so the
   # custom VJP's dw has the weights' type and autodiff sums it over those axes outside.
-  xp, w = _varying_like(xp, w), _varying_like(w, xp)
+  xp, w = varying_like(xp, w), varying_like(w, xp)
   return _block_matmul(xp, w, layout.block_group)
 
 

@@ -164,7 +164,7 @@ def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_out: jax.Array,
   saved residuals. Here the whole MLP runs under ``jax.checkpoint`` saving only ``gate`` and
   ``up`` (named ``swiglu_gate`` / ``swiglu_up``); the backward recomputes the elementwise
   product (a few elementwise passes; no matmul is recomputed). Anything the matmul does to
-  its weights (under a ``shard_map``, marking them device-varying: a copy per use) is
+  its weights (a parallel layout's device-varying mark on them: a copy per use) is
   recomputed too instead of being kept. ``matmul(a, w)``: any map linear in ``a`` over its
   last axis — ``a @ w`` (default), a batched expert einsum, ``ragged_dot`` with bound group
   sizes. Same values and gradients as the plain expression.

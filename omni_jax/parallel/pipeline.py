@@ -68,6 +68,7 @@ from jax.sharding import PartitionSpec as P
 from omni_jax.models import named_ops
 from omni_jax.parallel import recipes
 from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
+from omni_jax.parallel.varying import varying_axes
 
 PIPE = "pipeline"
 SEQ = "sequence"
@@ -98,10 +99,6 @@ def _body_data_axes() -> tuple[str, ...]:
   return tuple(a for a in DATA_AXES if a in jax.sharding.get_abstract_mesh().manual_axes)
 
 
-def _varying(a) -> tuple[str, ...]:
-  return tuple(jax.typeof(a).manual_axis_type.varying)
-
-
 def vary(tree):
   """Marks values as differing over the pipeline and data axes of the body (per stage, per
   batch and sequence shard): scan carries that become so, and the parameters before the tick
@@ -111,7 +108,7 @@ def vary(tree):
   manual = (PIPE, *_body_data_axes())
 
   def one(a):
-    have = _varying(a)
+    have = varying_axes(a)
     missing = tuple(ax for ax in manual if ax not in have)
     return jax.lax.pcast(a, missing, to="varying") if missing else a
   return jax.tree.map(one, tree)
@@ -521,7 +518,7 @@ def _backward_1f1b(apply_unit, acc_shapes, n_stages, m, gathers, n_shards, recom
       next_f += fwd_tab[t, p] >= 0
 
   def body(params, xs, ps, d_outs, d_acc, f_bar):
-    split = jax.tree.map(_varying, params)
+    split = jax.tree.map(varying_axes, params)
     params = _gather_params(params, gathers)
     stage = jax.lax.axis_index(PIPE)
     last = stage == n_stages - 1
