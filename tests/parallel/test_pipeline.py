@@ -26,6 +26,19 @@ def _max_rel(a_tree, b_tree):
 # walks a stage's units in reverse) run slow. The load-balancing loss is on with a large
 # coefficient: the pipeline rebuilds the whole batch's E * sum_e f_e P_e per unit, so it must
 # match one device as exactly as the cross-entropy does (f32).
+def _step_against_one_device(loss, params, batch, mesh, sh, ops, l1, g1, label):
+  """Compiles the layout's ``value_and_grad`` once, checks loss and gradients against the one
+  device run (``l1``, ``g1``) within 1e-5 and returns the gradients and the compiled step's
+  collectives (loop-counted)."""
+  f = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, ops)), out_shardings=(None, sh))
+  args = (jax.device_put(params, sh), mesh_lib.put_batch(mesh, batch))
+  compiled = f.lower(*args).compile()
+  lp, grads = compiled(*args)
+  assert abs(float(lp) - float(l1)) <= 1e-5 * abs(float(l1)), label
+  assert _max_rel(grads, g1) <= 1e-5, label
+  return grads, hlo_cost.collectives_per_step(compiled.as_text())
+
+
 @pytest.mark.parametrize("mesh_cfg,n_micro,units_per_stage", [
     (dict(pipeline=2, fsdp=4), 2, 1),
     pytest.param(dict(pipeline=4, fsdp=2), 4, 1, marks=pytest.mark.slow),
@@ -41,17 +54,12 @@ def test_schedules_match_one_device(mesh_cfg, n_micro, units_per_stage, micro):
   grads = {}
   for schedule in SCHEDULES:
     ops = layout.ops(mesh, {"pipeline": schedule}, n_micro)
-    f = jax.jit(jax.value_and_grad(lambda p, b, ops=ops: loss(p, b, ops)),
-                out_shardings=(None, sh))
-    args = (jax.device_put(params, sh), mesh_lib.put_batch(mesh, batch))
-    lp, grads[schedule] = f(*args)
-    assert abs(float(lp) - float(l1)) <= 1e-5 * abs(float(l1)), schedule
-    assert _max_rel(grads[schedule], g1) <= 1e-5, schedule
+    grads[schedule], colls = _step_against_one_device(loss, params, batch, mesh, sh, ops,
+                                                      l1, g1, schedule)
     # Inside the tick loops only the pipeline's own traffic runs (neighbour sends, each
     # microbatch's publish over the stages); the stage parameters' gather over the batch axes
     # and the gradients' reduction over them run once per step, outside the loops.
-    colls = [c for c in hlo_cost.collectives_per_step(f.lower(*args).compile().as_text())
-             if "backbone/shard_map" in c.op_name]
+    colls = [c for c in colls if "backbone/shard_map" in c.op_name]
     in_loop = [c for c in colls if "/while/" in c.op_name]
     assert in_loop and all(c.kind == "collective-permute" or (
         c.kind == "all-reduce" and c.group == mesh_cfg["pipeline"]) for c in in_loop), (
@@ -76,15 +84,11 @@ def _pipeline_matches_one_device(micro, mesh_cfg, overrides, schedules, in_loop_
   for schedule in schedules:
     names = layout.op_names(recipe, {**overrides, "pipeline": schedule})
     ops = layout.ops(mesh, names, 2, recipe)
-    f = jax.jit(jax.value_and_grad(lambda p, b, ops=ops: loss(p, b, ops)),
-                out_shardings=(None, sh))
-    args = (jax.device_put(params, sh), mesh_lib.put_batch(mesh, batch))
-    lp, grads[schedule] = f(*args)
-    assert abs(float(lp) - float(l1)) <= 1e-5 * abs(float(l1)), schedule
-    assert _max_rel(grads[schedule], g1) <= 1e-5, schedule
+    grads[schedule], colls = _step_against_one_device(loss, params, batch, mesh, sh, ops,
+                                                      l1, g1, schedule)
     # The seam's own collective runs inside the tick loop (the op's body is in the stage);
     # no parameter is gathered or reduce-scattered there (only once, outside).
-    in_loop = {c.kind for c in hlo_cost.collectives_per_step(f.lower(*args).compile().as_text())
+    in_loop = {c.kind for c in colls
                if "backbone/shard_map" in c.op_name and "/while/" in c.op_name}
     assert in_loop_kind in in_loop and not in_loop & {"all-gather", "reduce-scatter"}, (
         schedule, in_loop)
