@@ -64,10 +64,12 @@ def gather_experts(zero: str | None, wi_gate, wi_up, wo):
   experts' model dimension all-gathered over ``zero`` (:func:`fsdp_axis`; None: already
   whole). Gathered here rather than at the boundary, the backward reduce-scatters their
   gradients; marked varying over the token axes first (:func:`_varying_like_tokens`), it
-  then sums only that shard over them."""
-  wi_gate, wi_up, wo = (_varying_like_tokens(w) for w in (wi_gate, wi_up, wo))
+  then sums only that shard over them. Without a gather the mark is left to JAX (it lands
+  at the first use, inside the unit's checkpointed SwiGLU, so the weights enter that
+  checkpoint as the parameters themselves rather than as a cast copy the backward keeps)."""
   if not zero:
     return wi_gate, wi_up, wo
+  wi_gate, wi_up, wo = (_varying_like_tokens(w) for w in (wi_gate, wi_up, wo))
   gather = lambda w, axis: jax.lax.all_gather(w, zero, axis=axis, tiled=True)
   return gather(wi_gate, 1), gather(wi_up, 1), gather(wo, 2)
 
