@@ -11,7 +11,8 @@ flagged. Collectives inside loops (the backbone's scan over its units) count onc
 iteration (:func:`omni_jax.parallel.hlo_cost.collectives_per_step`). A layout may name its
 recipe (``omni_zero3:fsdp=2+sequence=2+expert=2``). Writes summary.json (``layouts``: name,
 recipe, mesh, max_rel_grad_err, collectives,
-expected_bytes, bytes_ratio, peak_memory_bytes, tokens_per_sec; ring layouts add
+expected_bytes, bytes_ratio, peak_memory_bytes, tokens_per_sec, expert_load_max_over_mean
+(per-expert load max / mean of the batch as this layout routes it); ring layouts add
 ``sequence_attention`` and ``ring_block_imbalance``, max/mean causal half-chunk pairs
 computed per device, counted from the ring's schedule; top level: ``ring_block_imbalance``,
 the largest over the ``ring_zigzag`` layouts, and ``ring_block_imbalance_contiguous`` over
@@ -121,8 +122,8 @@ def main(argv):
     mem = compiled.memory_analysis()
     peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
             - mem.alias_size_in_bytes)
-    grads = jax.jit(jax.grad(lambda p, b: loss_fn(p, b)[0]),
-                    out_shardings=shardings.params)(state.params, batch)
+    (_, metrics), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True),
+                                  out_shardings=(None, shardings.params))(state.params, batch)
     err = max_rel_err(grads, ref_grads)
     tps = tokens / step_seconds(compiled, state, batch, _STEPS.value)
     local_batch = stream.batch_size // mesh_lib.batch_divisor(mesh)
@@ -144,6 +145,9 @@ def main(argv):
            "peak_memory_bytes": int(peak), "temp_memory_bytes": int(mem.temp_size_in_bytes),
            "tokens_per_sec": tps, "tokens_per_sec_vs_1device": tps / one_tps,
            "tokens_per_sec_per_device": tps / mesh.size,
+           # per-expert load max / mean of this batch (the first step, as routed here)
+           "expert_load_max_over_mean": (float(metrics["moe/load_max_over_mean"])
+                                         if "moe/load_max_over_mean" in metrics else None),
            "mfu": flops * tps / tokens / (mesh.size * peak_flops)}
     if op_names["sequence_attention"] in ("ring", "ring_zigzag") and mesh.shape["sequence"] > 1:
       row["sequence_attention"] = op_names["sequence_attention"]
@@ -151,9 +155,10 @@ def main(argv):
           mesh.shape["sequence"], zigzag=op_names["sequence_attention"] == "ring_zigzag")
     rows.append(row)
     logging.info("%-28s grad err %.1e  %s  %.3g B (expected %.3g, x%.2f%s)  mem %.3g B  "
-                 "%.0f tok/s", text, err,
+                 "%.0f tok/s  load max/mean %s", text, err,
                  " ".join(f"{r['kind']}x{r['count']}" for r in summary_ops), measured, expected,
-                 ratio or 0, " FLAGGED" if row["flagged"] else "", peak, tps)
+                 ratio or 0, " FLAGGED" if row["flagged"] else "", peak, tps,
+                 row["expert_load_max_over_mean"])
   summary = {"layouts": rows, "flag_ratio": FLAG_RATIO, "tokens_per_step": tokens,
              "one_device_tokens_per_sec": one_tps, "peak_flops_per_sec": peak_flops,
              "model_flops_per_step": flops,

@@ -104,6 +104,7 @@ def test_parallel_report_writes_layouts(tmp_path):
       row["tokens_per_sec"] / summary["one_device_tokens_per_sec"])
   assert row["mesh"]["fsdp"] == 4 and row["mesh"]["sequence"] == 2
   assert row["max_rel_grad_err"] < 1e-5
+  assert 1.0 <= row["expert_load_max_over_mean"] <= 4   # micro: 4 experts
   kinds = {c["kind"] for c in row["collectives"]}
   assert {"all-gather", "all-to-all"} <= kinds  # FSDP gathers, Ulysses all-to-alls
   mem = json.load(open(tmp_path / "summary.json"))["sequence_memory"]
