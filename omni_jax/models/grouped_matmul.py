@@ -85,8 +85,8 @@ class BlockLayout(NamedTuple):
 def _count_at_or_below(bounds: jax.Array, v: jax.Array) -> jax.Array:
   """``searchsorted(bounds, v, side="right")`` as a compare-all count (G is small). Not
   ``jnp.searchsorted``: its default method compiles to loops (~2x this module's compile
-  time) and its "compare_all" fails inside a shard_map with varying manual axes (jax 0.10.2,
-  the pipeline stages)."""
+  time) and its "compare_all" fails on values that vary over a parallel layout's manual
+  mesh axes (jax 0.10.2, the pipeline stages)."""
   return jnp.sum(bounds[None, :] <= v[:, None], axis=1, dtype=jnp.int32)
 
 
@@ -175,9 +175,10 @@ def block_matmul(xp: jax.Array, w: jax.Array, layout: BlockLayout) -> jax.Array:
   if xp.shape[0] != layout.block_group.shape[0] * layout.block:
     raise ValueError(f"block_matmul: xp has {xp.shape[0]} rows, the layout "
                      f"{layout.block_group.shape[0] * layout.block}")
-  # Inside a shard_map the rows may vary over manual axes that the weights do not (the
-  # shard-local dispatch): cast both to the union first, as jnp ops do implicitly, so the
-  # custom VJP's dw has the weights' type and autodiff sums it over those axes outside.
+  # Under a parallel layout the rows may vary over manual mesh axes that the weights do not
+  # (the shard-local dispatch): both are cast to the union first (parallel.varying, where
+  # the cast and its summing transpose live), as jnp ops do implicitly, so the custom VJP's
+  # dw has the weights' type and autodiff sums it over those axes outside.
   xp, w = varying_like(xp, w), varying_like(w, xp)
   return _block_matmul(xp, w, layout.block_group)
 
