@@ -1,0 +1,105 @@
+"""Results tables in docs/, generated from the results of record.
+
+A doc marks a table with two comments; everything between them is generated:
+
+    <!-- results-table: results/lsm/fsdd.json | accuracy_test | baselines.* -->
+    | key | value |
+    ...
+    <!-- /results-table -->
+
+Each field after the path is a dotted key of the JSON; ``*`` expands over a dict's children
+(one row each). Floats print with 4 significant digits. ``python -m experiments.doc_tables``
+rewrites every table in docs/ (and README.md); ``--check`` only reports the ones that differ
+(``tests/test_doc_tables.py`` runs the check, so a doc's table always equals its JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(
+    r"(<!-- results-table: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /results-table -->)", re.S)
+
+
+class TableError(ValueError):
+  """A table's marker names a file or key that does not exist."""
+
+
+def _fmt(v) -> str:
+  if isinstance(v, bool) or v is None:
+    return json.dumps(v)
+  if isinstance(v, float):
+    return f"{v:.4g}"
+  if isinstance(v, (list, dict)):
+    return "`" + json.dumps(v, separators=(", ", ": ")) + "`"
+  return str(v)
+
+
+def rows(tree, dotted: str, where: str) -> list[tuple[str, object]]:
+  """(key, value) pairs at a dotted path; '*' expands over a dict's children."""
+  out = [("", tree)]
+  for part in dotted.split("."):
+    nxt = []
+    for key, node in out:
+      if not isinstance(node, dict):
+        raise TableError(f"{where}: {dotted!r}: {key or 'the root'} is not a mapping")
+      if part == "*":
+        nxt += [(f"{key}.{k}" if key else k, v) for k, v in node.items()]
+      elif part in node:
+        nxt.append((f"{key}.{part}" if key else part, node[part]))
+      else:
+        raise TableError(f"{where}: key {dotted!r} not found (missing {part!r}); "
+                         f"present: {sorted(node)}")
+    out = nxt
+  return out
+
+
+def table(spec: str, where: str) -> str:
+  """The markdown table a marker's spec stands for."""
+  path, *keys = [s.strip() for s in spec.split("|")]
+  file = ROOT / path
+  if not file.is_file():
+    raise TableError(f"{where}: results file {path} does not exist")
+  if not keys:
+    raise TableError(f"{where}: name at least one key after {path}")
+  tree = json.loads(file.read_text())
+  lines = ["| key | value |", "|---|---|"]
+  for k in keys:
+    lines += [f"| `{key}` | {_fmt(v)} |" for key, v in rows(tree, k, where)]
+  return "\n".join(lines) + "\n"
+
+
+def render(text: str, where: str = "doc") -> str:
+  """``text`` with every marked table regenerated."""
+  return BLOCK.sub(lambda m: m.group(1) + table(m.group("spec"), where) + m.group(4), text)
+
+
+def docs() -> list[Path]:
+  return sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md", ROOT / "WORKSPACE.md"]
+
+
+def main(argv: list[str]) -> int:
+  check = "--check" in argv
+  stale = []
+  try:
+    for p in docs():
+      old = p.read_text()
+      new = render(old, str(p.relative_to(ROOT)))
+      if new != old:
+        stale.append(str(p.relative_to(ROOT)))
+        if not check:
+          p.write_text(new)
+  except TableError as e:
+    print(f"doc_tables: {e}", file=sys.stderr)
+    return 2
+  verb = "differ from their JSON" if check else "rewritten"
+  print(f"{len(stale)} doc(s) {verb}: {', '.join(stale) or '-'}")
+  return 1 if (check and stale) else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
