@@ -14,8 +14,8 @@ token layout follows training (:mod:`omni_jax.data.sequences`): inputs first
 (``<bos> <m> <m:slot>*N </m>``), then the text; a modality output is forced by constrained
 decoding to ``<m:gen>``, exactly the modality's number of codes from its head, ``<eos>``; a
 text output is up to ``max_new_tokens`` text ids, cut at ``<eos>``. Prompts with inputs are
-prefilled through the KV-cached path too (the encoders run on their own parameters,
-:func:`omni_jax.models.kv_cache.embed_inputs`).
+prefilled through the KV-cached path too (the model's own forward with a cache: the
+encoders run and their features fill the slot tokens, as in training).
 
 A bad line (not JSON, unknown key, an output with no head or decoder, an input file that does
 not decode, a prompt longer than the context ``config.data.seq_len``) is one error naming the
@@ -55,7 +55,7 @@ from omni_jax.generate import judge as jd
 from omni_jax.generate import outputs as outs
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.modalities.base import gen_codes
-from omni_jax.models import kv_cache, sampling
+from omni_jax.models import sampling
 from omni_jax.models.omni import OmniModel, OmniSpec
 from omni_jax.tokenizers import omni_codes
 from omni_jax.train.loop import LoopConfig, TrainState
@@ -325,7 +325,6 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
   from omni_jax.models.omni import build_spec
   t0 = time.perf_counter()
   spec = build_spec(config.model, tokenizer=config.data.get("tokenizer", "bytes"))
-  kv_cache.check_supported(spec)
   sampling.sample(jax.random.PRNGKey(0), jnp.zeros((1, 2)), temperature=temperature,
                   top_k=top_k, top_p=top_p)  # flag errors before any heavy work
   if not (isinstance(batch_size, int) and batch_size >= 1):
