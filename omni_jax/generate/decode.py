@@ -157,12 +157,12 @@ def jitted_lm(model: CausalLM, steps: int, *, temperature: float = 1.0, top_k: i
               top_p: float = 1.0):
   """``fn(params, prompts, lengths, key) -> ids [B, steps]``: free decoding of a
   :class:`CausalLM` (any id of its vocabulary), compiled once per prompt shape."""
-  lo = np.zeros(steps, np.int32)
-  hi = np.full(steps, model.vocab_size, np.int32)
-  fn = jax.jit(lambda params, prompts, lengths, key: generate_with(
-      lm_forward(model), model.spec, params, prompts, lengths, key, lo, hi,
-      temperature=temperature, top_k=top_k, top_p=top_p))
-  return fn
+  def fn(params, prompts, lengths, key):
+    lo = jnp.zeros(steps, jnp.int32)
+    hi = jnp.full(steps, model.vocab_size, jnp.int32)
+    return generate_with(lm_forward(model), model.spec, params, prompts, lengths, key, lo, hi,
+                         temperature=temperature, top_k=top_k, top_p=top_p)
+  return jax.jit(fn)
 
 
 def pad_prompts(prompts: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
