@@ -95,7 +95,7 @@ def main(argv):
 
 def main_hf():
   common.setup_devices()
-  from omni_jax.config import ConfigError
+  from omni_jax.common.config import ConfigError
   from omni_jax.generate.hf_job import run_hf_generate
   try:
     s = run_hf_generate(_HF_DIR.value, _PROMPTS.value, _OUTDIR.value,

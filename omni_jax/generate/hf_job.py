@@ -36,14 +36,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
+from omni_jax.common.metrics import write_json_atomic
 from omni_jax.generate import batches
 from omni_jax.generate import decode as dec
 from omni_jax.hf.load import load_params, read_config
 from omni_jax.hf.safetensors_io import CheckpointError
 from omni_jax.hf.tokenizer import TOKENIZER_FILE
 from omni_jax.models import sampling
-from omni_jax.train.metrics import write_json_atomic
 
 PROMPT_KEYS = ("text", "ids", "output")
 
