@@ -44,6 +44,7 @@ from omni_jax.hf.load import load_params, read_config
 from omni_jax.hf.safetensors_io import CheckpointError
 from omni_jax.hf.tokenizer import TOKENIZER_FILE
 from omni_jax.models import sampling
+from omni_jax.models.transformer import unstack_units
 
 PROMPT_KEYS = ("text", "ids", "output")
 
@@ -157,6 +158,7 @@ def run_hf_generate(hf_dir: str, prompts_path: str, outdir: str | None = None, *
   try:
     config = read_config(hf_dir)
     ck, model, params = load_params(hf_dir)
+    params = unstack_units(params)   # per-unit weights: no slice copies per step on CPU
   except CheckpointError as e:
     raise ConfigError(f"--hf_dir: {e}") from None
   tokenizer = load_tokenizer(hf_dir)

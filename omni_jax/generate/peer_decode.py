@@ -23,6 +23,7 @@ import numpy as np
 
 from omni_jax.generate import decode as dec
 from omni_jax.hf.load import load_params
+from omni_jax.models.transformer import unstack_units
 
 
 def decode_vs_transformers(hf_dir: str, *, batch: int = 1, prompt_len: int = 64,
@@ -33,6 +34,7 @@ def decode_vs_transformers(hf_dir: str, *, batch: int = 1, prompt_len: int = 64,
   from transformers import AutoModelForCausalLM
   torch.set_num_threads(torch_threads)
   ck, model, params = load_params(hf_dir)
+  params = unstack_units(params)   # per-unit weights: no slice copies per step on CPU
   prompts = np.random.default_rng(seed).integers(0, model.vocab_size, (batch, prompt_len),
                                                  dtype=np.int32)
   lengths = np.full(batch, prompt_len, np.int32)

@@ -155,6 +155,18 @@ def layer_stack(apply_unit: Callable, unit_params, carry, positions):
   return jax.lax.scan(body, carry, unit_params)[0]
 
 
+def unstack_units(params: dict) -> dict:
+  """``params`` (of a model with a ``backbone``) with ``backbone/units`` split into a tuple of
+  per-unit trees (see :class:`Backbone`); the other parameters are shared, not copied."""
+  bb = dict(params["backbone"])
+  units = bb["units"]
+  if isinstance(units, tuple):
+    return params
+  n = jax.tree.leaves(units)[0].shape[0]
+  bb["units"] = tuple(jax.tree.map(lambda a, u=u: a[u], units) for u in range(n))
+  return {**params, "backbone": bb}
+
+
 class Backbone(nn.Module):
   """Stack of units over ``x`` [B, T, D]; returns (hidden [B, T, D], averaged MoE aux).
 
@@ -165,6 +177,11 @@ class Backbone(nn.Module):
   ``cache`` (a :class:`~omni_jax.models.kv_cache.KVCache`, decoding): the units carry it
   through the same scan, each attention layer writing its keys / values in place; returns
   (hidden, aux, the cache advanced by T). No rematerialisation (nothing is differentiated).
+
+  ``units`` may also be given unstacked, a tuple of per-unit parameter trees
+  (:func:`unstack_units`): the units then run one after another in program order. Decoding
+  uses it on CPU, where a scan over the stacked weights copies each unit's slice before its
+  matmuls read it (twice the weight traffic of a memory-bound step).
   """
   spec: BackboneSpec
 
@@ -188,8 +205,13 @@ class Backbone(nn.Module):
         apply_unit = jax.checkpoint(apply_unit, policy=policy, prevent_cse=False)
       if cache is not None:
         carry = (*carry, cache)
-      x, acc, *cache = layer_stack(apply_unit, self.variables["params"]["units"], carry,
-                                   (positions, segment_ids))
+      units = self.variables["params"]["units"]
+      if isinstance(units, tuple):
+        for p in units:
+          carry = apply_unit(p, carry, (positions, segment_ids))
+      else:
+        carry = layer_stack(apply_unit, units, carry, (positions, segment_ids))
+      x, acc, *cache = carry
     n = max(s.num_moe_layers, 1)
     aux = {k: v / n for k, v in acc.items()}
     return (x, aux, cache[0].advance(x.shape[1])) if cache else (x, aux)
