@@ -15,7 +15,7 @@ from omni_jax.generate import decode as dec
 from omni_jax.models import kv_cache, sampling
 from omni_jax.models.causal_lm import CausalLM
 from omni_jax.models.omni import OmniModel, build_spec
-from omni_jax.models.transformer import BackboneSpec
+from omni_jax.models.transformer import BackboneSpec, unstack_units
 
 LLAMA3 = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
           ("original_max_position_embeddings", 16.0), ("type", "llama3"))
@@ -94,6 +94,9 @@ def test_omni_model_with_every_switch_decodes_like_its_full_forward():
   cache = kv_cache.init_cache(spec.backbone, 2, 9)
   logits, cache = fwd(params, tokens[:, :6], cache)
   close(np.asarray(logits), ref[:, :6], "prefill")
+  # the same from per-unit (unstacked) parameters, run one unit after another
+  split, _ = fwd(unstack_units(params), tokens[:, :6], kv_cache.init_cache(spec.backbone, 2, 9))
+  close(np.asarray(split), ref[:, :6], "prefill, unstacked units")
   for i in range(6, 9):
     logits, cache = fwd(params, tokens[:, i:i + 1], cache)
     close(np.asarray(logits[:, 0]), ref[:, i], f"step {i}")
