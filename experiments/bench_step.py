@@ -61,7 +61,9 @@ def main(argv):
   os.makedirs(workdir, exist_ok=True)
   spec, stream, loop = validate(config)
   mesh = mesh_lib.data_parallel_mesh()
-  spec, loop = offload_plan.follow(config, spec, stream, loop, mesh, parallel_op_names(config))
+  spec, loop = offload_plan.follow(
+      config, spec, stream, loop,
+      lambda s: make_loss_fn(s, OmniModel(s), mesh, parallel_op_names(config)))
   model = OmniModel(spec)
   tx = make_optimizer(config.optim, loop.steps)
   host_batch = stream.batch(0)

@@ -32,6 +32,7 @@ from omni_jax.memory import schedules as sch
 from omni_jax.memory import seqmodel as sm
 from omni_jax.memory.costmodel import Hardware, makespan, simulate
 from omni_jax.memory.plots import plot_measured_timeline, plot_settings_sweep, plot_timelines
+from omni_jax.models.spec import backbone_spec
 
 TOP_KEYS = ("device_budget_bytes", "model_bytes", "schedules", "swap_reduction_vs_baseline",
             "predicted_speedup_vs_baseline")
@@ -113,9 +114,8 @@ def build_model(cfg) -> sm.SeqModel:
   if mc.kind == "gpt":
     return sm.gpt_stack(mc.vocab, mc.seq_len, mc.d_model, mc.num_heads, mc.num_layers, mc.d_ff)
   from configs import omni_moe
-  from omni_jax.models.omni import build_spec
-  spec = build_spec(omni_moe.get_config(mc.omni_variant).model)
-  return sm.omni_backbone_stack(spec.backbone, mc.seq_len)
+  backbone, _ = backbone_spec(omni_moe.get_config(mc.omni_variant).model)
+  return sm.omni_backbone_stack(backbone, mc.seq_len)
 
 
 # ---------------------------------------------------------------- profile and hardware

@@ -17,12 +17,19 @@ import re
 import statistics
 import time
 
+from omni_jax.models.omni import OmniModel
+from omni_jax.parallel import hlo_cost, layout
+from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.parallel.recipes import path_str
+from omni_jax.train.loop import create_state, make_train_step
+from omni_jax.train.omni import make_loss_fn, state_sharding, validate
+from omni_jax.train.optim import make_optimizer
+
 ENCODER_SCOPE = "/enc_"
 
 
 def encoder_flops(hlo_text: str, scope: str = ENCODER_SCOPE) -> float:
   """Per-device FLOPs of the encoders' instructions (``op_name`` contains ``scope``)."""
-  from omni_jax.parallel import hlo_cost
   return hlo_cost.flops_in_scope(hlo_text, scope)
 
 
@@ -31,13 +38,6 @@ def compare(config, layout_text: str, recipe_names=("omni", "omni_enc_fsdp"),
   """``{recipe: figures}`` for the train step of ``config`` on ``layout_text``."""
   import jax
 
-  from omni_jax.models.omni import OmniModel
-  from omni_jax.parallel import hlo_cost, layout
-  from omni_jax.parallel import mesh as mesh_lib
-  from omni_jax.parallel.recipes import path_str
-  from omni_jax.train.loop import create_state, make_train_step
-  from omni_jax.train.omni import make_loss_fn, state_sharding, validate
-  from omni_jax.train.optim import make_optimizer
 
   spec, stream, loop = validate(config)
   model = OmniModel(spec)

@@ -6,6 +6,20 @@ from __future__ import annotations
 import math
 import time
 
+from omni_jax.common.metrics import save_figure
+from omni_jax.models.omni import OmniModel
+from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.train.checkpoint import abstract_like
+from omni_jax.train.loop import create_state, make_train_step
+from omni_jax.train.omni import (
+  make_loss_fn,
+  parallel_op_names,
+  recipe_name,
+  state_sharding,
+  validate,
+)
+from omni_jax.train.optim import make_optimizer
+
 
 def max_rel_err(a, b) -> float:
   import jax
@@ -35,18 +49,6 @@ def sequence_memory_check(config, seq_len: int, n: int = 8, block: int = 256) ->
   dense attention and with blockwise attention over ``block``-key blocks."""
   import jax
 
-  from omni_jax.models.omni import OmniModel
-  from omni_jax.parallel import mesh as mesh_lib
-  from omni_jax.train.checkpoint import abstract_like
-  from omni_jax.train.loop import create_state, make_train_step
-  from omni_jax.train.omni import (
-    make_loss_fn,
-    parallel_op_names,
-    recipe_name,
-    state_sharding,
-    validate,
-  )
-  from omni_jax.train.optim import make_optimizer
 
   cfg = config.copy_and_resolve_references()
   with cfg.unlocked():
@@ -95,5 +97,4 @@ def plot(rows, path):
     ax.set_xticks(x, names, rotation=25, ha="right", fontsize=7)
     ax.grid(alpha=0.3, axis="y")
   a.legend(fontsize=8)
-  from omni_jax.common.metrics import save_figure
   save_figure(fig, path)

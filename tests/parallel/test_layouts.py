@@ -11,9 +11,10 @@ from jax.sharding import PartitionSpec as P
 from configs.omni_moe import get_config
 from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
-from omni_jax.models.omni import OmniModel, build_spec
+from omni_jax.models.omni import OmniModel
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.train.spec import build_spec
 
 LAYOUTS = {  # name -> (mesh, MoE impl, op overrides)
     "data": (dict(data=8), "dropless", {}),

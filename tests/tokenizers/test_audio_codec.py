@@ -77,7 +77,7 @@ def test_cli_audio_tiny(tmp_path):
   assert 0 <= s["spectral_convergence_griffin_lim_floor"] < s["spectral_convergence"]
   assert 1 <= s["codebook_perplexity"] and 0 < s["codebook_usage"] <= 1
   assert (tmp_path / "heldout-0-recon.wav").stat().st_size > 2 * N
-  from omni_jax.tokenizers.train import load_codec
+  from omni_jax.tokenizers.codec_io import load_codec
   kind, codec, params = load_codec(str(tmp_path))
   assert kind == "audio" and codec.clip_samples == N
   wave = audio_codec.decode_wave(codec, params, jnp.zeros((1, 62), jnp.int32))

@@ -98,7 +98,7 @@ def test_cli_image_tiny_writes_summary_and_resumes(tmp_path):
   assert r.returncode == 0, r.stderr[-3000:]
   assert "resumed from checkpoint step 6" in r.stderr
   assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 8
-  from omni_jax.tokenizers.train import load_codec
+  from omni_jax.tokenizers.codec_io import load_codec
   kind, codec, params = load_codec(str(tmp_path))
   assert kind == "image" and codec.levels == (8, 5, 5, 5)
   ids = image_codec.encode(codec, params, image_data.heldout_crops(2, 32))
@@ -107,6 +107,6 @@ def test_cli_image_tiny_writes_summary_and_resumes(tmp_path):
 
 
 def test_load_codec_missing(tmp_path):
-  from omni_jax.tokenizers.train import load_codec
+  from omni_jax.tokenizers.codec_io import load_codec
   with pytest.raises(FileNotFoundError, match="no trained tokenizer"):
     load_codec(str(tmp_path))
