@@ -250,3 +250,20 @@ def profile_model(model: SeqModel, microbatch_sizes, params: list[Any] | None = 
   source = ("given" if timings is not None else "measured" if measure
             else f"flops@{flops_per_s:.3g}")
   return ModelProfile(tuple(out), tree_bytes(model.target_spec), sizes, source)
+
+
+# ---------------------------------------------------------------- profile and hardware
+def profile_to_json(prof: ModelProfile) -> dict:
+  return {"layers": [dataclasses.asdict(lp) for lp in prof.layers],
+          "target_bytes": prof.target_bytes, "microbatch_sizes": list(prof.microbatch_sizes),
+          "source": prof.source}
+
+
+def profile_from_json(d: dict) -> ModelProfile:
+  layers = []
+  for lp in d["layers"]:
+    lp = dict(lp, fwd_s={int(k): v for k, v in lp["fwd_s"].items()},
+              bwd_s={int(k): v for k, v in lp["bwd_s"].items()})
+    layers.append(LayerProfile(**lp))
+  return ModelProfile(tuple(layers), d["target_bytes"], tuple(d["microbatch_sizes"]),
+                      d["source"])

@@ -25,7 +25,8 @@ from omni_jax.models import named_ops
 from omni_jax.models.transformer import Backbone, BackboneSpec
 from omni_jax.parallel import hlo_cost
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.parallel.pipeline import PIPE, gpipe, one_f_one_b
+from omni_jax.parallel.pipeline import gpipe, one_f_one_b
+from omni_jax.parallel.pipeline_stages import PIPE
 
 # What is compiled: the two schedules the recipe ships, and two references. ``gpipe_remat``:
 # GPipe with the same per-stage rematerialisation as 1F1B (it keeps each tick's stage input
