@@ -1,5 +1,5 @@
 """The executors' fixed costs, copy rates and Adam rates, from micro-benchmarks sampled in
-rounds (issue 22's cost-model validation).
+rounds (the cost model's validation).
 
 Short micro-benchmarks on a shared machine move with its load from minute to minute, so
 :class:`Sampler` times a set of zero-argument calls in *rounds* (every call ``repeats``

@@ -95,7 +95,7 @@ def _cell_key(cfg, prof: pf.ModelProfile, hw: Hardware, n_gpus: int, num_blocks:
                      "budget": cfg.device_budget_bytes,
                      "sizes": sorted(cfg.microbatch_sizes), "strategies": list(cfg.strategies),
                      "extra_k": cfg.settings_sweep.extra_k,
-                     # cells cached before issue 22 hold the swap-everything lms
+                     # part of the key: cells cached with the swap-everything lms differ
                      "lms": "budget-aware (schedules.fit_lms)"}, sort_keys=True)
 
 

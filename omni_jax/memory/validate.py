@@ -1,5 +1,5 @@
 """Cost model vs measurement: the same configurations priced by the calibrated cost model and
-run by the real executors (issue 22, ``configs/harmony.py:validate``).
+run by the real executors (``configs/harmony.py:validate``).
 
 Each configuration is (model width, blocks, microbatch size, model-to-budget ratio, mode):
 a GPT stack's per-layer bytes and array counts come from shapes

@@ -14,10 +14,11 @@ stage parameters enter split as the recipe places them (:func:`stage_specs`: uni
 the ZeRO split is gathered once, before the tick loop (:func:`gather_params`); the
 parameter gradients accumulate per shard through the ticks and are reduce-scattered / summed
 over the data axes (batch and sequence) once, after the loop (GPipe: the transpose of that
-gather, by autodiff; 1F1B: :func:`reduce_grads`). Left to the partitioner (a body manual
-over ``pipeline`` only, before session 12), the stage re-gathered its parameters and
-all-reduced each tick's gradient contribution inside the loop, every tick: 4.4x (GPipe) and
-8.9x (1F1B) the analytic bytes on the tiny config (docs/pipeline.md).
+gather, by autodiff; 1F1B: :func:`reduce_grads`). A body manual over ``pipeline`` only would
+leave the stage to the partitioner, which re-gathers the parameters and all-reduces each
+tick's gradient contribution inside the loop, every tick. The stage plumbing is in
+:mod:`omni_jax.parallel.pipeline_stages`, the 1F1B tables in
+:mod:`omni_jax.parallel.pipeline_schedule`.
 
 * :func:`gpipe`: a ``lax.scan`` over M + P - 1 ticks runs every stage once per tick (stage p
   works on microbatch ``tick - p``; one ``ppermute`` of activations per tick). The backward

@@ -268,7 +268,7 @@ def publish(buf, j, value, owner):
   so that ticks without a microbatch move nothing: the pipeline's output (and 1F1B's input
   gradient) reaches every stage as each microbatch finishes, with no whole-batch reduction
   after the loop. A ``psum`` because it is what types the result as the same on every
-  stage; a ``ppermute`` relay plus an invariant ``all_gather`` was tried (session 10): XLA
+  stage; a ``ppermute`` relay plus an invariant ``all_gather`` was tried: XLA
   then also gathered the batch axes inside the stages, 3.5x the bytes."""
   m = buf.shape[1]
   j_c = jnp.clip(j, 0, m - 1)

@@ -175,8 +175,8 @@ def modelled_time_to_reward(run: runner.Run, records: list[dict]) -> dict:
 
 
 def summarize(run: runner.Run, records: list[dict], timing: dict, evaluation: dict) -> dict:
-  """The summary.json keys of issue 5, ``eval_return``, ``time_to_reward_modelled`` and (async
-  S >= 1) ``staleness_histogram`` (applied gradients per staleness 0..S; issue 21)."""
+  """The summary.json keys, ``eval_return``, ``time_to_reward_modelled`` and (async
+  S >= 1) ``staleness_histogram`` (applied gradients per staleness 0..S)."""
   cfg = run.cfg
   rs = np.array([r["return_sum"] for r in records])[None]
   ep = np.array([r["episodes"] for r in records])[None]

@@ -110,4 +110,4 @@ def test_parallel_report_writes_layouts(tmp_path):
   mem = json.load(open(tmp_path / "summary.json"))["sequence_memory"]
   assert mem["seq_len"] == 1024 and mem["sequence_8_temp_bytes"] < mem["sequence_1_temp_bytes"]
   assert mem["ratio"] == pytest.approx(mem["sequence_8_temp_bytes"] / mem["sequence_1_temp_bytes"])
-  assert mem["ratio"] <= 0.2  # issue 3: sequence=8 needs at most 1/5 of the activation memory
+  assert mem["ratio"] <= 0.2  # sequence=8 needs at most 1/5 of the activation memory

@@ -189,7 +189,7 @@ def test_sampled_codes_always_decode(trained):
   assert len(np.unique(ids[:, 1:-1])) > 1  # really sampled, not collapsed
 
 
-@pytest.mark.slow  # an end-to-end run (default suite time, session 13)
+@pytest.mark.slow  # an end-to-end run (default suite time)
 def test_judge_writes_conditional_accuracy(trained, tmp_path, monkeypatch):
   """--judge: outputs of synthetic-caption prompts are judged (others not), the summary holds
   conditional_accuracy per modality and attribute, equal to the records' judged values."""

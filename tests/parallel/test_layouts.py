@@ -49,7 +49,7 @@ def max_rel_err(a, b) -> float:
 # Every mesh axis is in a default-suite layout (in combination); the single-axis layouts that
 # those combinations cover run under `pytest -m slow` (each is a compile of the 8-device step).
 # The capacity path under an expert split is also checked op-level in test_ep_capacity.py.
-# data x fsdp on the capacity path moved there too (default-suite time, session 14): the
+# data x fsdp on the capacity path moved there too (default-suite time): the
 # shard-local capacity rule is the op-level test's `data=4` case, the experts' fsdp gather is
 # in fsdp_sequence_expert.
 COVERED_BY_COMBINATIONS = {"data", "data_capacity_path", "data_fsdp_capacity_path", "fsdp",

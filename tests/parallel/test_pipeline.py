@@ -226,7 +226,7 @@ def test_1f1b_holds_less_than_gpipe(micro):
   # The point of 1F1B, measured on the compiled executables (per-stage temp bytes of the
   # backbone's value_and_grad): GPipe keeps the residuals of M + P - 1 = 9 ticks, 1F1B a ring
   # of P + 1 = 3 microbatches' stage inputs plus one unit's recomputed residuals (0.31 of
-  # GPipe's on this config, 0.33 on the tiny one; 0.59 with the residual ring of session 11).
+  # GPipe's on this config, 0.33 on the tiny one; 0.59 with a residual ring).
   from omni_jax.reports.pipeline_memory import schedule_memory
   spec, cfg, *_ = micro(num_layers=2)
   mem = schedule_memory(spec.backbone, cfg.data.batch_size, cfg.data.seq_len, 2, 8,

@@ -66,7 +66,7 @@ def test_codec_shapes_and_bad_input():
                             hop=HOP, num_samples=N)
 
 
-@pytest.mark.slow  # an end-to-end run (default suite time, session 13)
+@pytest.mark.slow  # an end-to-end run (default suite time)
 def test_cli_audio_tiny(tmp_path):
   r = subprocess.run([sys.executable, "-m", "experiments.train_tokenizer",
                       "--config=configs/tokenizer.py:audio_tiny", f"--workdir={tmp_path}"],
