@@ -31,7 +31,8 @@ from omni_jax.common.config import (
   positive_int,
   to_dict,
 )
-from omni_jax.common.metrics import MetricsLog, plot_curves, write_json_atomic
+from omni_jax.common.figures import plot_curves
+from omni_jax.common.metrics import MetricsLog, write_json_atomic
 from omni_jax.common.progress import Progress, time_calls
 
 AXIS = "data"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 
-from omni_jax.common.metrics import save_figure
+from omni_jax.common.figures import pyplot, save_figure
 from omni_jax.models.omni import OmniModel
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.train.checkpoint import abstract_like
@@ -81,9 +81,7 @@ def sequence_memory_check(config, seq_len: int, n: int = 8, block: int = 256) ->
 
 
 def plot(rows, path):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   import numpy as np
   names = [r["name"] for r in rows]
   x = np.arange(len(rows))

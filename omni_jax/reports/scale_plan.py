@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 
-from omni_jax.common.metrics import save_figure
+from omni_jax.common.figures import pyplot, save_figure
 from omni_jax.data.sequences import batch_shapes
 from omni_jax.models.flops import train_flops_per_step
 from omni_jax.parallel import hlo_cost, layout
@@ -185,9 +185,7 @@ def host_batch(spec, config):
 
 def plot_plan(rows, path, mfu: float):
   """GB per device and predicted tokens/s/GPU per layout, against the seed's figure."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   import numpy as np
 
   if not rows:

@@ -4,7 +4,7 @@ the step's shapes, and the breakdown plot."""
 
 from __future__ import annotations
 
-from omni_jax.common.metrics import save_figure
+from omni_jax.common.figures import pyplot, save_figure
 from omni_jax.common.progress import time_calls
 from omni_jax.models.layers import Attention
 from omni_jax.models.moe import MoE
@@ -59,9 +59,7 @@ def component_times(spec, batch_size: int, seq_len: int, n: int) -> dict[str, fl
 
 
 def plot_breakdown(summary, path):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   parts = summary["breakdown"]
   fig, ax = plt.subplots(figsize=(7, 2.4), dpi=110)
   left = 0.0

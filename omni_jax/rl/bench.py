@@ -20,7 +20,7 @@ import optax
 from absl import logging
 
 from configs import rl as rl_configs
-from omni_jax.common.metrics import save_figure
+from omni_jax.common.figures import pyplot, save_figure
 from omni_jax.rl import predict, runner
 
 PAPER = {"sync_speedup_vs_ps": 3.66, "async_speedup_vs_ps": 3.71,
@@ -273,9 +273,7 @@ def time_to_reward(algo: str, tiny: bool, staleness: int, cluster_workers: int,
 
 def plot(rows: dict, path: str) -> None:
   """Bar chart: predicted time-to-reward of each aggregation, per algorithm."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   keys = ["ps_sync", "allreduce_sync", "switch_sync", "ps_async", "allreduce_async",
           "switch_async"]
   fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.6), dpi=110, squeeze=False)

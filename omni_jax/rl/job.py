@@ -14,7 +14,8 @@ from absl import logging
 
 from omni_jax.collectives.methods import time_aggregation
 from omni_jax.common.config import ConfigError, to_dict
-from omni_jax.common.metrics import MetricsLog, save_figure, write_json_atomic
+from omni_jax.common.figures import pyplot, save_figure
+from omni_jax.common.metrics import MetricsLog, write_json_atomic
 from omni_jax.common.progress import Progress
 from omni_jax.rl import envs, predict, runner
 from omni_jax.train.checkpoint import Checkpointer
@@ -129,9 +130,7 @@ def measure_or_reuse(run: runner.Run, workdir: str, trained: bool) -> dict:
 # ---------------------------------------------------------------- outputs
 def plot_returns(run: runner.Run, records: list[dict], path: str, title: str) -> None:
   """Mean episode return against env steps."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   rs = np.array([r["return_sum"] for r in records])[None]
   ep = np.array([r["episodes"] for r in records])[None]
   xs, ys = runner.return_curve(rs, ep)

@@ -20,7 +20,8 @@ from absl import logging
 
 from omni_jax.common import tensorboard
 from omni_jax.common.config import ConfigError, check_keys, require, to_dict
-from omni_jax.common.metrics import plot_curves, write_json_atomic
+from omni_jax.common.figures import plot_curves
+from omni_jax.common.metrics import write_json_atomic
 from omni_jax.common.timing import measure_matmul_flops
 from omni_jax.data.sequences import TASK_TEXT
 from omni_jax.data.stream import OmniStream, make_stream
