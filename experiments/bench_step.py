@@ -27,7 +27,7 @@ from absl import app, flags, logging
 
 from experiments import common
 from omni_jax.common.config import ConfigError
-from omni_jax.common.progress import time_calls
+from omni_jax.common.timing import time_calls
 from omni_jax.reports.step_breakdown import component_times, plot_breakdown
 
 _CONFIG = common.define_config("configs/omni_moe.py:bench",

@@ -32,11 +32,11 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from omni_jax.common.timing import STATS
 from omni_jax.memory import executor as ex
 from omni_jax.memory import profiler as pf
 from omni_jax.memory import seqmodel as sm
 from omni_jax.memory import transfers as tr
-from omni_jax.memory.profiler import STATS
 
 FASTEST_BW = 1e12            # B/s: a copy faster than 1 TB/s is noise; rates are capped here
 TINY = 64                    # float32 per tiny array

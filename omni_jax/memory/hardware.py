@@ -8,7 +8,7 @@ import numpy as np
 from absl import logging
 
 from omni_jax.common.config import positive_int
-from omni_jax.common.progress import time_calls
+from omni_jax.common.timing import STATS, time_calls
 from omni_jax.memory import executor as ex
 from omni_jax.memory import profiler as pf
 from omni_jax.memory import seqmodel as sm
@@ -23,7 +23,7 @@ def measure_hardware(nbytes: int = 32 * 2**20, stat: str = "min", repeats: int =
   array of ``nbytes`` or, when given, on the pytree ``params`` (e.g. one layer's parameters:
   the leaf sizes the executors move)."""
   def timed(fn):
-    return pf.STATS[stat](time_calls(fn, repeats=repeats))
+    return STATS[stat](time_calls(fn, repeats=repeats))
 
   def drop(tree):
     for x in jax.tree.leaves(jax.block_until_ready(tree)):

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from omni_jax.common.progress import time_calls
+from omni_jax.common.timing import STATS, time_calls
 from omni_jax.memory.seqmodel import SeqModel
 
 
@@ -116,8 +116,6 @@ def batch_residual_leaves(apply, p_shapes, x1_shapes, x2_shapes) -> int:
   return sum(a.shape != b.shape for a, b in zip(res(x1_shapes), res(x2_shapes), strict=True))
 
 
-STATS = {"min": min, "median": lambda ts: float(np.median(ts)),
-         "mean": lambda ts: float(np.mean(ts))}
 
 
 def layer_calls(apply, params, x_spec, u: int):

@@ -4,9 +4,9 @@ with the 1-device step, timed steps, the sequence-parallel memory check, and the
 from __future__ import annotations
 
 import math
-import time
 
 from omni_jax.common.figures import pyplot, save_figure
+from omni_jax.common.timing import STATS, time_steps
 from omni_jax.models.omni import OmniModel
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.train.checkpoint import abstract_like
@@ -30,15 +30,7 @@ def max_rel_err(a, b) -> float:
 
 def step_seconds(compiled, state, batch, steps: int) -> float:
   """Mean seconds of one train step after two warm-up steps (state is donated)."""
-  import jax
-  for _ in range(2):
-    state, m = compiled(state, batch)
-  jax.block_until_ready(m)
-  t0 = time.perf_counter()
-  for _ in range(steps):
-    state, m = compiled(state, batch)
-  jax.block_until_ready(m)
-  return (time.perf_counter() - t0) / steps
+  return STATS["mean"](time_steps(compiled, state, batch, steps=steps, warmup=2)[2])
 
 
 def sequence_memory_check(config, seq_len: int, n: int = 8, block: int = 256) -> dict:

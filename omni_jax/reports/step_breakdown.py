@@ -5,7 +5,7 @@ the step's shapes, and the breakdown plot."""
 from __future__ import annotations
 
 from omni_jax.common.figures import pyplot, save_figure
-from omni_jax.common.progress import time_calls
+from omni_jax.common.timing import time_calls
 from omni_jax.models.layers import Attention
 from omni_jax.models.moe import MoE
 
