@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from omni_jax.models import named_ops
 from omni_jax.parallel import recipes
 from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
-from omni_jax.parallel.varying import varying_axes
+from omni_jax.parallel.varying import vary_over
 
 PIPE = "pipeline"
 SEQ = "sequence"
@@ -51,13 +51,8 @@ def vary(tree):
   loop, so that the reductions their transposes need happen once, after the loop. Not over
   ``tensor``: the activations are the same on every tensor rank (the Megatron bodies mark
   their inputs and psum their outputs)."""
-  manual = (PIPE, *_body_data_axes())
-
-  def one(a):
-    have = varying_axes(a)
-    missing = tuple(ax for ax in manual if ax not in have)
-    return jax.lax.pcast(a, missing, to="varying") if missing else a
-  return jax.tree.map(one, tree)
+  axes = (PIPE, *_body_data_axes())
+  return jax.tree.map(lambda a: vary_over(a, axes), tree)
 
 
 def _check_shapes(n_stages, m, unit_params, x, n_shards, n_seq=1):
