@@ -2,19 +2,16 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.cli import run_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(*args, timeout=600):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=timeout)
+  return run_module(*args, timeout=timeout)
 
 
 def _train_omni_cli_writes_outputs(tmp_path):

@@ -2,8 +2,6 @@
 summary keys, saved codec), bad input."""
 
 import json
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +12,7 @@ import pytest
 from omni_jax.examples import image_data
 from omni_jax.tokenizers import fsq, image_codec
 from omni_jax.tokenizers.image_codec import ImageCodec
+from tests.cli import run_module
 
 
 def _fixed_image():
@@ -78,10 +77,8 @@ def test_bad_input():
 
 
 def _run(workdir, *extra):
-  return subprocess.run(
-      [sys.executable, "-m", "experiments.train_tokenizer",
-       "--config=configs/tokenizer.py:image_tiny", f"--workdir={workdir}", *extra],
-      capture_output=True, text=True, timeout=600)
+  return run_module("experiments.train_tokenizer", "--config=configs/tokenizer.py:image_tiny",
+                    f"--workdir={workdir}", *extra)
 
 
 @pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
