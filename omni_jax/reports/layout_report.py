@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 
+from omni_jax.common.checkpoint import abstract_like
 from omni_jax.common.figures import pyplot, save_figure
 from omni_jax.common.timing import STATS, time_steps
 from omni_jax.models.omni import OmniModel
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.train.checkpoint import abstract_like
 from omni_jax.train.loop import create_state, make_train_step
 from omni_jax.train.omni import (
   make_loss_fn,

@@ -13,12 +13,12 @@ import numpy as np
 from absl import logging
 
 from omni_jax.collectives.methods import time_aggregation
+from omni_jax.common.checkpoint import Checkpointer
 from omni_jax.common.config import ConfigError, to_dict
 from omni_jax.common.figures import pyplot, save_figure
 from omni_jax.common.metrics import MetricsLog, write_json_atomic
 from omni_jax.common.progress import Progress
 from omni_jax.rl import envs, predict, runner
-from omni_jax.train.checkpoint import Checkpointer
 
 # config keys that must match a checkpoint to resume from it
 RESUME_KEYS = ("algo", "env", "seed", "seeds", "workers", "aggregation", "threshold",

@@ -14,13 +14,13 @@ import pytest
 from PIL import Image
 
 from configs.omni_moe import get_config
+from omni_jax.common.checkpoint import Checkpointer
 from omni_jax.common.config import ConfigError
 from omni_jax.generate import decode as dec
 from omni_jax.generate import job, outputs
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.models import sampling
 from omni_jax.models.omni import OmniModel
-from omni_jax.train.checkpoint import Checkpointer
 from omni_jax.train.loop import LoopConfig, TrainState
 from omni_jax.train.optim import make_optimizer
 from omni_jax.train.spec import build_spec
