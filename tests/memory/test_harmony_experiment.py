@@ -126,7 +126,7 @@ def test_settings_sweep_cells_on_a_tiny_model(tmp_path, monkeypatch):
   best = max(cells, key=lambda c: c["speedup_vs_lms"])
   assert rng["max_predicted_speedup_vs_baseline"]["value"] == best["speedup_vs_lms"]
   assert rng["max_predicted_speedup_vs_baseline"]["n_gpus"] == best["n_gpus"]
-  monkeypatch.setattr(study, "plan_cell", lambda *a: pytest.fail("cache not reused"))
+  monkeypatch.setattr(sweep, "plan_cell", lambda *a: pytest.fail("cache not reused"))
   assert sweep.settings_sweep(cfg, prof, hw, str(tmp_path)) == cells
   for key, value, match in (("n_gpus", (3,), "must divide batch = 4"),
                             ("num_layers", (), "both be empty"),
