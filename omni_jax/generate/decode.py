@@ -32,7 +32,8 @@ import numpy as np
 
 from omni_jax.models import kv_cache, sampling
 from omni_jax.models.causal_lm import CausalLM
-from omni_jax.models.omni import OmniModel, OmniSpec
+from omni_jax.models.omni import OmniModel
+from omni_jax.models.spec import OmniSpec
 from omni_jax.models.transformer import BackboneSpec
 
 

@@ -14,8 +14,9 @@ from configs.omni_moe import get_config
 from omni_jax.generate import decode as dec
 from omni_jax.models import kv_cache, sampling
 from omni_jax.models.causal_lm import CausalLM
-from omni_jax.models.omni import OmniModel, build_spec
+from omni_jax.models.omni import OmniModel
 from omni_jax.models.transformer import BackboneSpec, unstack_units
+from omni_jax.train.spec import build_spec
 
 LLAMA3 = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
           ("original_max_position_embeddings", 16.0), ("type", "llama3"))
