@@ -73,7 +73,7 @@ def test_two_processes_read_disjoint_halves_of_a_manifest(tmp_path):
   assert one.returncode == 0, one.stderr[-3000:]
   assert "reads shard(s) [0, 1] of 2" in one.stderr
   port = _free_port()
-  procs = [subprocess.Popen(_cmd(tmp_path / "two", "--cpu_devices=4",,
+  procs = [subprocess.Popen(_cmd(tmp_path / "two", "--cpu_devices=4",
                                  f"--coordinator_address=127.0.0.1:{port}",
                                  "--num_processes=2", f"--process_id={i}", *data),
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
