@@ -38,13 +38,15 @@ from omni_jax.config import ConfigError, check_keys, nonneg_float, one_of, posit
 from omni_jax.data.bpe import make_tokenizer
 from omni_jax.modalities import MODALITY_KINDS, resolve_spec
 from omni_jax.modalities.sources import check_sources
+from omni_jax.models.attention_kernels import ATTENTION_IMPLS
 from omni_jax.models.layers import RMSNorm
 from omni_jax.models.named_ops import named_op
 from omni_jax.models.transformer import REMAT_POLICIES, Backbone, BackboneSpec
 
 MODEL_KEYS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "rope_theta", "moe",
-              "remat", "dtype", "text_loss_weight", "modalities", "attention_block", "init_from")
-OPTIONAL_MODEL_KEYS = ("init_from",)
+              "remat", "dtype", "text_loss_weight", "modalities", "attention_block", "init_from",
+              "attention_impl")
+OPTIONAL_MODEL_KEYS = ("init_from", "attention_impl")
 MOE_KEYS = ("num_experts", "top_k", "d_ff", "every", "renormalize", "impl", "capacity_factor",
             "shared_experts", "lb_coef", "z_coef")
 # Optional: 'aux_loss' (default) | 'bias' | 'both', and the bias step (DeepSeek-V3: 1e-3).
@@ -112,6 +114,8 @@ def build_spec(model_cfg, tokenizer: str = "bytes") -> OmniSpec:
   require(isinstance(ab, int) and ab >= 0, p + "attention_block", ab,
           "must be an integer >= 0 (0 = dense attention, n = blockwise over n-key blocks)")
   one_of(model_cfg, "dtype", DTYPES, p)
+  attention_impl = model_cfg.get("attention_impl", "xla")
+  one_of({"attention_impl": attention_impl}, "attention_impl", ATTENTION_IMPLS, p)
   nonneg_float(model_cfg, "text_loss_weight", p)
   require(float(model_cfg["rope_theta"]) > 0, p + "rope_theta", model_cfg["rope_theta"],
           "must be > 0")
@@ -149,7 +153,8 @@ def build_spec(model_cfg, tokenizer: str = "bytes") -> OmniSpec:
       moe_every=moe["every"], renormalize=bool(moe["renormalize"]), moe_impl=moe["impl"],
       capacity_factor=float(moe["capacity_factor"]), shared_experts=moe["shared_experts"],
       remat=model_cfg["remat"], dtype=DTYPES[model_cfg["dtype"]],
-      attention_block=model_cfg["attention_block"], moe_balance=balance)
+      attention_block=model_cfg["attention_block"], attention_impl=attention_impl,
+      moe_balance=balance)
 
   raw_mods = model_cfg["modalities"]
   mods = tuple((name, resolve_spec(name, raw_mods[name])) for name in sorted(raw_mods))
