@@ -118,3 +118,33 @@ def test_config_selects_the_kernel_of_every_block():
   with ak.use_kernel("xla", interpret=True):
     got = run(dataclasses.replace(spec, attention_impl="cudnn"))
   np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["cudnn", "pallas_gpu"])
+def test_gpu_kernel_on_device_equals_xla_bf16(impl):
+  """On a GPU: the compiled kernel (no interpret mode) against the fp32 XLA attention."""
+  q, k, v, seg = _inputs(256, jnp.bfloat16)
+
+  def fn(q, k, v, **kw):
+    with ak.use_kernel(impl):
+      return attention(q, k, v, **kw)
+  got = _out_and_grads(fn, q, k, v, seg)
+  up = lambda x: x.astype(jnp.float32)
+  want = _out_and_grads(ak.xla_attention, up(q), up(k), up(v), seg)
+  for name, g, w in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
+    assert np.abs(g - w).max() / np.abs(w).max() < 2e-2, (impl, name)
+
+
+@pytest.mark.tpu
+def test_tpu_splash_on_device_equals_xla_bf16():
+  q, k, v, seg = _inputs(256, jnp.bfloat16)
+
+  def fn(q, k, v, **kw):
+    with ak.use_kernel("pallas_tpu"):
+      return attention(q, k, v, **kw)
+  got = _out_and_grads(fn, q, k, v, seg)
+  up = lambda x: x.astype(jnp.float32)
+  want = _out_and_grads(ak.xla_attention, up(q), up(k), up(v), seg)
+  for name, g, w in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
+    assert np.abs(g - w).max() / np.abs(w).max() < 2e-2, name
