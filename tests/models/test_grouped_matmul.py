@@ -188,6 +188,7 @@ def test_megablox_on_tpu_equals_ragged_dot():
   (_, y_ref), g_ref = _REF(x, w, gs, cot)
   (_, y), g = _value_and_grads(lambda x, w, gs: gk.grouped_matmul(x, w, gs, impl="megablox"))(
       x, w, gs, cot)
-  np.testing.assert_allclose(y, y_ref, atol=1e-4, rtol=1e-4)
+  # both sides run float32 matmuls at the TPU's default (reduced) precision
+  np.testing.assert_allclose(y, y_ref, atol=2e-2, rtol=2e-2)
   for a, b in zip(g, g_ref, strict=True):
-    np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(a, b, atol=2e-2, rtol=2e-2)
