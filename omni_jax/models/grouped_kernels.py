@@ -9,11 +9,12 @@ Rows sorted by group (expert) times each group's weight, ``jax.lax.ragged_dot``'
   on the transposed weights and ``tgmm`` backward (:func:`megablox_matmul`);
 * ``padded_batched`` (GPU): the same block-padded layout, each scan step one batched matmul
   of ``GPU_BLOCKS_PER_STEP`` blocks of up to ``GPU_BLOCK`` rows with their gathered
-  weights. Chosen by construction, not measured (no GPU here): XLA:GPU in jaxlib 0.10 is not
-  known to lower ``ragged_dot`` to a grouped kernel (third-party measurements dispute it),
-  and a dense lowering costs E times the FLOPs, as on CPU; this form costs the grouped FLOPs
-  plus at most ``E * (block - 1)`` padding rows, in a few large batched matmuls. The device
-  check on a GPU is where ``ragged_dot`` and this form are to be timed against each other;
+  weights. Chosen by construction, not measured (no GPU here): upstream XLA:GPU is reported
+  to lower ``ragged_dot`` by expanding it to zero-padded operands and a batched dot (jaxlib
+  0.10.1 / 0.10.2 on a B200: about 23 TF/s, marin-community/marin#7012), E times the FLOPs
+  as on CPU; this form costs the grouped FLOPs plus at most ``E * (block - 1)`` padding
+  rows, in a few large batched matmuls. The device check on a GPU is where ``ragged_dot``
+  and this form are to be timed against each other;
 * ``ragged_dot``: ``jax.lax.ragged_dot`` itself (other backends, or by request).
 
 :func:`grouped_plan` builds the layout once for several matmuls on the same rows (the
