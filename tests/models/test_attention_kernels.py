@@ -148,3 +148,34 @@ def test_tpu_splash_on_device_equals_xla_bf16():
   want = _out_and_grads(ak.xla_attention, up(q), up(k), up(v), seg)
   for name, g, w in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
     assert np.abs(g - w).max() / np.abs(w).max() < 2e-2, name
+
+
+def test_sequence_parallel_paths_and_the_selected_kernel():
+  """Ulysses runs the selected kernel on its heads after the all-to-all: Pallas' GPU kernel
+  refuses the CPU from inside the ``shard_map``, and the cuDNN call through its CPU fallback
+  equals plain attention (Pallas interpret mode itself fails inside a ``shard_map`` in jax
+  0.10.2: its interpreter's padding is not marked varying over the manual axes). The ring
+  keeps its own fold whatever the selection."""
+  from omni_jax.models.named_ops import override
+  from omni_jax.parallel import mesh as mesh_lib
+  from omni_jax.parallel.ring_attention import ring_attention
+  from omni_jax.parallel.ulysses import ulysses_attention
+
+  mesh = mesh_lib.make_mesh(dict(sequence=2, data=4))
+  q, k, v, seg = _inputs(32)
+  want = jax.jit(lambda q, k, v: ak.xla_attention(q, k, v, causal=True,
+                                                  segment_ids=seg))(q, k, v)
+  q4, k4, v4, seg4 = (jnp.concatenate([a, a], axis=0) for a in (q, k, v, seg))
+  with override(attention=ulysses_attention(mesh)):
+    with ak.use_kernel("pallas_gpu"), pytest.raises(ValueError, match="runs on a GPU"):
+      attention(q4, k4, v4, causal=True, segment_ids=seg4)
+    with ak.use_kernel("cudnn", interpret=True):
+      got = jax.jit(lambda q, k, v: attention(q, k, v, causal=True, segment_ids=seg4))(
+          q4, k4, v4)
+  np.testing.assert_allclose(np.asarray(got), np.concatenate([want, want]), atol=1e-5,
+                             rtol=1e-5)
+  with override(attention=ring_attention(mesh)), ak.use_kernel("pallas_gpu"):
+    ring = jax.jit(lambda q, k, v: attention(q, k, v, causal=True, segment_ids=seg4))(
+        q4, k4, v4)
+  np.testing.assert_allclose(np.asarray(ring), np.concatenate([want, want]), atol=1e-5,
+                             rtol=1e-5)
