@@ -122,7 +122,7 @@ class SpectrumEncoder(nn.Module):
     return stack_for(self.spec, self.d_model, self.dtype, 4)(h)
 
 
-@pytest.mark.slow  # an end-to-end run (default suite time, session 13)
+@pytest.mark.slow  # an end-to-end run (default suite time)
 def test_new_modalities_by_config_and_by_registration_train(tmp_path):
   if "test_spectrum" not in MODALITY_KINDS:
     register_kind(ModalityKind(
