@@ -9,9 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs.omni_moe import get_config
 from omni_jax.common.config import ConfigError
 from omni_jax.models import attention_kernels as ak
 from omni_jax.models.layers import attention
+from omni_jax.models.named_ops import override
+from omni_jax.models.transformer import Backbone, BackboneSpec
+from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.parallel.ring_attention import ring_attention
+from omni_jax.parallel.ulysses import ulysses_attention
+from omni_jax.train.spec import build_spec
 
 B, H, KV, DH = 2, 4, 2, 16
 # splash attention tiles are multiples of 128 positions; the others run a 32-token row
@@ -93,10 +100,6 @@ def test_config_selects_the_kernel_of_every_block():
   """``model.attention_impl`` is validated and reaches every block of the backbone: on CPU
   ``pallas_gpu`` is refused by the kernel itself; ``cudnn`` through its CPU fallback gives
   the ``xla`` backbone's outputs (two layers, packed segments)."""
-  from configs.omni_moe import get_config
-  from omni_jax.models.omni import build_spec
-  from omni_jax.models.transformer import Backbone, BackboneSpec
-
   cfg = get_config("micro").model
   assert build_spec(cfg).backbone.attention_impl == "xla"
   cfg.attention_impl = "flash"
@@ -156,11 +159,6 @@ def test_sequence_parallel_paths_and_the_selected_kernel():
   equals plain attention (Pallas interpret mode itself fails inside a ``shard_map`` in jax
   0.10.2: its interpreter's padding is not marked varying over the manual axes). The ring
   keeps its own fold whatever the selection."""
-  from omni_jax.models.named_ops import override
-  from omni_jax.parallel import mesh as mesh_lib
-  from omni_jax.parallel.ring_attention import ring_attention
-  from omni_jax.parallel.ulysses import ulysses_attention
-
   mesh = mesh_lib.make_mesh(dict(sequence=2, data=4))
   q, k, v, seg = _inputs(32)
   want = jax.jit(lambda q, k, v: ak.xla_attention(q, k, v, causal=True,
