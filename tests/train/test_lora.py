@@ -185,3 +185,41 @@ def test_micro_lora_fine_tune_frozen_bit_identical_loss_down_merge_equal():
   for k in la:
     np.testing.assert_allclose(np.asarray(la[k]), np.asarray(lp[k]), atol=1e-5, rtol=0,
                                err_msg=k)
+
+
+def test_config_names_the_module_targets():
+  from configs import omni_moe
+  assert (omni_moe.LORA_ATTENTION, omni_moe.LORA_ALL) == (lora.TARGET_ATTENTION, lora.TARGET_ALL)
+  assert lora.lora_spec(omni_moe.get_config("tiny").model) is None   # rank 0: off by default
+  assert lora.lora_spec(omni_moe.get_config("from_hf_lora").model).target == lora.TARGET_ALL
+
+
+@pytest.mark.slow  # two compiles of the micro model's gradient, one on 8 devices
+def test_lora_gradients_under_a_parallel_layout_equal_one_device():
+  """Adapters placed by the omni recipe on fsdp x sequence x expert (the folded weights go
+  through the layout's named ops) give the 1-device loss and adapter gradients."""
+  from omni_jax.parallel import layout, recipes
+  from omni_jax.parallel import mesh as mesh_lib
+  from omni_jax.train.omni import make_loss_fn
+  cfg = get_config("micro")
+  cfg.model.lora = {"rank": 4, "alpha": 8.0, "target": lora.TARGET_ALL}
+  spec = build_spec(cfg.model)
+  model = OmniModel(spec)
+  batch = OmniStream(spec, cfg.data).batch(0)
+  ft = FineTune.from_config(cfg)
+  params = jax.jit(ft.init_params(lambda k: model.init(k, batch)["params"]))(
+      jax.random.PRNGKey(0))
+  params["lora"] = jax.tree.map(lambda x: x + 0.01, params["lora"])  # B != 0
+  one = mesh_lib.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  l1, g1 = jax.jit(jax.value_and_grad(lambda p: make_loss_fn(spec, model, one, finetune=ft)(
+      p, batch)[0]))(params)
+  mesh = mesh_lib.make_mesh(dict(fsdp=2, sequence=2, expert=2))
+  shardings, _ = recipes.resolve(recipes.RECIPES.get("omni"), params, mesh)
+  names = layout.op_names("omni", {})
+  loss = make_loss_fn(spec, model, mesh, names, finetune=ft)
+  l8, g8 = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b)[0]))(
+      jax.device_put(params, shardings), mesh_lib.put_batch(mesh, batch))
+  assert abs(float(l8) - float(l1)) <= 1e-5 * abs(float(l1))
+  for a, b in zip(jax.tree.leaves(g8["lora"]), jax.tree.leaves(g1["lora"]), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0,
+                               atol=1e-5 * float(np.abs(b).max()))
