@@ -171,3 +171,14 @@ def test_groups_that_own_nothing_are_errors(groups, match):
 def test_bad_group_config_names_the_key(group, match):
   with pytest.raises(ConfigError, match=match):
     make_optimizer(_optim(groups=[group]), 10)
+
+
+def test_train_omni_refuses_a_group_that_matches_nothing_before_compiling(tmp_path):
+  """With LoRA on the paths read base/... and lora/...: a plain-path regex owns nothing."""
+  from omni_jax.train.omni import train_omni
+  cfg = get_config("micro")
+  cfg.model.lora = {"rank": 2}
+  cfg.optim.groups = ({"name": "enc", "regex": "^enc_", "lr": 1e-3},)
+  with pytest.raises(ConfigError, match=r"group 'enc' regex '\^enc_' matches no parameter; "
+                     r"parameter paths look like \['base/"):
+    train_omni(cfg, str(tmp_path))
