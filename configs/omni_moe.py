@@ -13,7 +13,8 @@ generation quality of ``experiments.generate``), ``small`` (a longer CPU run), `
 encoders, projectors and new token rows on a frozen backbone, stage 2 adds LoRA adapters to
 the backbone starting from stage 1's weights). Override any field on
 the command line, e.g. ``--config.model.moe.num_experts=8 --config.train.steps=50``. Add a
-modality with ``--config.model.modalities.thermal='{"kind": "patch", "channels": 1, ...}'``
+modality with ``--modality=thermal='{"kind": "patch", "size": [16, 16], "channels": 1}'``
+(repeatable; ``--modality=video=none`` removes one)
 or in a copy of this file (see WORKSPACE.md, "Adding a modality").
 """
 

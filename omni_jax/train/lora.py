@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-from omni_jax.config import ConfigError, check_keys, require
+from omni_jax.common.config import ConfigError, check_keys, require
 
 LORA_KEYS = ("rank", "alpha", "dropout", "target")
 BASE, LORA = "base", "lora"

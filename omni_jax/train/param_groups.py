@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 import jax
 import optax
 
-from omni_jax.config import ConfigError, require
+from omni_jax.common.config import ConfigError, require
 
 GROUP_KEYS = ("name", "regex", "frozen", "lr", "weight_decay", "warmup_steps", "min_lr_ratio",
               "b1", "b2", "eps")

@@ -27,7 +27,7 @@ from flax import traverse_util
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.train import lora as lora_lib
 
 KEY = "init_from_workdir"

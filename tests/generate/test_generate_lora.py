@@ -7,12 +7,13 @@ import numpy as np
 from flax import traverse_util
 
 from configs.omni_moe import get_config
+from omni_jax.common.checkpoint import Checkpointer
 from omni_jax.generate import job
-from omni_jax.models.omni import OmniModel, build_spec
+from omni_jax.models.omni import OmniModel
 from omni_jax.train import lora
-from omni_jax.train.checkpoint import Checkpointer
 from omni_jax.train.finetune import abstract_train_state
 from omni_jax.train.loop import TrainState
+from omni_jax.train.spec import build_spec
 
 
 def test_load_params_merges_a_lora_workdir(tmp_path):

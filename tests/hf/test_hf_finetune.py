@@ -9,8 +9,9 @@ import pytest
 
 from configs import omni_moe
 from omni_jax.hf.load import flatten, load_params
-from omni_jax.models.omni import OmniModel, build_spec
+from omni_jax.models.omni import OmniModel
 from omni_jax.train import stages
+from omni_jax.train.spec import build_spec
 from tests.hf.test_hf_omni_init import write_tokenizer
 
 

@@ -11,12 +11,13 @@ import pytest
 from flax import traverse_util
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
-from omni_jax.models.omni import OmniModel, build_spec, count_params
+from omni_jax.models.omni import OmniModel, count_params
 from omni_jax.train import lora
 from omni_jax.train.finetune import LORA_STEP, FineTune
 from omni_jax.train.loop import TrainState, make_train_step
+from omni_jax.train.spec import build_spec
 
 U, D, H, DH, E, F = 2, 6, 2, 3, 3, 5
 QK, OUT, WI, WO = ("backbone/units/layer_0/attn/q/kernel", "backbone/units/layer_0/attn/o/kernel",

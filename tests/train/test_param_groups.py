@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.train import param_groups
 from omni_jax.train.loop import TrainState, make_train_step
 from omni_jax.train.optim import make_optimizer, make_schedule

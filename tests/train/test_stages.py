@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from omni_jax.config import ConfigError
+from omni_jax.common.checkpoint import Checkpointer
+from omni_jax.common.config import ConfigError
 from omni_jax.train import lora, stages
-from omni_jax.train.checkpoint import Checkpointer
 from omni_jax.train.loop import TrainState
 
 SPEC = lora.LoraSpec(rank=2, alpha=6.0, target=lora.TARGET_ALL)
