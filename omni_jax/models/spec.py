@@ -16,8 +16,8 @@ from omni_jax.models.transformer import REMAT_POLICIES, BackboneSpec
 
 MODEL_KEYS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "rope_theta", "moe",
               "remat", "dtype", "text_loss_weight", "modalities", "attention_block", "init_from",
-              "attention_impl")
-OPTIONAL_MODEL_KEYS = ("init_from", "attention_impl")
+              "attention_impl", "lora")
+OPTIONAL_MODEL_KEYS = ("init_from", "attention_impl", "lora")  # lora: omni_jax.train.lora
 MOE_KEYS = ("num_experts", "top_k", "d_ff", "every", "renormalize", "impl", "capacity_factor",
             "shared_experts", "lb_coef", "z_coef")
 # Optional: 'aux_loss' (default) | 'bias' | 'both', and the bias step (DeepSeek-V3: 1e-3).
