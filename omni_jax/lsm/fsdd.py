@@ -99,8 +99,10 @@ def order_statistics(corpus: Corpus) -> dict:
           "nearest_neighbour_within_5": float((gap <= 5).mean())}
 
 
-def split(labels: np.ndarray, test_per_class: int, val_per_class: int, seed: int) -> Split:
-  """Stratified split: per digit, a seeded permutation gives test, then validation, then train."""
+def split(labels: np.ndarray, test_per_class: int, val_per_class: int, seed: int,
+          train_per_class: int = 0) -> Split:
+  """Stratified split: per digit, a seeded permutation gives test, then validation, then train
+  (the rest, or its first ``train_per_class`` when > 0: a smaller run, e.g. a smoke test)."""
   rng = np.random.default_rng(seed)
   parts = {"train": [], "val": [], "test": []}
   for c in np.unique(labels):
@@ -110,7 +112,8 @@ def split(labels: np.ndarray, test_per_class: int, val_per_class: int, seed: int
                        f"{test_per_class + val_per_class} leaves none to train on")
     parts["test"].append(idx[:test_per_class])
     parts["val"].append(idx[test_per_class:test_per_class + val_per_class])
-    parts["train"].append(idx[test_per_class + val_per_class:])
+    rest = idx[test_per_class + val_per_class:]
+    parts["train"].append(rest[:train_per_class] if train_per_class > 0 else rest)
   return Split(**{k: np.sort(np.concatenate(v)) for k, v in parts.items()})
 
 
