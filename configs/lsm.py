@@ -87,10 +87,20 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
       test_per_class=30, val_per_class=27, train_per_class=0, fields=6, span=2.0,
       steps_per_frame=4))
   if arg in ("fsdd", "fsdd_tiny"):
+    # Chosen on the validation part only. MFCC utterances are short (72 steps on average at
+    # 4 steps per frame) against the calcium's 32-step time constant: starting the taught
+    # neurons' calcium at their teacher-alone level (c_init_plus) stops the rule from
+    # depressing them while their calcium climbs (without it the readout collapsed onto
+    # two classes). 3x3x30 neurons: least squares on spike counts 0.952 on validation
+    # against 0.919 for 3x3x15. The rule sees 2430 utterances per epoch (the paper config:
+    # 400), so 15 epochs with dw x0.85 per epoch.
     c.data.corpus = "fsdd"
     c.folds = 2                       # unused: fsdd tunes on its validation part
-  if arg == "fsdd_tiny":            # 10 / 5 / 20 utterances per digit, 1 epoch: a smoke run
-    c.fsdd.test_per_class, c.fsdd.val_per_class, c.fsdd.train_per_class = 10, 5, 20
+    c.reservoir.grid = (3, 3, 30)
+    c.readout.c_init_plus = 5.3
+    c.readout.epochs, c.readout.dw_decay, c.readout.eval_every = 15, 0.85, 5
+  if arg == "fsdd_tiny":    # fsdd's test and validation parts, 20 train per digit, 1 epoch
+    c.fsdd.train_per_class = 20
     c.readout.epochs = 1
     c.bits = (16, "12/8/8")
     c.brian2.targets = ()
