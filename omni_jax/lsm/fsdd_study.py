@@ -28,11 +28,11 @@ from absl import logging
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
-from omni_jax.config import to_dict
+from omni_jax.common.config import to_dict
+from omni_jax.common.metrics import MetricsLog, atomic_path, write_json_atomic
+from omni_jax.common.progress import Progress
 from omni_jax.lsm import fixed_point as fxp
 from omni_jax.lsm import fsdd, plots, power, readout, reservoir, speed, study
-from omni_jax.train.metrics import MetricsLog, atomic_path, write_json_atomic
-from omni_jax.train.progress import Progress
 
 FLOAT = "float"
 C_GRID = (0.01, 0.1, 1.0, 10.0)
