@@ -209,7 +209,8 @@ def run(cfg, workdir: str | Path) -> dict:
   i = int(sp.train[np.argmax(y[sp.train] == 7)])
   plots.raster(str(workdir / "raster.png"), spikes[i, :lengths[i]],
                res[names.index(rb), i, :lengths[i]], net.inhibitory,
-               f"FSDD utterance {i} (digit 7): input (top), reservoir (bottom), {rb}-bit")
+               f"FSDD utterance {i} (digit 7): input (top), reservoir (bottom), {rb}-bit",
+               step=f"1/{cfg.fsdd.steps_per_frame} MFCC frame")
   plots.confusion(str(workdir / "confusion.png"), cm, [str(d) for d in range(10)],
                   f"calcium-rule readout, {chosen}-bit, FSDD test: {acc_test[chosen]:.3f}")
   summary = {
