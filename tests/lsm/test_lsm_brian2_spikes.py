@@ -27,7 +27,10 @@ pytestmark = pytest.mark.skipif(
            "brian2.targets set; or brian2_env.ensure_venv)")
 
 
-@pytest.mark.parametrize(("syn_shift", "threshold"), [(3, 40.0), (0, 12.0)])
+# The experiments' synaptic current (syn_shift 3) in the default run; the paper's direct
+# V += W S (syn_shift 0) marked slow (each case starts Brian2: ~5-15 s).
+@pytest.mark.parametrize(("syn_shift", "threshold"),
+                         [(3, 40.0), pytest.param(0, 12.0, marks=pytest.mark.slow)])
 def test_brian2_spike_counts_match_ours(tmp_path, syn_shift, threshold):
   net = reservoir.build_network(0, 24, grid=(3, 3, 5))
   x = (np.random.default_rng(1).random((2, 150, 24)) < 0.12).astype(np.uint8)
