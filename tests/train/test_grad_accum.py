@@ -53,9 +53,13 @@ def test_accumulated_equals_big_batch(balance):
   spec, _, batch, params, loss_fn = _setup(balance=balance)
   vg = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
   (loss, metrics), grads = vg(params, batch)
-  # float32 noise floor: the same big batch with its rows reversed (an exact symmetry of the
-  # loss) differs from itself only by reduction order.
-  floor = _leaf_rel_err(vg(params, jax.tree.map(lambda a: a[::-1], batch))[1], grads)
+  # float32 noise floor: the same big batch with its rows permuted (an exact symmetry of the
+  # loss) differs from itself only by reduction order; the largest of three such reorderings
+  # (one is a single sample of that noise, and its size depends on the CPU's kernels).
+  n = len(batch["tokens"])
+  orders = (np.arange(n)[::-1], np.roll(np.arange(n), n // 2), np.roll(np.arange(n), 1))
+  floor = max(_leaf_rel_err(vg(params, jax.tree.map(lambda a: a[o], batch))[1], grads)
+              for o in orders)
   counts = [float(metrics[f"count/{h.name}"]) for h in spec.heads]
   for k in (4,):  # (k = 2 as well was one more compile of the accumulated step)
     mb = split_microbatches(jax.device_get(batch), k)
