@@ -53,13 +53,9 @@ def test_accumulated_equals_big_batch(balance):
   spec, _, batch, params, loss_fn = _setup(balance=balance)
   vg = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
   (loss, metrics), grads = vg(params, batch)
-  # float32 noise floor: the same big batch with its rows permuted (an exact symmetry of the
-  # loss) differs from itself only by reduction order; the largest of three such reorderings
-  # (one is a single sample of that noise, and its size depends on the CPU's kernels).
-  n = len(batch["tokens"])
-  orders = (np.arange(n)[::-1], np.roll(np.arange(n), n // 2), np.roll(np.arange(n), 1))
-  floor = max(_leaf_rel_err(vg(params, jax.tree.map(lambda a: a[o], batch))[1], grads)
-              for o in orders)
+  # float32 noise floor: the same big batch with its rows reversed (an exact symmetry of the
+  # loss) differs from itself only by reduction order.
+  floor = _leaf_rel_err(vg(params, jax.tree.map(lambda a: a[::-1], batch))[1], grads)
   counts = [float(metrics[f"count/{h.name}"]) for h in spec.heads]
   for k in (4,):  # (k = 2 as well was one more compile of the accumulated step)
     mb = split_microbatches(jax.device_get(batch), k)
@@ -68,7 +64,9 @@ def test_accumulated_equals_big_batch(balance):
     g_acc, m_acc = jax.jit(lambda p, b, k=k: accumulate_gradients(
         loss_fn, p, b, k, loss_norm(spec)))(params, batch)
     assert _global_rel_err(g_acc, grads) <= 1e-6, k
-    assert _leaf_rel_err(g_acc, grads) <= floor, (k, floor)
+    # Accumulating k partial gradients adds float32 additions of its own on top of one
+    # reordering, so a single reordering's error is not a bound for it: allow twice that.
+    assert _leaf_rel_err(g_acc, grads) <= 2 * floor, (k, floor)
     assert abs(float(m_acc["loss"]) - float(loss)) <= 1e-6 * abs(float(loss))
     assert [float(m_acc[f"count/{h.name}"]) for h in spec.heads] == counts
     for key in ("moe/expert_load", "moe/z_loss", "acc/text", "loss/text"):
