@@ -24,6 +24,7 @@ from absl import app, flags
 
 from experiments import common
 from omni_jax.collectives import netstudy
+from omni_jax.config import ConfigError
 
 CONFIG = common.define_config("configs/netlab.py:<inceptionn|gradiveq>[,tiny]")
 WORKDIR = common.define_workdir("output folder")
@@ -32,6 +33,10 @@ WORKDIR = common.define_workdir("output folder")
 def main(argv) -> None:
   del argv
   command = "python -m experiments.netlab " + " ".join(sys.argv[1:])
+  try:
+    netstudy.validate(CONFIG.value)
+  except ConfigError as e:
+    raise app.UsageError(str(e)) from e
   netstudy.run(CONFIG.value, Path(WORKDIR.value), command)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from absl import logging
 
-from omni_jax.collectives import timing, wire
+from omni_jax.collectives import timing
 from omni_jax.config import ConfigError, to_dict
 from omni_jax.parallel import netlab
 from omni_jax.train.metrics import write_json_atomic
@@ -148,8 +148,10 @@ def predict(row: dict, rate_mbit: float, m: dict, params: int, n: int, latency_s
   raw = params * 4.0
   cl = timing.Cluster(workers=n, bandwidth_bytes_per_s=efficiency * rate_mbit * 1e6 / 8 / n,
                       latency_s=latency_s)
-  ratio = row["program_bytes_per_step"] / n / wire.ring_bytes(params, 4, n)
-  codec = None if row["codec"] == "none" else timing.CodecCost(
+  # The ring carries 2(N-1)/N x raw x ratio per device in the model: the ratio that makes it
+  # carry the row's measured program bytes (padding of the last chunk included).
+  ratio = row["program_bytes_per_step"] / (2 * (n - 1) * raw)
+  codec = timing.CodecCost(
       ratio, m["encode_bytes_per_s"], m["decode_bytes_per_s"],
       per_hop=row["codec"] not in LINEAR, rounds=ROUNDS.get(row["codec"], 1))
   return timing.iteration_time(m["compute_s"], raw, cl, "ring", codec).iteration_s
@@ -180,8 +182,10 @@ def summarise(cfg, workers: list[dict]) -> dict:
   n = cfg.workers
   params = next(iter(w0["codecs"].values()))["params"]
   # Each worker measured compute and codec throughput on its own core: the slower paces.
-  measured = {c: {k: max(w["codecs"][c]["measured"][k] for w in workers) if k == "compute_s"
-                  else min(w["codecs"][c]["measured"][k] for w in workers)
+  # (float: raw.json stores an infinite throughput, no codec, as "inf")
+  measured = {c: {k: max(float(w["codecs"][c]["measured"][k]) for w in workers)
+                  if k == "compute_s"
+                  else min(float(w["codecs"][c]["measured"][k]) for w in workers)
                   for k in ("compute_s", "encode_bytes_per_s", "decode_bytes_per_s")}
               for c in cfg.codecs}
   for c in cfg.codecs:
