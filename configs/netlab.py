@@ -2,7 +2,9 @@
 
 Variants: ``inceptionn`` and ``gradiveq`` (the headline codec of the summary; both run the
 same codecs, so one measurement serves both: a rerun with the other variant and the same
-``--workdir`` reuses it), each optionally ``,tiny`` (seconds: smoke tests). The model, data and
+``--workdir`` reuses it); ``pipesgd``: the uncompressed ring synchronous (``none``) against
+Pipe-SGD width 2 (``none@2``) at links where communication and compute are comparable. Each
+optionally ``,tiny`` (seconds: smoke tests). The model, data and
 optimizer are ``configs/compress.py``'s (``train``), with fewer steps.
 
 The link: this machine's compute is about 10 ms per step for the CNN, and the uncompressed
@@ -17,7 +19,7 @@ import ml_collections
 
 from configs import compress
 
-HEADLINES = ("inceptionn", "gradiveq")
+HEADLINES = ("inceptionn", "gradiveq", "pipesgd")
 
 
 def get_config(arg: str = "inceptionn") -> ml_collections.ConfigDict:
@@ -52,10 +54,17 @@ def get_config(arg: str = "inceptionn") -> ml_collections.ConfigDict:
   c.train.steps = 600
   c.train.eval_every = 50
   c.train.timing.repeats = 10
+  if c.headline == "pipesgd":
+    c.headline = "none@2"
+    c.codecs = ("none", "none@2")
+    c.train_rate_mbit = 80.0        # about 30 ms of communication, next to the compute
+    c.sweep_rates_mbit = (20.0, 32.0, 40.0, 64.0, 80.0, 128.0, 160.0, 320.0)
+    c.calibration_rates_mbit = (32.0, 64.0, 128.0)
   if tiny:
     c.train.steps = 12
     c.train.eval_every = 6
     c.train.gradiveq.update(dict(warmup=4, l_t=2, l_c=4))
+    c.train.pipeline_warmup = 2
     c.train.timing.repeats = 2
     c.sweep_rates_mbit = (50.0, 200.0, 400.0)
     c.calibration_rates_mbit = (200.0,)

@@ -46,11 +46,11 @@ from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from omni_jax.collectives import study  # noqa: E402
+from omni_jax.collectives import netstudy, study  # noqa: E402
 from omni_jax.parallel import netlab  # noqa: E402
 
 AXIS = study.AXIS
-
+split_run = netstudy.split_run
 
 def lo_tx_bytes() -> int:
   """Bytes sent on this namespace's loopback so far (all its processes)."""
@@ -61,15 +61,16 @@ def lo_tx_bytes() -> int:
 class Runner:
   """One codec's training state on the process mesh, stepped one global step at a time."""
 
-  def __init__(self, cfg, codec: str, mesh, data):
-    self.cfg, self.codec, self.mesh = cfg, codec, mesh
+  def __init__(self, cfg, run: str, mesh, data):
+    self.cfg, self.run, self.mesh = cfg, run, mesh
+    self.codec, self.width = split_run(run)
     self.xtr, self.ytr, xte, self.yte = data
     n_dev = mesh.shape[AXIS]
     self.model = study.SmallCNN()
     self.key = jax.random.key(cfg.seed)
     params = self.model.init(self.key, jnp.zeros((1,) + self.xtr.shape[1:]))
     tx = optax.sgd(optax.cosine_decay_schedule(cfg.lr, cfg.steps), momentum=cfg.momentum)
-    self.agg = study.make_aggregator(cfg, codec)
+    self.agg = study.make_aggregator(cfg, self.codec)
     one = self.agg.init(params, jax.random.fold_in(self.key, 1), n_devices=n_dev)
     self.n_values = sum(int(p.size) for p in jax.tree.leaves(params))
     self.params = self._put(params, P())
@@ -79,10 +80,21 @@ class Runner:
     self.xte = self._put(xte, P())
     self.rng = np.random.default_rng(cfg.seed + 1)
     self.t = 0
-    step = study.make_step(self.model, tx, self.agg, mesh)
     batch = self._batch()
+    # Width 1: the synchronous step. Width 2 (Pipe-SGD): pipeline_warmup synchronous steps,
+    # then the step that all-reduces the previous step's gradient while this one's backward
+    # runs (no data dependence between them in the compiled program).
+    self.warmup = cfg.pipeline_warmup if self.width > 1 else None
     self.step, self.hlo_bytes = study.compile_step(
-        step, self.params, self.opt_state, self.agg_state, *batch, self._key(0))
+        study.make_step(self.model, tx, self.agg, mesh), self.params, self.opt_state,
+        self.agg_state, *batch, self._key(0))
+    if self.width > 1:
+      self.pending = tuple(jax.tree.map(lambda a: self._put(
+          np.zeros((n_dev,) + a.shape, a.dtype), P(AXIS)), params)
+          for _ in range(self.width - 1))
+      self.pipe_step, self.hlo_bytes = study.compile_step(
+          study.make_pipelined_step(self.model, tx, self.agg, mesh), self.params,
+          self.opt_state, self.pending, self.agg_state, *batch, self._key(0), True)
     self.evaluate = jax.jit(lambda p, x: jnp.argmax(self.model.apply(p, x), -1))
 
   def _put(self, tree, spec):
@@ -107,10 +119,18 @@ class Runner:
     """One global step: ``(seconds, loss, this device's wire bytes)``; batch building and
     host transfers outside the clock."""
     x, y = self._batch()
-    key = self._key(self.t)
-    t0 = time.perf_counter()
-    self.params, self.opt_state, self.agg_state, loss, nbytes = self.step(
-        self.params, self.opt_state, self.agg_state, x, y, key)
+    t = self.t
+    if self.width == 1 or t < self.warmup:
+      key = self._key(t)
+      t0 = time.perf_counter()
+      self.params, self.opt_state, self.agg_state, loss, nbytes = self.step(
+          self.params, self.opt_state, self.agg_state, x, y, key)
+    else:   # reduces the gradient of step t - width + 1 (with that step's key)
+      valid = t >= self.warmup + self.width - 1
+      key = self._key(t - self.width + 1)
+      t0 = time.perf_counter()
+      self.params, self.opt_state, self.pending, self.agg_state, loss, nbytes = self.pipe_step(
+          self.params, self.opt_state, self.pending, self.agg_state, x, y, key, valid)
     jax.block_until_ready((self.params, loss, nbytes))
     dt = time.perf_counter() - t0
     self.t += 1
@@ -149,7 +169,7 @@ def train(runner: Runner, spec: dict, counting: bool) -> dict:
       evals.append({"step": t + 1, "train_seconds": clock, "loss": loss, "test_accuracy": acc})
       if reached is None and acc >= spec["target_accuracy"]:
         reached = {"step": t + 1, "seconds": clock}
-      print(f"[{runner.codec}] step {t + 1} loss {loss:.4f} acc {acc:.4f} "
+      print(f"[{runner.run}] step {t + 1} loss {loss:.4f} acc {acc:.4f} "
             f"{clock:.1f} s", flush=True)
   socket = lo_tx_bytes() - before if counting else None
   return {"step_seconds": secs, "wire_bytes": wires, "socket_bytes": socket, "evals": evals,
@@ -181,7 +201,7 @@ def main(spec_path: str) -> None:
   runners = {}
   for codec in spec["codecs"]:
     runners[codec] = Runner(cfg, codec, mesh, data)
-    m = study.measure(cfg, codec, data, spec["num_processes"])
+    m = study.measure(cfg, split_run(codec)[0], data, spec["num_processes"])
     out["codecs"][codec] = {"measured": m, "hlo_collective_operand_bytes":
                             runners[codec].hlo_bytes, "params": runners[codec].n_values}
   multihost_utils.sync_global_devices("compiled")

@@ -36,6 +36,15 @@ ROUNDS = {"inceptionn": 2, "powersgd": 2}
 RAW_FORMAT = 1
 
 
+def split_run(run: str) -> tuple[str, int]:
+  """A run's name: ``"codec"`` -> (codec, 1); ``"codec@W"`` -> (codec, W), Pipe-SGD at
+  pipeline width W (the all-reduce of step t runs beside step t + 1's backward)."""
+  codec, _, width = run.partition("@")
+  if width and not (width.isdigit() and int(width) >= 2):
+    raise ValueError(f"run {run!r}: the width after '@' must be an integer >= 2")
+  return codec, int(width) if width else 1
+
+
 def validate(cfg) -> None:
   """One clear ConfigError per bad key, before any process starts."""
   from omni_jax.collectives import aggregate
@@ -46,10 +55,15 @@ def validate(cfg) -> None:
     raise ConfigError(f"config.codecs = {list(cfg.codecs)} must include 'none' (the "
                       f"uncompressed ring every speed-up is measured against)")
   for c in cfg.codecs:
-    if c not in aggregate.CODECS:
-      raise ConfigError(f"config.codecs has {c!r}; allowed: {list(aggregate.CODECS)}")
+    try:
+      codec, _ = split_run(c)
+    except ValueError as e:
+      raise ConfigError(f"config.codecs: {e}") from e
+    if codec not in aggregate.CODECS:
+      raise ConfigError(f"config.codecs has {c!r}; allowed: one of {list(aggregate.CODECS)}, "
+                        f"optionally '@W' (Pipe-SGD width W >= 2)")
   if cfg.headline not in cfg.codecs or cfg.headline == "none":
-    raise ConfigError(f"config.headline = {cfg.headline!r} must be one of the compressed "
+    raise ConfigError(f"config.headline = {cfg.headline!r} must be one of the other "
                       f"config.codecs {[c for c in cfg.codecs if c != 'none']}")
   rates = list(cfg.sweep_rates_mbit)
   if not rates or any(not (isinstance(r, int | float) and r > 0) for r in rates):
@@ -151,10 +165,12 @@ def predict(row: dict, rate_mbit: float, m: dict, params: int, n: int, latency_s
   # The ring carries 2(N-1)/N x raw x ratio per device in the model: the ratio that makes it
   # carry the row's measured program bytes (padding of the last chunk included).
   ratio = row["program_bytes_per_step"] / (2 * (n - 1) * raw)
+  name, width = split_run(row["codec"])
   codec = timing.CodecCost(
-      ratio, m["encode_bytes_per_s"], m["decode_bytes_per_s"],
-      per_hop=row["codec"] not in LINEAR, rounds=ROUNDS.get(row["codec"], 1))
-  return timing.iteration_time(m["compute_s"], raw, cl, "ring", codec).iteration_s
+      ratio, float(m["encode_bytes_per_s"]), float(m["decode_bytes_per_s"]),   # "inf" in JSON
+      per_hop=name not in LINEAR, rounds=ROUNDS.get(name, 1))
+  mode = "pipelined" if width > 1 else "sync"
+  return timing.iteration_time(float(m["compute_s"]), raw, cl, "ring", codec, mode).iteration_s
 
 
 def calibrate(calib: list[dict], measured: dict, params: int, n: int) -> dict:
@@ -288,38 +304,43 @@ def model_curve(summary: dict, codec: str, rates) -> list[float]:
 
 
 def plot(summary: dict, path: str) -> None:
-  """Seconds per iteration against link rate (log-log): measured sweep points per codec
-  (hollow: the calibration rates), the training rows (stars), and the calibrated model's
-  curve per codec (lines, labelled modelled)."""
+  """Milliseconds per iteration against link rate (log-log): measured sweep points per codec
+  (hollow: the calibration rates), the training runs (stars), and the calibrated model's
+  curve per codec (lines, modelled; at the mean wire bytes of the codec's sweep rows)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  from matplotlib.ticker import NullFormatter, ScalarFormatter
   rows = summary["rows"]
   rates = sorted({r["rate_mbit"] for r in rows})
   grid = np.geomspace(min(rates) / 1.3, max(rates) * 1.3, 60)
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  for k, codec in enumerate(summary["codecs"]):
+  fig, ax = plt.subplots(figsize=(9.5, 4.8))
+  for k, codec in enumerate(summary["config"]["codecs"]):
     colour = f"C{k}"
-    ax.plot(grid, model_curve(summary, codec, grid), "-", color=colour, lw=1, alpha=0.8,
-            label=f"{codec}: model (calibrated, modelled)")
-    for calib, marker in ((False, "o"), (True, "o")):
+    ax.plot(grid, 1e3 * np.asarray(model_curve(summary, codec, grid)), "-", color=colour,
+            lw=1, alpha=0.8, label=f"{codec}: model (calibrated; modelled)")
+    for calib in (False, True):
       pts = [r for r in rows if r["codec"] == codec and r["phase"] == "sweep"
              and r["calibration"] == calib]
-      ax.plot([r["rate_mbit"] for r in pts], [r["seconds_per_step"] for r in pts], marker,
+      ax.plot([r["rate_mbit"] for r in pts], [1e3 * r["seconds_per_step"] for r in pts], "o",
               color=colour, mfc="none" if calib else colour, ls="none",
               label=f"{codec}: measured" + (" (calibration rates)" if calib else ""))
     tr = next(r for r in rows if r["codec"] == codec and r["phase"] == "train")
-    ax.plot([tr["rate_mbit"]], [tr["seconds_per_step"]], "*", color=colour, ms=11,
-            label=f"{codec}: training run")
-  ax.axhline(summary["model"]["compute_s"], color="grey", ls=":", lw=1,
+    ax.plot([tr["rate_mbit"]], [1e3 * tr["seconds_per_step"]], "*", color=colour, ms=12,
+            mec="black", mew=0.5, label=f"{codec}: training run (mean)")
+  ax.axhline(1e3 * summary["model"]["compute_s"], color="grey", ls=":", lw=1,
              label="compute alone (measured)")
   ax.set_xscale("log")
   ax.set_yscale("log")
-  ax.set_xlabel("link rate (Mbit/s, shared medium)")
-  ax.set_ylabel("seconds per iteration")
+  for axis in (ax.xaxis, ax.yaxis):
+    axis.set_major_formatter(ScalarFormatter())
+    axis.set_minor_formatter(NullFormatter())
+  ax.set_yticks([10, 20, 50, 100, 200, 500])
+  ax.set_xlabel("link rate (Mbit/s, one shared medium)")
+  ax.set_ylabel("ms per iteration")
   ax.set_title(f"{summary['workers']} processes over a shaped loopback: time per iteration")
   ax.grid(True, which="both", alpha=0.3)
-  ax.legend(fontsize=6.5, ncol=2)
+  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

@@ -50,6 +50,16 @@ def test_shared_medium_moves_the_ring_bytes_of_all_workers_at_the_rate():
     assert t == pytest.approx(0.01 + program / 1e6, rel=1e-9)
 
 
+def test_pipelined_rows_hide_the_shorter_of_compute_and_communication():
+  """Pipe-SGD width 2 (``none@2``): max(compute, comm) where the synchronous row pays the sum."""
+  program = 2 * 2.0 * np.ceil(PARAMS / 2) * 4
+  sync = netstudy.predict(_row("none", 80.0, program), 80.0, MEASURED["none"], PARAMS, 2, 0.0, 1.0)
+  pipe = netstudy.predict(_row("none@2", 80.0, program), 80.0, MEASURED["none"], PARAMS, 2, 0.0,
+                          1.0)
+  comm = program / 10e6
+  assert sync == pytest.approx(0.01 + comm) and pipe == pytest.approx(max(0.01, comm))
+
+
 def test_rows_sum_sweep_windows_per_codec_and_rate():
   w0 = {"codecs": {"none": {"train": {"step_seconds": [0.2, 0.4], "wire_bytes": [10.0, 10.0],
                                       "socket_bytes": 44}}},
@@ -69,6 +79,8 @@ def test_rows_sum_sweep_windows_per_codec_and_rate():
     (dict(workers=5), "workers"),
     (dict(codecs=("inceptionn",)), "must include 'none'"),
     (dict(headline="none"), "headline"),
+    (dict(codecs=("none", "inceptionn", "none@1")), "width after '@' must be an integer >= 2"),
+    (dict(codecs=("none", "inceptionn", "zip")), "allowed: one of"),
     (dict(calibration_rates_mbit=(7.0,)), "not in sweep_rates_mbit"),
     (dict(calibration_rates_mbit=(50.0, 200.0, 400.0)), "leave some sweep rates"),
 ])
