@@ -36,7 +36,7 @@ def get_config(arg: str = "inceptionn") -> ml_collections.ConfigDict:
   c.port = 29500                    # coordinator port inside the run's own namespace
   c.link = ml_collections.ConfigDict(dict(
       delay_ms=0.0, loss_pct=0.0,   # need sch_netem in the kernel
-      mtu=9000, burst_bytes=18000, queue_latency_ms=1000.0))   # burst: 2 MTUs
+      mtu=9000, burst_bytes=10000, queue_latency_ms=1000.0))   # burst: just over the MTU
   c.train_rate_mbit = 10.0          # the training runs (time to target, accuracy)
   c.sweep_rates_mbit = (5.0, 8.0, 10.0, 16.0, 20.0, 32.0, 40.0, 64.0, 80.0, 160.0)
   c.calibration_rates_mbit = (8.0, 16.0, 32.0, 64.0)   # fit the model here; report the rest
