@@ -32,7 +32,8 @@ def get_config(arg: str = "inceptionn") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.headline = heads[0] if heads else "inceptionn"
   c.codecs = ("none", "inceptionn", "gradiveq")
-  c.workers = 2                     # processes, one CPU device each, one per core
+  c.workers = 2                     # processes, one CPU device each
+  c.pin_cores = True                # worker i on core i mod cores (False: any core)
   c.port = 29500                    # coordinator port inside the run's own namespace
   c.link = ml_collections.ConfigDict(dict(
       delay_ms=0.0, loss_pct=0.0,   # need sch_netem in the kernel

@@ -17,6 +17,7 @@ row; ``DIR/time_per_iteration.png`` plots them against the link rate with the mo
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -32,7 +33,7 @@ WORKDIR = common.define_workdir("output folder")
 
 def main(argv) -> None:
   del argv
-  command = "python -m experiments.netlab " + " ".join(sys.argv[1:])
+  command = "python -m experiments.netlab " + shlex.join(sys.argv[1:])
   try:
     netstudy.validate(CONFIG.value)
   except ConfigError as e:

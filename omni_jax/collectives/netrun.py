@@ -30,11 +30,12 @@ import os
 import sys
 import time
 
-# Set before JAX starts: one CPU device, one compute thread (the harness pins the process
-# to a core), patient collectives on a busy host.
+# Set before JAX starts: one CPU device, no multi-threaded Eigen inside an op (the harness
+# pins the process to a core; XLA's own thread pool follows the affinity), patient
+# collectives on a busy host.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=1"
-                           " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+                           " --xla_cpu_multi_thread_eigen=false"
                            " --xla_cpu_collective_call_terminate_timeout_seconds=600")
 
 import jax  # noqa: E402

@@ -117,8 +117,8 @@ def launch(cfg, workdir: Path) -> list[dict]:
     argvs.append([sys.executable, "-m", "omni_jax.collectives.netrun", str(path)])
   with netlab.Netlab(link(cfg, cfg.train_rate_mbit)) as lab:
     logging.info("namespace %s: %d workers, link %s", lab.name, cfg.workers, lab.link)
-    lab.run(argvs, env, str(out_dir), cfg.timeout_s, cpus=netlab.fair_cpus(cfg.workers),
-            cwd=root)
+    cpus = netlab.fair_cpus(cfg.workers) if cfg.pin_cores else None
+    lab.run(argvs, env, str(out_dir), cfg.timeout_s, cpus=cpus, cwd=root)
   return [json.loads((out_dir / f"worker{i}.json").read_text()) for i in range(cfg.workers)]
 
 
