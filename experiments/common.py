@@ -42,7 +42,7 @@ def register_config() -> None:
   """Hands the parsed ``--config`` (if this main has one) to the TensorBoard writers, which
   record it as text beside the job's metrics and figures."""
   if "config" in flags.FLAGS and flags.FLAGS["config"].value is not None:
-    from omni_jax.train import tensorboard
+    from omni_jax.common import tensorboard
     tensorboard.set_run_config(flags.FLAGS["config"].value)
 
 

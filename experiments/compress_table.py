@@ -19,7 +19,7 @@ from absl import app, flags, logging
 from configs import compress as compress_configs
 from experiments import common, compress
 from omni_jax.collectives import study
-from omni_jax.train.metrics import save_figure
+from omni_jax.common.metrics import save_figure
 
 _VARIANT = flags.DEFINE_enum("variant", "", ["", "tiny"], "config variant for every run")
 _CODECS = flags.DEFINE_list("codecs", list(compress_configs.CODECS), "codecs to run")

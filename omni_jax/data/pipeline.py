@@ -42,7 +42,7 @@ import grain
 import numpy as np
 from absl import logging
 
-from omni_jax.config import ConfigError, check_keys, one_of, positive_int, require
+from omni_jax.common.config import ConfigError, check_keys, one_of, positive_int, require
 from omni_jax.data import vq
 from omni_jax.data.decode import decode_record
 from omni_jax.data.packing import Doc, collate_packed, doc_from_row, efficiency, hold_open, pack

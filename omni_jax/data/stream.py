@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from omni_jax.config import ConfigError, check_keys, one_of, positive_int, require
+from omni_jax.common.config import ConfigError, check_keys, one_of, positive_int, require
 from omni_jax.data import vq
 from omni_jax.data.pipeline import PIPELINE_DEFAULTS, PipelineStream
 from omni_jax.data.sequences import TASK_TEXT, RowBuilder, collate, generate_task, understand_task

@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from omni_jax.common.metrics import save_figure
 from omni_jax.dpad import fmag as fmag_lib
-from omni_jax.train.metrics import save_figure
 
 
 def _plt():

@@ -46,7 +46,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from PIL import Image
 
-from omni_jax.config import ConfigError, to_dict
+from omni_jax.common.config import ConfigError, to_dict
+from omni_jax.common.metrics import to_jsonable, write_json_atomic
 from omni_jax.data import vq
 from omni_jax.data.decode import RecordError, decode_record, record_keys
 from omni_jax.data.encode import write_wav
@@ -59,7 +60,6 @@ from omni_jax.models import kv_cache, sampling
 from omni_jax.models.omni import OmniModel, OmniSpec
 from omni_jax.tokenizers import omni_codes
 from omni_jax.train.loop import LoopConfig, TrainState
-from omni_jax.train.metrics import to_jsonable, write_json_atomic
 from omni_jax.train.optim import make_optimizer
 
 TEXT = "text"

@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from omni_jax.train.metrics import save_figure  # noqa: E402
+from omni_jax.common.metrics import save_figure  # noqa: E402
 
 
 def _save(fig, path: str) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from omni_jax.common.metrics import save_figure
 from omni_jax.memory.costmodel import Task  # noqa: F401  (panels hold Tasks)
-from omni_jax.train.metrics import save_figure
 
 ROWS = (("in", "swap in"), ("compute", "compute"), ("out", "swap out"), ("p2p", "p2p in"),
         ("host", "host update"))

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from omni_jax.common.progress import time_calls
 from omni_jax.memory.seqmodel import SeqModel
-from omni_jax.train.progress import time_calls
 
 
 @dataclasses.dataclass(frozen=True)

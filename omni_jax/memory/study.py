@@ -21,7 +21,9 @@ import jax
 import numpy as np
 from absl import logging
 
-from omni_jax.config import check_keys, one_of, positive_int, require, to_dict
+from omni_jax.common.config import check_keys, one_of, positive_int, require, to_dict
+from omni_jax.common.metrics import write_json_atomic
+from omni_jax.common.progress import Progress, time_calls
 from omni_jax.memory import executor as ex
 from omni_jax.memory import executor_lms as exl
 from omni_jax.memory import planner as pl
@@ -30,8 +32,6 @@ from omni_jax.memory import schedules as sch
 from omni_jax.memory import seqmodel as sm
 from omni_jax.memory.costmodel import Hardware, makespan, simulate
 from omni_jax.memory.plots import plot_measured_timeline, plot_settings_sweep, plot_timelines
-from omni_jax.train.metrics import write_json_atomic
-from omni_jax.train.progress import Progress, time_calls
 
 TOP_KEYS = ("device_budget_bytes", "model_bytes", "schedules", "swap_reduction_vs_baseline",
             "predicted_speedup_vs_baseline")

@@ -33,7 +33,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from omni_jax.config import check_keys, positive_int, require
+from omni_jax.common.config import check_keys, positive_int, require
+from omni_jax.common.metrics import write_json_atomic
 from omni_jax.memory import calibration as cal
 from omni_jax.memory import planner as pl
 from omni_jax.memory import profiler as pf
@@ -41,7 +42,6 @@ from omni_jax.memory import schedules as sch
 from omni_jax.memory import seqmodel as sm
 from omni_jax.memory.costmodel import Hardware, makespan, simulate
 from omni_jax.memory.profiler import STATS
-from omni_jax.train.metrics import write_json_atomic
 
 MODES = ("harmony", "lms")
 FIELDS = ("d_model", "num_layers", "u", "model_to_budget", "mode")

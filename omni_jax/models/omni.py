@@ -34,7 +34,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from omni_jax.config import ConfigError, check_keys, nonneg_float, one_of, positive_int, require
+from omni_jax.common.config import (
+  ConfigError,
+  check_keys,
+  nonneg_float,
+  one_of,
+  positive_int,
+  require,
+)
 from omni_jax.data.bpe import make_tokenizer
 from omni_jax.modalities import MODALITY_KINDS, resolve_spec
 from omni_jax.modalities.sources import check_sources

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from omni_jax.train.metrics import save_figure  # noqa: E402
+from omni_jax.common.metrics import save_figure  # noqa: E402
 
 
 def _save(fig, path: Path) -> None:

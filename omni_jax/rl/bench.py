@@ -20,8 +20,8 @@ import optax
 from absl import logging
 
 from configs import rl as rl_configs
+from omni_jax.common.metrics import save_figure
 from omni_jax.rl import predict, runner
-from omni_jax.train.metrics import save_figure
 
 PAPER = {"sync_speedup_vs_ps": 3.66, "async_speedup_vs_ps": 3.71,
          "dqn_time_to_reward_vs_ps": 3.7, "dqn_time_to_reward_vs_allreduce": 1.9}

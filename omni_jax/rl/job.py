@@ -13,11 +13,11 @@ import numpy as np
 from absl import logging
 
 from omni_jax.collectives.methods import time_aggregation
-from omni_jax.config import ConfigError, to_dict
+from omni_jax.common.config import ConfigError, to_dict
+from omni_jax.common.metrics import MetricsLog, save_figure, write_json_atomic
+from omni_jax.common.progress import Progress
 from omni_jax.rl import envs, predict, runner
 from omni_jax.train.checkpoint import Checkpointer
-from omni_jax.train.metrics import MetricsLog, save_figure, write_json_atomic
-from omni_jax.train.progress import Progress
 
 # config keys that must match a checkpoint to resume from it
 RESUME_KEYS = ("algo", "env", "seed", "seeds", "workers", "aggregation", "threshold",

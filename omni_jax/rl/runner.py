@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from omni_jax.collectives import event_clock, timing
 from omni_jax.collectives.aggregate import CODECS, METHODS, Aggregator, make_aggregator
-from omni_jax.config import (
+from omni_jax.common.config import (
     ConfigError,
     check_keys,
     nonneg_float,

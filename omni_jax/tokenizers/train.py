@@ -1,7 +1,7 @@
 """Training the learned tokenizers with the stack's loop (:func:`omni_jax.train.loop.fit`).
 
 :func:`train_image_tokenizer` fits :class:`~omni_jax.tokenizers.image_codec.ImageCodec` to
-random crops of real pictures (:mod:`omni_jax.tokenizers.image_data`) with a pixel MSE loss,
+random crops of real pictures (:mod:`omni_jax.examples.image_data`) with a pixel MSE loss,
 resumable from orbax checkpoints in ``<workdir>/checkpoints``; it then measures on the
 held-out crops ``recon_psnr_db``, ``codebook_perplexity`` and ``codebook_usage``, writes
 ``summary.json``, ``recon.png`` (held-out originals above their reconstructions) and the codec
@@ -20,11 +20,12 @@ import numpy as np
 from absl import logging
 from PIL import Image
 
-from omni_jax.config import check_keys, positive_int, require
-from omni_jax.tokenizers import fsq, image_data
+from omni_jax.common.config import check_keys, positive_int, require
+from omni_jax.common.metrics import atomic_path, write_json_atomic
+from omni_jax.examples import image_data
+from omni_jax.tokenizers import fsq
 from omni_jax.tokenizers.image_codec import DOWNSAMPLE, ImageCodec, psnr_db
 from omni_jax.train.loop import LoopConfig, fit
-from omni_jax.train.metrics import atomic_path, write_json_atomic
 from omni_jax.train.optim import make_optimizer
 
 IMAGE_DATA_KEYS = ("crop", "batch_size", "photo_share", "heldout")
@@ -173,7 +174,8 @@ def train_audio_tokenizer(cfg, workdir: str) -> dict:
   ``codebook_perplexity``, ``codebook_usage``; writes summary.json, example WAVs
   (``heldout-<i>-{orig,recon}.wav``) and the codec."""
   from omni_jax.data.encode import write_wav  # noqa: PLC0415
-  from omni_jax.tokenizers import audio_codec, audio_data, griffin_lim  # noqa: PLC0415
+  from omni_jax.examples import audio_data  # noqa: PLC0415
+  from omni_jax.tokenizers import audio_codec, griffin_lim  # noqa: PLC0415
   from omni_jax.tokenizers.audio_codec import AudioCodec  # noqa: PLC0415
 
   check_keys(cfg, ("kind", "codec", "data", "optim", "train"), "",

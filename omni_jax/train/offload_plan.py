@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.memory.costmodel import Hardware, TaskGraph, makespan, simulate
 from omni_jax.models.flops import dot_flops
 from omni_jax.train import offload
@@ -96,9 +96,10 @@ def measure_rates(peak_flops: float = 0.0, nbytes: int = 32 * 2**20, repeats: in
                   device: jax.Device | None = None) -> Rates:
   """This machine's rates, best of ``repeats``: host<->device copies of an ``nbytes`` float32
   array, the streaming rate of an elementwise update of it, and (unless ``peak_flops`` > 0,
-  e.g. ``train.peak_flops``) the matmul FLOP/s (:func:`~omni_jax.train.perf.measure_matmul_flops`).
+  e.g. ``train.peak_flops``) the matmul FLOP/s
+  (:func:`~omni_jax.common.timing.measure_matmul_flops`).
   """
-  from omni_jax.train.perf import best_seconds, measure_matmul_flops
+  from omni_jax.common.timing import best_seconds, measure_matmul_flops
   device = device or jax.devices()[0]
   dev = jax.sharding.SingleDeviceSharding(device)
   host = dev.with_memory_kind(offload.HOST)

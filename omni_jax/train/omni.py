@@ -18,7 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from omni_jax.config import ConfigError, check_keys, require, to_dict
+from omni_jax.common import tensorboard
+from omni_jax.common.config import ConfigError, check_keys, require, to_dict
+from omni_jax.common.metrics import plot_curves, write_json_atomic
+from omni_jax.common.timing import measure_matmul_flops
 from omni_jax.data.sequences import TASK_TEXT
 from omni_jax.data.stream import OmniStream, make_stream
 from omni_jax.models import named_ops
@@ -26,11 +29,9 @@ from omni_jax.models.flops import train_flops_per_step
 from omni_jax.models.omni import OmniModel, OmniSpec, build_spec, count_params, loss_norm, omni_loss
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.train import offload, offload_plan, tensorboard
+from omni_jax.train import offload, offload_plan
 from omni_jax.train.loop import FitResult, LoopConfig, fit
-from omni_jax.train.metrics import plot_curves, write_json_atomic
 from omni_jax.train.optim import make_optimizer
-from omni_jax.train.perf import measure_matmul_flops
 
 TOP_KEYS = ("model", "data", "optim", "train", "mesh", "parallel")
 PARALLEL_KEYS = ("recipe", "sequence_attention", "pipeline", "pipeline_microbatches")

@@ -83,7 +83,7 @@ class ColourModel:
                float(d["min_value"]), float(d["gate"]), d.get("source", {}))
 
   def save(self, path: Path) -> None:
-    from omni_jax.train.metrics import write_json_atomic
+    from omni_jax.common.metrics import write_json_atomic
     write_json_atomic(path, self.to_dict())
 
   @classmethod

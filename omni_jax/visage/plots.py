@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from omni_jax.train.metrics import save_figure
+from omni_jax.common.metrics import save_figure
 
 QUERY_COLOURS = {"assets_taller_than": "tab:blue", "anomalous_colour": "tab:red",
                  "changed_since_last": "tab:purple"}

@@ -10,7 +10,7 @@ import pytest
 from configs import compress as compress_configs
 from experiments import compress_table
 from omni_jax.collectives import study
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 
 KEYS = {"codec", "pipeline_width", "wire_bytes_per_step", "raw_bytes_per_step",
         "compression_ratio", "measured_wire_ratio", "hlo_collective_operand_bytes",

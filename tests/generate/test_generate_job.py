@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.generate import decode as dec
 from omni_jax.generate import job, outputs
 from omni_jax.modalities import MODALITY_KINDS
@@ -249,8 +249,8 @@ def test_missing_checkpoint_names_the_train_command(trained, tmp_path):
 
 
 def test_config_unlike_the_training_runs_is_refused(trained, tmp_path):
-  from omni_jax.config import to_dict
-  from omni_jax.train.metrics import write_json_atomic
+  from omni_jax.common.config import to_dict
+  from omni_jax.common.metrics import write_json_atomic
   cfg, _, _, _ = trained
   (tmp_path / "p.jsonl").write_text('{"text": "a", "output": "text"}\n')
   wd = tmp_path / "wd"

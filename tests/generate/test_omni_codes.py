@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
 from omni_jax.generate import job
 from omni_jax.models.omni import build_spec

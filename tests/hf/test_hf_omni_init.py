@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import omni_moe
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.hf import reference
 from omni_jax.hf.load import flatten, load_params
 from omni_jax.hf.omni_init import load_into_omni

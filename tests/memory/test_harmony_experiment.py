@@ -7,7 +7,7 @@ import os
 import pytest
 
 from configs import harmony as harmony_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.memory import planner as pl
 from omni_jax.memory import profiler as pf
 from omni_jax.memory import study

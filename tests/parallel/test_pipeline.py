@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
 from omni_jax.parallel import hlo_cost, layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
@@ -160,7 +160,7 @@ def test_stage_specs_follow_the_recipe(micro):
 
 @pytest.mark.slow  # the memory references of experiments/pipeline_memory.py: same values too
 def test_reference_variants_match_one_device(micro):
-  from omni_jax.parallel.pipeline_memory import VARIANTS
+  from omni_jax.reports.pipeline_memory import VARIANTS
   _, _, loss, params, batch = micro(lb_coef=1.0, num_layers=2)
   l1, g1 = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, {})))(params, batch)
   mesh = mesh_lib.make_mesh(dict(pipeline=2, fsdp=4))
@@ -225,7 +225,7 @@ def test_1f1b_holds_less_than_gpipe(micro):
   # backbone's value_and_grad): GPipe keeps the residuals of M + P - 1 = 9 ticks, 1F1B a ring
   # of P + 1 = 3 microbatches' stage inputs plus one unit's recomputed residuals (0.31 of
   # GPipe's on this config, 0.33 on the tiny one; 0.59 with the residual ring of session 11).
-  from omni_jax.parallel.pipeline_memory import schedule_memory
+  from omni_jax.reports.pipeline_memory import schedule_memory
   spec, cfg, *_ = micro(num_layers=2)
   mem = schedule_memory(spec.backbone, cfg.data.batch_size, cfg.data.seq_len, 2, 8,
                         ("gpipe", "1f1b"))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from configs import rl as rl_configs
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.rl import envs, job, runner
 
 

@@ -61,7 +61,7 @@ def test_rl_tiny_writes_summary_and_resumes(tmp_path):
   s2 = json.load(open(os.path.join(wd, "summary.json")))
   assert (s2["final_return"], s2["eval_return"]) == (s["final_return"], s["eval_return"])
   from configs.rl import get_config
-  from omni_jax.config import ConfigError
+  from omni_jax.common.config import ConfigError
   from omni_jax.rl.job import check_workdir
   with pytest.raises(ConfigError, match=r"different \['aggregation', 'staleness'\]"):
     check_workdir(get_config("tiny"), wd)

@@ -11,7 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from omni_jax.tokenizers import fsq, image_codec, image_data
+from omni_jax.examples import image_data
+from omni_jax.tokenizers import fsq, image_codec
 from omni_jax.tokenizers.image_codec import ImageCodec
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
 from omni_jax.models.omni import OmniModel, build_spec, loss_norm, omni_loss
 from omni_jax.parallel import mesh as mesh_lib

@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.models.omni import build_spec
 from omni_jax.models.transformer import Backbone, BackboneSpec
 from omni_jax.train import loop as loop_lib

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from omni_jax.train.progress import Progress, format_seconds, time_calls, timed
+from omni_jax.common.progress import Progress, format_seconds, time_calls, timed
 
 
 class FakeClock:

@@ -14,8 +14,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from omni_jax.train import tensorboard  # noqa: E402
-from omni_jax.train.metrics import MetricsLog, save_figure  # noqa: E402
+from omni_jax.common import tensorboard  # noqa: E402
+from omni_jax.common.metrics import MetricsLog, save_figure  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

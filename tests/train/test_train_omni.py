@@ -17,13 +17,13 @@ import pytest
 from PIL import Image
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
+from omni_jax.common.tensorboard import read_events
 from omni_jax.data.stream import OmniStream
 from omni_jax.modalities import ModalityKind, register_kind
 from omni_jax.modalities.base import MODALITY_KINDS, stack_for
 from omni_jax.train import loop as loop_lib
 from omni_jax.train.omni import train_omni
-from omni_jax.train.tensorboard import read_events
 
 SUMMARY_KEYS = {"steps", "initial_loss", "final_loss", "eval", "tokens_per_sec", "mfu",
                 "params_total", "params_active", "config"}

@@ -45,8 +45,8 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from omni_jax.common.registry import Registry
 from omni_jax.parallel.mesh import MESH_AXES
-from omni_jax.registry import Registry
 
 FSDP = "fsdp-largest-dim"
 REPLICATE = "replicate"

@@ -33,7 +33,7 @@ def best_seconds(fn, repeats: int) -> float:
 
 class RateMeter:
   """Seconds per step over windows of steps (the first, compiling step is excluded); the
-  progress line and its ETA come from :class:`omni_jax.train.progress.Progress`."""
+  progress line and its ETA come from :class:`omni_jax.common.progress.Progress`."""
 
   def __init__(self):
     self.t0: float | None = None

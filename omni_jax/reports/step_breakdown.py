@@ -4,7 +4,7 @@ the step's shapes, and the breakdown plot."""
 
 from __future__ import annotations
 
-from omni_jax.train.progress import time_calls
+from omni_jax.common.progress import time_calls
 
 
 def component_times(spec, batch_size: int, seq_len: int, n: int) -> dict[str, float]:
@@ -72,5 +72,5 @@ def plot_breakdown(summary, path):
   ax.set_title(f"train step: MFU {summary['mfu_vs_measured_peak']:.2f} of the measured "
                f"{summary['peak_flops_per_sec'] / 1e9:.0f} GFLOP/s matmul peak")
   ax.legend(ncol=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.45))
-  from omni_jax.train.metrics import save_figure
+  from omni_jax.common.metrics import save_figure
   save_figure(fig, path)

@@ -1,7 +1,7 @@
 """Run records: ``metrics.jsonl`` (one object per logged step), atomic JSON, loss plots.
 
 Records and figures also go to TensorBoard event files in the same folder
-(:mod:`omni_jax.train.tensorboard`), so every job that uses :class:`MetricsLog` or
+(:mod:`omni_jax.common.tensorboard`), so every job that uses :class:`MetricsLog` or
 :func:`save_figure` is viewable with ``tensorboard --logdir=WORKDIR``.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from omni_jax.train import tensorboard
+from omni_jax.common import tensorboard
 
 
 def to_jsonable(x: Any) -> Any:
@@ -76,7 +76,7 @@ class MetricsLog:
   run restarts from) are dropped so the file never holds a step twice. Only the writing
   process (process 0 of a multi-process job) touches the file; the others keep their
   records in memory. The writing process also sends each record's numbers to TensorBoard
-  (:func:`omni_jax.train.tensorboard.add_record`) unless ``OMNI_JAX_NO_TENSORBOARD`` is set;
+  (:func:`omni_jax.common.tensorboard.add_record`) unless ``OMNI_JAX_NO_TENSORBOARD`` is set;
   a resumed run hides the earlier run's events from step ``resume_step + 1`` on.
   """
 
@@ -118,7 +118,7 @@ class MetricsLog:
 
 def save_figure(fig, path: str | os.PathLike, **savefig_kw) -> None:
   """Writes a matplotlib figure as PNG atomically (``atomic_path``) and closes it; the PNG
-  also goes to TensorBoard as an image (:func:`omni_jax.train.tensorboard.add_figure_file`;
+  also goes to TensorBoard as an image (:func:`omni_jax.common.tensorboard.add_figure_file`;
   PNG and JPEG only) unless ``OMNI_JAX_NO_TENSORBOARD`` is set."""
   import matplotlib.pyplot as plt
   fig.tight_layout()

@@ -95,5 +95,5 @@ def plot(rows, path):
     ax.set_xticks(x, names, rotation=25, ha="right", fontsize=7)
     ax.grid(alpha=0.3, axis="y")
   a.legend(fontsize=8)
-  from omni_jax.train.metrics import save_figure
+  from omni_jax.common.metrics import save_figure
   save_figure(fig, path)

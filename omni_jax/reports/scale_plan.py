@@ -191,7 +191,7 @@ def plot_plan(rows, path, mfu: float):
   import matplotlib.pyplot as plt
   import numpy as np
 
-  from omni_jax.train.metrics import save_figure
+  from omni_jax.common.metrics import save_figure
   if not rows:
     return
   x = np.arange(len(rows))
