@@ -25,7 +25,7 @@ from absl import app, flags
 
 from experiments import common
 from omni_jax.collectives import netstudy
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 
 CONFIG = common.define_config("configs/netlab.py:<inceptionn|gradiveq>[,tiny]")
 WORKDIR = common.define_workdir("output folder")

@@ -24,9 +24,9 @@ import numpy as np
 from absl import logging
 
 from omni_jax.collectives import timing
-from omni_jax.config import ConfigError, to_dict
+from omni_jax.common.config import ConfigError, to_dict
+from omni_jax.common.metrics import write_json_atomic
 from omni_jax.parallel import netlab
-from omni_jax.train.metrics import write_json_atomic
 
 LINEAR = ("gradiveq", "powersgd")   # compressed values sum: one encode/decode per step
 # Dependent message rounds per ring step: a variable-length codec (INCEPTIONN) first

@@ -11,7 +11,7 @@ import pytest
 
 from configs import netlab as netlab_configs
 from omni_jax.collectives import netstudy
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.parallel import netlab
 from tests.cli import run_module
 
