@@ -293,20 +293,19 @@ def run(cfg, workdir: Path, command: str) -> dict | None:
 
 
 def model_curve(summary: dict, codec: str, rates) -> list[float]:
-  """The calibrated model's seconds per iteration of ``codec`` at ``rates`` (its measured
-  sweep wire bytes, averaged)."""
+  """The calibrated model's seconds per iteration of ``codec`` at ``rates``, at the mean wire
+  bytes of its training run (GradiVeQ's include its uncompressed windows)."""
   m = summary["model"]
-  sweep = [r for r in summary["rows"] if r["codec"] == codec and r["phase"] == "sweep"]
-  row = {"codec": codec, "program_bytes_per_step": float(np.mean(
-      [r["program_bytes_per_step"] for r in sweep]))}
+  row = next(r for r in summary["rows"] if r["codec"] == codec and r["phase"] == "train")
   return [predict(row, rate, m["measured"][codec], m["params"], summary["workers"],
                   m["latency_s"], m["efficiency"]) for rate in rates]
 
 
 def plot(summary: dict, path: str) -> None:
   """Milliseconds per iteration against link rate (log-log): measured sweep points per codec
-  (hollow: the calibration rates), the training runs (stars), and the calibrated model's
-  curve per codec (lines, modelled; at the mean wire bytes of the codec's sweep rows)."""
+  (hollow: the calibration rates), the training runs (stars), and the calibrated model
+  (modelled): a curve per codec at its training run's mean wire bytes, a cross per sweep row
+  at that row's own bytes (GradiVeQ's windows differ: compressed or not)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -318,13 +317,17 @@ def plot(summary: dict, path: str) -> None:
   for k, codec in enumerate(summary["config"]["codecs"]):
     colour = f"C{k}"
     ax.plot(grid, 1e3 * np.asarray(model_curve(summary, codec, grid)), "-", color=colour,
-            lw=1, alpha=0.8, label=f"{codec}: model (calibrated; modelled)")
+            lw=1, alpha=0.8, label=f"{codec}: model (calibrated; modelled), training bytes")
     for calib in (False, True):
       pts = [r for r in rows if r["codec"] == codec and r["phase"] == "sweep"
              and r["calibration"] == calib]
       ax.plot([r["rate_mbit"] for r in pts], [1e3 * r["seconds_per_step"] for r in pts], "o",
               color=colour, mfc="none" if calib else colour, ls="none",
               label=f"{codec}: measured" + (" (calibration rates)" if calib else ""))
+    sweep = [r for r in rows if r["codec"] == codec and r["phase"] == "sweep"]
+    ax.plot([r["rate_mbit"] for r in sweep], [1e3 * r["predicted_seconds_per_step"]
+                                             for r in sweep], "+", color=colour, ms=7,
+            label=f"{codec}: model at each row's own bytes")
     tr = next(r for r in rows if r["codec"] == codec and r["phase"] == "train")
     ax.plot([tr["rate_mbit"]], [1e3 * tr["seconds_per_step"]], "*", color=colour, ms=12,
             mec="black", mew=0.5, label=f"{codec}: training run (mean)")
