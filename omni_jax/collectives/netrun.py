@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 # Set before JAX starts: one CPU device, no multi-threaded Eigen inside an op (the harness
@@ -83,19 +84,22 @@ class Runner:
     self.t = 0
     batch = self._batch()
     # Width 1: the synchronous step. Width 2 (Pipe-SGD): pipeline_warmup synchronous steps,
-    # then the step that all-reduces the previous step's gradient while this one's backward
-    # runs (no data dependence between them in the compiled program).
+    # then step t all-reduces step t-1's local gradient on a second thread while this thread
+    # computes step t's (:func:`make_split_step`), and applies the reduced one.
     self.warmup = cfg.pipeline_warmup if self.width > 1 else None
     self.step, self.hlo_bytes = study.compile_step(
         study.make_step(self.model, tx, self.agg, mesh), self.params, self.opt_state,
         self.agg_state, *batch, self._key(0))
-    if self.width > 1:
-      self.pending = tuple(jax.tree.map(lambda a: self._put(
-          np.zeros((n_dev,) + a.shape, a.dtype), P(AXIS)), params)
-          for _ in range(self.width - 1))
-      self.pipe_step, self.hlo_bytes = study.compile_step(
-          study.make_pipelined_step(self.model, tx, self.agg, mesh), self.params,
-          self.opt_state, self.pending, self.agg_state, *batch, self._key(0), True)
+    if self.width > 2:
+      raise ValueError(f"run {run!r}: across processes Pipe-SGD runs at width 2 only")
+    if self.width == 2:
+      grad, reduce, apply = make_split_step(self.model, tx, self.agg, mesh)
+      self.pending = None
+      self.grad = grad.lower(self.params, *batch).compile()
+      grads, _ = self.grad(self.params, *batch)
+      self.reduce, self.hlo_bytes = study.compile_step(reduce, grads, self.agg_state,
+                                                       self._key(0))
+      self.apply = apply.lower(self.params, self.opt_state, self.params).compile()
     self.evaluate = jax.jit(lambda p, x: jnp.argmax(self.model.apply(p, x), -1))
 
   def _put(self, tree, spec):
@@ -126,20 +130,77 @@ class Runner:
       key = self._key(t)
       self.params, self.opt_state, self.agg_state, loss, nbytes = self.step(
           self.params, self.opt_state, self.agg_state, x, y, key)
-    else:   # reduces the gradient of step t - width + 1 (with that step's key)
-      valid = t >= self.warmup + self.width - 1
-      key = self._key(t - self.width + 1)
-      self.params, self.opt_state, self.pending, self.agg_state, loss, nbytes = self.pipe_step(
-          self.params, self.opt_state, self.pending, self.agg_state, x, y, key, valid)
+    else:
+      loss, nbytes = self._pipelined(x, y)
     jax.block_until_ready((self.params, loss, nbytes))
     dt = time.perf_counter() - t0
     self.t += 1
     local = lambda a: float(np.asarray(a.addressable_shards[0].data).reshape(-1)[0])
-    return dt, local(loss), local(nbytes)
+    return dt, local(loss), 0.0 if nbytes is None else local(nbytes)
+
+  def _pipelined(self, x, y):
+    """Pipe-SGD width 2: the all-reduce of the pending gradient (step t - 1's, with that
+    step's key) on a second thread, this step's backward here, then the reduced update. The
+    first pipelined step only computes (every earlier gradient was applied)."""
+    if self.pending is None:
+      self.pending, loss = self.grad(self.params, x, y)
+      return loss, None
+    key = self._key(self.t - 1)
+    done: dict = {}
+
+    def communicate():
+      try:
+        done["out"] = jax.block_until_ready(self.reduce(self.pending, self.agg_state, key))
+      except BaseException as e:   # re-raised on the main thread
+        done["error"] = e
+
+    comm = threading.Thread(target=communicate)
+    comm.start()
+    grads, loss = self.grad(self.params, x, y)
+    jax.block_until_ready(grads)
+    comm.join()
+    if "error" in done:
+      raise done["error"]
+    mean, self.agg_state, nbytes = done["out"]
+    self.params, self.opt_state = self.apply(self.params, self.opt_state, mean)
+    self.pending = grads
+    return loss, nbytes
 
   def accuracy(self) -> float:
     pred = self.evaluate(self.params, self.xte)
     return float(np.mean(np.asarray(pred.addressable_shards[0].data) == self.yte))
+
+
+def make_split_step(model, tx, agg, mesh):
+  """Pipe-SGD width 2 as three programs, so the all-reduce can run beside the backward on
+  XLA:CPU (which runs one program's independent ops one after another: the single fused
+  step of :func:`study.make_pipelined_step` measured no faster than the synchronous one
+  here): ``grad(params, x, y) -> (local grads, loss)`` (no communication),
+  ``reduce(pending, agg_state, key) -> (mean, agg_state, wire bytes)`` (only the
+  aggregator's collectives), ``apply(params, opt_state, mean)`` (replicated, no
+  communication). ``reduce`` is jitted but not yet compiled (:func:`study.compile_step`
+  compiles it and checks its collectives' bytes against the HLO)."""
+
+  def grad_body(params, x, y):
+    loss, grads = jax.value_and_grad(study.loss_fn)(params, model, x, y)
+    return jax.tree.map(lambda a: a[None], grads), loss[None]
+
+  def reduce_body(pending, agg_state, key):
+    pending = jax.tree.map(lambda a: a[0], pending)
+    agg_state = jax.tree.map(lambda a: a[0], agg_state)
+    mean, agg_state, nbytes = agg.reduce(pending, agg_state, AXIS, key)
+    return mean, jax.tree.map(lambda a: a[None], agg_state), nbytes[None]
+
+  def apply(params, opt_state, mean):
+    updates, opt_state = tx.update(mean, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  grad = jax.jit(jax.shard_map(grad_body, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)),
+                               out_specs=(P(AXIS), P(AXIS)), check_vma=False))
+  # check_vma off: the mean is bit-identical on every device (all decode the same bytes).
+  reduce = jax.jit(jax.shard_map(reduce_body, mesh=mesh, in_specs=(P(AXIS), P(AXIS), P()),
+                                 out_specs=(P(), P(AXIS), P(AXIS)), check_vma=False))
+  return grad, reduce, jax.jit(apply)
 
 
 def timed_window(runner: Runner, steps: int, counting: bool) -> dict:
