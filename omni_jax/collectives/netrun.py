@@ -31,25 +31,23 @@ import sys
 import threading
 import time
 
-# Set before JAX starts: one CPU device, no multi-threaded Eigen inside an op (the harness
-# pins the process to a core; XLA's own thread pool follows the affinity), patient
-# collectives on a busy host.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=1"
-                           " --xla_cpu_multi_thread_eigen=false"
-                           " --xla_cpu_collective_call_terminate_timeout_seconds=600")
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from jax.experimental import multihost_utils  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+from omni_jax.collectives import netstudy, study
+from omni_jax.parallel import netlab
 
-from omni_jax.collectives import netstudy, study  # noqa: E402
-from omni_jax.parallel import netlab  # noqa: E402
+# Set before JAX's CPU client starts (in main): one CPU device, no multi-threaded Eigen inside
+# an op (the harness pins the process to a core; XLA's own thread pool follows the
+# affinity), patient collectives on a busy host.
+WORKER_XLA_FLAGS = (" --xla_force_host_platform_device_count=1 --xla_cpu_multi_thread_eigen=false"
+                    " --xla_cpu_collective_call_terminate_timeout_seconds=600")
 
 AXIS = study.AXIS
 split_run = netstudy.split_run
@@ -246,6 +244,7 @@ def reshape(spec: dict, rate_mbit: float | None) -> None:
 
 
 def main(spec_path: str) -> None:
+  os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + WORKER_XLA_FLAGS
   with open(spec_path) as f:
     spec = json.load(f)
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
