@@ -339,6 +339,7 @@ def plot(summary: dict, path: str) -> None:
     axis.set_major_formatter(ScalarFormatter())
     axis.set_minor_formatter(NullFormatter())
   ax.set_yticks([10, 20, 50, 100, 200, 500])
+  ax.set_xticks([t for t in (5, 10, 20, 50, 100, 200, 500) if grid[0] <= t <= grid[-1]])
   ax.set_xlabel("link rate (Mbit/s, one shared medium)")
   ax.set_ylabel("ms per iteration")
   ax.set_title(f"{summary['workers']} processes over a shaped loopback: time per iteration")
