@@ -36,7 +36,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -51,6 +50,20 @@ WORKER_XLA_FLAGS = (" --xla_force_host_platform_device_count=1 --xla_cpu_multi_t
 
 AXIS = study.AXIS
 split_run = netstudy.split_run
+
+_BARRIERS: list[str] = []
+
+
+def barrier(name: str) -> None:
+  """Every process waits here (up to 10 min) on the coordination service's barrier: not a
+  collective, so it opens no gloo context early and sends no bytes on the measured link.
+  (``multihost_utils.sync_global_devices`` is a collective: a first collective that one
+  process reaches more than 30 s before the other fails gloo's context set-up, as it did on
+  a loaded machine after unequal compile times.)"""
+  from jax._src import distributed  # private: JAX's only barrier that is not a collective
+  _BARRIERS.append(name)   # an id passes once: number them (every process counts alike)
+  distributed.global_state.client.wait_at_barrier(f"{len(_BARRIERS)} {name}", 600_000)
+
 
 def lo_tx_bytes() -> int:
   """Bytes sent on this namespace's loopback so far (all its processes)."""
@@ -240,7 +253,7 @@ def reshape(spec: dict, rate_mbit: float | None) -> None:
   a barrier so the next window starts on the new link."""
   if spec["process_id"] == 0:
     netlab.shape_here(netlab.Link(**dict(spec["link"], rate_mbit=rate_mbit)))
-  multihost_utils.sync_global_devices(f"rate {rate_mbit}")
+  barrier(f"rate {rate_mbit}")
 
 
 def main(spec_path: str) -> None:
@@ -264,10 +277,10 @@ def main(spec_path: str) -> None:
     m = study.measure(cfg, split_run(codec)[0], data, spec["num_processes"])
     out["codecs"][codec] = {"measured": m, "hlo_collective_operand_bytes":
                             runners[codec].hlo_bytes, "params": runners[codec].n_values}
-  multihost_utils.sync_global_devices("compiled")
+  barrier("compiled")
   reshape(spec, spec["train_rate_mbit"])
   for codec, r in runners.items():
-    multihost_utils.sync_global_devices(f"train {codec}")
+    barrier(f"train {codec}")
     out["codecs"][codec]["train"] = train(r, spec, counting)
   out["sweep"] = []
   for k in range(spec["rounds"]):
@@ -275,7 +288,7 @@ def main(spec_path: str) -> None:
     for rate in rates:
       reshape(spec, rate)
       for codec, r in runners.items():
-        multihost_utils.sync_global_devices(f"sweep {k} {rate} {codec}")
+        barrier(f"sweep {k} {rate} {codec}")
         out["sweep"].append({"round": k, "rate_mbit": rate, "codec": codec,
                              **timed_window(r, spec["sweep_steps"], counting)})
         print(f"[sweep {k}] {rate} mbit {codec}: "
@@ -284,7 +297,7 @@ def main(spec_path: str) -> None:
   with open(path + ".tmp", "w") as f:
     json.dump(out, f)
   os.replace(path + ".tmp", path)
-  multihost_utils.sync_global_devices("done")
+  barrier("done")
   jax.distributed.shutdown()
 
 
