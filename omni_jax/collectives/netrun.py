@@ -71,6 +71,14 @@ def lo_tx_bytes() -> int:
     return netlab.read_proc_net_dev(f.read())["tx_bytes"]
 
 
+def drained_tx_bytes(counting: bool) -> int | None:
+  """The loopback's bytes once every worker has finished its last step (a barrier: a worker
+  is done only when the others' bytes reached it, but its own last bytes may still wait in
+  the token bucket when it is done). Every process calls it; process 0 reads."""
+  barrier("window end")
+  return lo_tx_bytes() if counting else None
+
+
 class Runner:
   """One codec's training state on the process mesh, stepped one global step at a time."""
 
@@ -222,7 +230,8 @@ def timed_window(runner: Runner, steps: int, counting: bool) -> dict:
     dt, _, nb = runner.one_step()
     secs.append(dt)
     wires.append(nb)
-  socket = lo_tx_bytes() - before if counting else None
+  socket = drained_tx_bytes(counting)
+  socket = socket - before if counting else None
   return {"step_seconds": secs, "wire_bytes": wires, "socket_bytes": socket}
 
 
@@ -243,7 +252,8 @@ def train(runner: Runner, spec: dict, counting: bool) -> dict:
         reached = {"step": t + 1, "seconds": clock}
       print(f"[{runner.run}] step {t + 1} loss {loss:.4f} acc {acc:.4f} "
             f"{clock:.1f} s", flush=True)
-  socket = lo_tx_bytes() - before if counting else None
+  socket = drained_tx_bytes(counting)
+  socket = socket - before if counting else None
   return {"step_seconds": secs, "wire_bytes": wires, "socket_bytes": socket, "evals": evals,
           "final_accuracy": evals[-1]["test_accuracy"], "time_to_target": reached}
 
