@@ -141,8 +141,8 @@ def rows(w0: dict, n_workers: int) -> list[dict]:
                                       if program else None)
     return r
 
-  for codec, c in codecs.items():
-    out.append(row(codec, None, "train", c["train"]))
+  for codec in sorted(codecs):   # one order, whether read from the workers or raw.json
+    out.append(row(codec, None, "train", codecs[codec]["train"]))
   groups: dict = {}
   for s in w0["sweep"]:
     g = groups.setdefault((s["codec"], s["rate_mbit"]), {"step_seconds": [], "wire_bytes": [],
