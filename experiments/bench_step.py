@@ -27,7 +27,7 @@ from absl import app, flags, logging
 
 from experiments import common
 from omni_jax.common.config import ConfigError
-from omni_jax.common.progress import time_calls
+from omni_jax.common.timing import time_calls
 from omni_jax.reports.step_breakdown import component_times, plot_breakdown
 
 _CONFIG = common.define_config("configs/omni_moe.py:bench",
@@ -61,7 +61,9 @@ def main(argv):
   os.makedirs(workdir, exist_ok=True)
   spec, stream, loop = validate(config)
   mesh = mesh_lib.data_parallel_mesh()
-  spec, loop = offload_plan.follow(config, spec, stream, loop, mesh, parallel_op_names(config))
+  spec, loop = offload_plan.follow(
+      config, spec, stream, loop,
+      lambda s: make_loss_fn(s, OmniModel(s), mesh, parallel_op_names(config)))
   model = OmniModel(spec)
   tx = make_optimizer(config.optim, loop.steps)
   host_batch = stream.batch(0)

@@ -58,6 +58,7 @@ def main(argv):
   common.setup_devices()
   import jax
 
+  from omni_jax.common.checkpoint import abstract_like
   from omni_jax.common.metrics import write_json_atomic
   from omni_jax.common.timing import measure_matmul_flops
   from omni_jax.models.flops import train_flops_per_step
@@ -65,7 +66,6 @@ def main(argv):
   from omni_jax.parallel import hlo_cost, hlo_report, layout
   from omni_jax.parallel import mesh as mesh_lib
   from omni_jax.parallel.ring_attention import ring_block_imbalance
-  from omni_jax.train.checkpoint import abstract_like
   from omni_jax.train.loop import create_state, make_train_step
   from omni_jax.train.omni import (
     check_batch_fits_mesh,

@@ -34,8 +34,8 @@ def main(argv):
   del argv
   common.setup_devices()
   from omni_jax.common.metrics import write_json_atomic
-  from omni_jax.models.omni import build_spec
   from omni_jax.reports.pipeline_memory import schedule_memory
+  from omni_jax.train.spec import build_spec
 
   config, workdir = _CONFIG.value, _WORKDIR.value
   os.makedirs(workdir, exist_ok=True)

@@ -64,8 +64,9 @@ def main(argv):
   import jax
 
   from omni_jax.common.metrics import write_json_atomic
-  from omni_jax.models.omni import OmniModel, build_spec, count_params
+  from omni_jax.models.omni import OmniModel, count_params
   from omni_jax.train.optim import make_optimizer
+  from omni_jax.train.spec import build_spec
 
   config, workdir = _CONFIG.value, _WORKDIR.value
   if not 0 < _MFU.value <= 1:

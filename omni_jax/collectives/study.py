@@ -31,8 +31,10 @@ from omni_jax.common.config import (
   positive_int,
   to_dict,
 )
-from omni_jax.common.metrics import MetricsLog, plot_curves, write_json_atomic
-from omni_jax.common.progress import Progress, time_calls
+from omni_jax.common.figures import plot_curves
+from omni_jax.common.metrics import MetricsLog, write_json_atomic
+from omni_jax.common.progress import Progress
+from omni_jax.common.timing import time_calls
 
 AXIS = "data"
 WIRE_FORMAT = 2   # 2: bytes of the arrays handed to the collectives, checked against the HLO

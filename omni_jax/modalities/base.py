@@ -97,9 +97,6 @@ def resolve_spec(name: str, raw: Mapping[str, Any]) -> dict[str, Any]:
   if kind.validate is not None:
     kind.validate(spec, prefix)
   resolve_source(spec, kind, prefix)
-  if spec["tokenizer"]:  # sets codebook_size and gen_codes from the trained codec
-    from omni_jax.tokenizers import omni_codes
-    omni_codes.resolve(spec, prefix)
   return spec
 
 

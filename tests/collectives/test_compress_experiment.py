@@ -25,7 +25,7 @@ def _tiny(codec: str):
   return cfg
 
 
-@pytest.mark.slow  # an end-to-end run (default suite time, session 13)
+@pytest.mark.slow  # an end-to-end run (default suite time)
 def test_tiny_gradiveq_pipelined_run_writes_summary(tmp_path):
   cfg = _tiny("gradiveq")
   cfg.pipeline_width = 2

@@ -14,7 +14,7 @@ from omni_jax.data import packing
 from omni_jax.data.pipeline import DataError, PipelineStream
 from omni_jax.data.records import ManifestIndex, is_eval, record_id
 from omni_jax.data.stream import DATA_KEYS, make_stream
-from omni_jax.models.omni import build_spec
+from omni_jax.train.spec import build_spec
 
 
 def text_config(manifest, **data):

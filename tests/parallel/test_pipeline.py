@@ -11,7 +11,9 @@ from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
 from omni_jax.parallel import hlo_cost, layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.parallel.pipeline import SCHEDULES, schedule_1f1b, stage_specs
+from omni_jax.parallel.pipeline import SCHEDULES
+from omni_jax.parallel.pipeline_schedule import schedule_1f1b
+from omni_jax.parallel.pipeline_stages import stage_specs
 from omni_jax.train.omni import check_batch_fits_mesh, parallel_op_names
 
 
@@ -116,8 +118,8 @@ def test_pipeline_with_expert(schedule, micro):
                                "all-to-all")
 
 
-@pytest.mark.slow  # the Megatron bodies run in the default suite without a pipeline
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+# pipeline x tensor: 1F1B in the default suite (a promise of the README), GPipe under slow
+@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
 def test_pipeline_with_tensor(schedule, micro):
   _pipeline_matches_one_device(micro, dict(pipeline=2, tensor=2, fsdp=2), {}, (schedule,),
                                "all-reduce")
@@ -129,8 +131,8 @@ def test_pipeline_with_expert_and_tensor(micro):
                                "all-to-all")
 
 
-@pytest.mark.slow  # the ZeRO group over fsdp x expert: the recipe reaches the stage
 def test_pipeline_with_expert_zero3(micro):
+  """The ZeRO group over fsdp x expert: the recipe reaches the stage."""
   _pipeline_matches_one_device(micro, dict(pipeline=2, expert=2, fsdp=2), {}, ("gpipe",),
                                "all-to-all", recipe="omni_zero3")
 
@@ -224,7 +226,7 @@ def test_1f1b_holds_less_than_gpipe(micro):
   # The point of 1F1B, measured on the compiled executables (per-stage temp bytes of the
   # backbone's value_and_grad): GPipe keeps the residuals of M + P - 1 = 9 ticks, 1F1B a ring
   # of P + 1 = 3 microbatches' stage inputs plus one unit's recomputed residuals (0.31 of
-  # GPipe's on this config, 0.33 on the tiny one; 0.59 with the residual ring of session 11).
+  # GPipe's on this config, 0.33 on the tiny one; 0.59 with a residual ring).
   from omni_jax.reports.pipeline_memory import schedule_memory
   spec, cfg, *_ = micro(num_layers=2)
   mem = schedule_memory(spec.backbone, cfg.data.batch_size, cfg.data.seq_len, 2, 8,
@@ -236,7 +238,7 @@ def test_1f1b_aux_cotangent_is_the_gradient_of_the_whole_batch_aux():
   # The 1F1B backward feeds each microbatch's per-unit aux a hand-written cotangent; it must be
   # what autodiff of the exact whole-batch aux (GPipe's path) gives, lb_loss's E f_bar / M
   # included, for every microbatch.
-  from omni_jax.parallel.pipeline import _aux_cotangent, _finish_aux
+  from omni_jax.parallel.pipeline_stages import aux_cotangent, finish_aux
   m, units, e = 4, 3, 5
   rng = np.random.default_rng(0)
   probs = rng.dirichlet(np.ones(e), size=(m, units)).astype(np.float32)
@@ -250,13 +252,13 @@ def test_1f1b_aux_cotangent_is_the_gradient_of_the_whole_batch_aux():
            "load_imbalance": np.float32(0.3)}
 
   def total(a):
-    out = _finish_aux(jax.tree.map(lambda v: v.sum(0), a), m)
+    out = finish_aux(jax.tree.map(lambda v: v.sum(0), a), m)
     return sum(jax.numpy.sum(d_acc[k] * out[k]) for k in out)
   grad = jax.grad(total)(aux)
-  ct = _aux_cotangent(d_acc, loads.mean(0), m, units)
+  ct = aux_cotangent(d_acc, loads.mean(0), m, units)
   for k in aux:
     for j in range(m):
       np.testing.assert_allclose(ct[k], grad[k][j], rtol=1e-6, atol=1e-7, err_msg=k)
-  out = _finish_aux(jax.tree.map(lambda v: v.sum(0), aux), m)  # the whole batch's E sum f P
+  out = finish_aux(jax.tree.map(lambda v: v.sum(0), aux), m)  # the whole batch's E sum f P
   np.testing.assert_allclose(out["lb_loss"], e * np.sum(loads.mean(0) * probs.mean(0)),
                              rtol=1e-6)

@@ -150,9 +150,10 @@ def test_prediction_keys_and_arithmetic():
 def test_plan_row_carries_the_roofline_and_its_prediction():
   """One compile of the micro model's train step on 8 devices, as the scale plan does."""
   from configs.omni_moe import get_config
-  from omni_jax.models.omni import OmniModel, build_spec
+  from omni_jax.models.omni import OmniModel
   from omni_jax.reports.scale_plan import plan_layout
   from omni_jax.train.optim import make_optimizer
+  from omni_jax.train.spec import build_spec
   cfg = get_config("micro")
   cfg.train.peak_flops = 989e12
   spec = build_spec(cfg.model)

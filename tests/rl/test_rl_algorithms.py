@@ -44,7 +44,7 @@ SHORT_RUNS = {
 }
 
 
-# DDPG's run (31 s cold on 2 cores) is `slow` for the default suite's time (session 14).
+# DDPG's run (31 s cold on 2 cores) is `slow` for the default suite's time.
 @pytest.mark.parametrize("algo", [pytest.param(a, marks=pytest.mark.slow) if a == "ddpg" else a
                                   for a in SHORT_RUNS])
 def test_algorithm_learns(algo):

@@ -2,10 +2,10 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.cli import run_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SUMMARY_KEYS = {"algo", "env", "workers", "aggregation", "staleness", "env_steps",
@@ -14,10 +14,7 @@ SUMMARY_KEYS = {"algo", "env", "workers", "aggregation", "staleness", "env_steps
 
 
 def _run(*args, timeout=600):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=timeout)
+  return run_module(*args, timeout=timeout)
 
 
 @pytest.mark.slow  # end-to-end run (~1 min on 2 cores); `pytest -m slow` runs it
