@@ -23,6 +23,8 @@ KEYS = {
     "visage": ["images", "speedup", "uploaded_bytes", "baseline_uploaded_bytes",
                "time_to_first_insight_s", "time_to_all_insights_s", "baseline_time_s",
                "baseline_colmap_points", "baseline_colmap_fit"],
+    "harmony": ["device_budget_bytes", "model_bytes", "schedules", "swap_reduction_vs_baseline",
+                "predicted_speedup_vs_baseline", "baselines.*.swap_reduction_of_harmony"],
     "omni_moe": ["layouts", "hardware", "params_total", "params_active",
                  "seed_tokens_per_sec_per_gpu"],
     # per config variant where a job's variants report different things
