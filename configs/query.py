@@ -1,4 +1,4 @@
-"""DeepStore-style intelligent queries over an SSD-resident feature store (issue 9).
+"""DeepStore-style intelligent queries over an SSD-resident feature store.
 
 Run:
   python -m experiments.query --config=configs/query.py:tiny --workdir=/tmp/query_tiny

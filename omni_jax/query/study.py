@@ -440,11 +440,12 @@ def run(cfg, workdir: str | Path) -> dict:
       "speedup_p50_vs_best_host": {e["name"]: best_host["latency_ms_p50"] / e["latency_ms_p50"]
                                    for e in results},
       **split,
-      "by_engine": {e["name"]: {"recall_at_10": e["recall_at_10"], "cold": e.get("cold"),
-                                "warm": e.get("warm"),
+      "by_engine": {e["name"]: {"recall_at_10": e["recall_at_10"], "cold": e["cold"],
+                                "warm": e["warm"],
                                 "mb_read_per_query": e["bytes_read_per_query"] / 1e6,
                                 "bytes_to_host_per_query": e["bytes_returned_per_query"]}
-                    for e in results + [memory]},
+                    for e in results},
+      "memory": memory,
       "cache": {"threshold": cfg.cache.threshold, "recall_at_10": chosen["recall_at_10"],
                 "curve": curve},
       "cold_reads": cold,

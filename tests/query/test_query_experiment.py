@@ -28,7 +28,7 @@ def test_speedup_split_multiplies_to_the_whole_and_picks_each_best_host():
   assert none["quantisation_speedup"] is None and none["placement_speedup"] is None
 
 
-@pytest.mark.slow  # an end-to-end run (default suite time, session 13)
+@pytest.mark.slow  # an end-to-end run
 def test_tiny_run_writes_summary_and_reuses_store(tmp_path):
   p = _run(tmp_path)
   assert p.returncode == 0, p.stderr[-3000:]
@@ -49,7 +49,7 @@ def test_tiny_run_writes_summary_and_reuses_store(tmp_path):
   assert s["quantisation_speedup"] * s["placement_speedup"] == pytest.approx(
       s["speedup_p50_vs_best_host"]["near_storage_int8"])
   assert s["best_host_int8"] in ("host_int8", "host_int8_parallel")
-  assert set(s["by_engine"]) == set(names) and s["by_engine"]["host_int8"]["cold"][
+  assert set(s["by_engine"]) == set(names) - {"memory"} and s["by_engine"]["host_int8"]["cold"][
       "recall_at_10"] == by["host_int8"]["recall_at_10"]
   assert by["near_storage"]["bytes_returned_per_query"] == 2 * 10 * 12
   assert (s["faiss_latency_ms"] is not None and "faiss-cpu" not in s["missing_peers"]) or (
