@@ -89,6 +89,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
                          front_overlap=0.75, side_overlap=0.6))
     c.calibration.update(dict(lines=4, images_per_line=8))
     c.keypoints = 256
+    c.cost_model.view_counts = (3, 6)
     c.local3d.max_views = 6
     c.cover_margin_px = 20
     c.baseline_sample_images = 0

@@ -184,6 +184,8 @@ def plan_site(sv: Survey, ti: int, site: list, cams: dict, lc, max_views: int | 
   cand = [v for v in cand if v != seed_det.image]
   views = local3d.spread_views([seed_det.image] + cand, seed_det.image, cams,
                                max_views or lc.max_views)
+  if len(views) < max(2, int(lc.min_views)):             # known before building: not built
+    return f"only {len(views)} views see the target"
   alt = cams[seed_det.image][2][2]
   crop_m = lc.crop_factor * seed_det.radius_px * alt / sv.focal + lc.crop_pad_m
   feats = cost_model.site_features(len(views), crop_m, alt, size, sv.focal)

@@ -32,7 +32,7 @@ def test_tiny_run_with_bad_input(tmp_path):
                  f"--workdir={tmp_path / 'run'}", f"--config.survey_dir={survey}",
                  "--config.flight.no_gps_fraction=0.12",
                  "--config.queries=({'name': 'assets_taller_than', 'h': 5.0},"
-                 "{'name': 'changed_since_last', 'radius': 500.0})", timeout=600)
+                 "{'name': 'changed_since_last', 'radius': 500.0})", timeout=1200)
   assert p.returncode == 0, p.stderr[-3000:]
   assert "reusing survey" in p.stderr
   assert "image IMG_0003.png left out: missing" in p.stderr
