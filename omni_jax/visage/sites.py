@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from omni_jax.train.progress import timed
+from omni_jax.common.timing import timed
 from omni_jax.visage import cost_model, geometry, local3d, queries
 from omni_jax.visage import graph as graph_lib
 from omni_jax.visage.geometry import intrinsics, rotation_from_attitude
