@@ -67,6 +67,8 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       train_kinds=("id_card", "certificate"),
       test_kinds=("invoice", "form", "letter"),
       train_docs=48,                       # documents per training kind (rendered)
+      val_docs=16,                         # further documents per training kind, never
+                                           # trained on: the APCER/BPCER thresholds
       test_docs=30))                       # documents per held-out kind: 180 images/quality
   c.train_subset = 0                       # use the first k training docs per kind (0: all);
                                            # outside `data`, so the captures cache is shared
@@ -85,6 +87,11 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       # seed 1; docs/dpad.md); was (0.15, 0.25) from an 18-document probe, which over-shot
       # the noise floor at high quality
       print_grain=_range(0.1, 0.2),
+      # the printer (omni_jax/dpad/halftone.py): an office colour laser printer, 600-dpi
+      # engine, clustered-dot CMYK screens at 100-150 lines per inch (C 15, M 75, Y 0, K 45
+      # degrees); the paper framed like the screen, a document filling 70-100 % of a 12-MP
+      # frame's short side (3024 px over 210 mm: 14.4 sensor px per mm at 100 %)
+      halftone=dict(lpi=_range(100, 150), dpi=600.0, px_per_mm=_range(10.0, 14.4)),
       # The training camera, held out from both test channels (every CAMERA_KEYS range
       # disjoint, recapture.camera_overlaps): a sharp binned-flagship lens (MTF(0.7)
       # 0.47-0.36), large pixels (full well 1100-2500 e-), fine JPEG, 0.92-0.98x resolution.
@@ -135,6 +142,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
     c.data.test_kinds = ("invoice",)
     c.data.train_docs = 3
     c.data.test_docs = 2
+    c.data.val_docs = 2
     c.sim.sensor = 128
     c.patch = 32
     c.train.steps = 6
