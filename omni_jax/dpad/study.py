@@ -1,9 +1,11 @@
 """The document presentation-attack study end to end (what ``experiments.dpad`` runs): config
 checks, the simulated recaptures (cached in captures.npz), training each classifier with the
-baseline augmentation, FMAG and FMAG + M2FM for every training seed, EER / AUC / APCER /
-BPCER (mean and sd over seeds, bootstrap intervals over seeds and images) per capture
-quality, the trivial sharpness / noise classifiers before and after the shortcut fix, an
-oracle moire-peak detector, the figures and summary.json.
+baseline augmentation, FMAG and FMAG + M2FM for every training seed, EER / AUC (mean and sd
+over seeds, bootstrap intervals over seeds and images) per capture quality, APCER / BPCER at
+each classifier's threshold fixed on validation captures, the gain of FMAG + M2FM over the
+baseline per seed, the diagnostics (:mod:`diagnostics`: trivial one-feature classifiers on
+continuous-tone and halftoned prints, an oracle moiré-peak detector), the figures and
+summary.json.
 
 No oracle in the detector path: training reads only ``train.training_config(cfg)`` and the
 training images and labels (``training_set``); FMAG's periods are estimated from each image
