@@ -4,7 +4,7 @@ r"""Benchmark the manifest input pipeline against the train step that consumes i
 
 In one run: the Grain pipeline's records/s and tokens/s (decode, resample, tokenize, pack,
 with --workers worker processes) and the train step's tokens/s on a batch from it (see
-omni_jax/train/input_bench.py). Writes summary.json with ``input_tokens_per_sec``,
+omni_jax/reports/input_bench.py). Writes summary.json with ``input_tokens_per_sec``,
 ``step_tokens_per_sec``, ``input_over_step`` and ``packing_efficiency``. Any config whose
 ``data.source`` is 'manifest' works, e.g. ``--config=configs/omni_moe.py:tiny
 --config.data.source=manifest --config.data.manifest=/path/m.jsonl``.
@@ -31,9 +31,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   del argv
   common.setup_devices()
-  from omni_jax.config import ConfigError, to_dict
-  from omni_jax.train.input_bench import measure_input, measure_step
-  from omni_jax.train.metrics import write_json_atomic
+  from omni_jax.common.config import ConfigError, to_dict
+  from omni_jax.common.metrics import write_json_atomic
+  from omni_jax.reports.input_bench import measure_input, measure_step
   from omni_jax.train.omni import validate
 
   config, workdir = _CONFIG.value, _WORKDIR.value

@@ -22,10 +22,10 @@ from pathlib import Path
 from absl import app, logging
 
 from experiments import common
-from omni_jax.config import ConfigError, check_keys, positive_int, require
+from omni_jax.common.config import ConfigError, check_keys, positive_int, require
+from omni_jax.common.metrics import write_json_atomic
 from omni_jax.data import bpe
 from omni_jax.tokenizers import train as codec_train
-from omni_jax.train.metrics import write_json_atomic
 
 _CONFIG = common.define_config("configs/tokenizer.py:<variant>")
 _WORKDIR = common.define_workdir()

@@ -42,14 +42,14 @@ import grain
 import numpy as np
 from absl import logging
 
-from omni_jax.config import ConfigError, check_keys, one_of, positive_int, require
+from omni_jax.common.config import ConfigError, check_keys, one_of, positive_int, require
 from omni_jax.data import vq
 from omni_jax.data.decode import decode_record
 from omni_jax.data.packing import Doc, collate_packed, doc_from_row, efficiency, hold_open, pack
 from omni_jax.data.records import ManifestIndex, RecordSource
 from omni_jax.data.sequences import TASK_TEXT, RowBuilder, generate_task, understand_task
 from omni_jax.modalities import MODALITY_KINDS
-from omni_jax.models.omni import OmniSpec
+from omni_jax.models.spec import OmniSpec
 
 PIPELINE_DEFAULTS = dict(max_bad_fraction=0.001, workers=0, prefetch=2, epochs=0, shards=0,
                          eval_fraction=0.1, pack_window=256, slots_per_row=1)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs.dpad import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.dpad import halftone, recapture
 from omni_jax.dpad import study as dpad_study
 
