@@ -22,6 +22,7 @@ that read the true period), metrics.jsonl and dpad_*.png figures.
 from __future__ import annotations
 
 import json
+import sys
 
 from absl import app, logging
 
@@ -43,7 +44,7 @@ def main(argv):
     study.validate(cfg)
   except ConfigError as e:
     raise app.UsageError(str(e)) from e
-  summary = study.run(cfg, workdir)
+  summary = study.run(cfg, workdir, " ".join(["python -m experiments.dpad", *sys.argv[1:]]))
   logging.info("summary: %s", json.dumps({"eer": summary["eer"], "auc": summary["auc"]}))
 
 

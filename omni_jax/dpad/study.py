@@ -369,11 +369,11 @@ def figures(cfg, caps: dict, workdir: str, eer: dict, ci: dict | None = None) ->
   return out
 
 
-def run(cfg, workdir: str) -> dict:
+def run(cfg, workdir: str, command: str = "") -> dict:
   """The whole study on a validated config: captures (cached), each classifier with each
   method, metrics with bootstrap intervals, the oracle peak detector and the figures; writes
-  summary.json, metrics.jsonl and the dpad_*.png figures into ``workdir`` and returns the
-  summary."""
+  summary.json (with ``command``, the command line that made it), metrics.jsonl and the
+  dpad_*.png figures into ``workdir`` and returns the summary."""
   os.makedirs(workdir, exist_ok=True)
   t0 = time.time()
   caps = build_captures(cfg, workdir)
@@ -411,6 +411,7 @@ def run(cfg, workdir: str) -> dict:
   summary["figures"] = [os.path.basename(p)
                         for p in figures(cfg, caps, workdir, summary["eer"], ci)]
   summary["seconds"] = {"captures": t_data, "total": time.time() - t0}
+  summary["command"] = command
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)
   return summary
 

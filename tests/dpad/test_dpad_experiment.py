@@ -39,6 +39,7 @@ def test_tiny_run_writes_summary_and_figures(tmp_path):
     assert len(v["threshold_per_seed"]) == 2 and v["images"] == 4
     assert all(0 <= e <= 1 for e in v["eer_per_seed"])
   assert "validation" in s["thresholds"]
+  assert s["command"].startswith("python -m experiments.dpad --config=configs/dpad.py:tiny ")
   # seeds: mean over seeds with sd and the seeds-and-images bootstrap interval
   assert s["seeds"] == [0, 1]
   for method in s["eer"]:
