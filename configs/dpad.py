@@ -79,9 +79,9 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
                                            # a document-filling phone shot of a monitor/phone
       max_roll=0.08, max_persp=0.06, max_k1=0.04,
       print_match=True,                    # the print shows the page at the screen's resolution
-      # paper texture of the print (recapture._print_grain), calibrated with the printer on so
-      # the trivial sharpness / noise / Immerkaer classifiers sit nearest chance at both
-      # qualities, on 8 documents per test kind disjoint from the study's
+      # paper texture of the print (recapture._print_grain), calibrated on continuous-tone
+      # prints (before the printer model) so the trivial sharpness / noise / Immerkaer
+      # classifiers sat nearest chance, on documents disjoint from the study's
       # (calibration.calibrate_print_grain, document seed 1; docs/dpad.md)
       print_grain=_range(0.1, 0.2),
       # the printer (omni_jax/dpad/halftone.py): an office colour laser printer, 600-dpi
