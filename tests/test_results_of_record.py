@@ -15,7 +15,9 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 # job -> keys every run of record of that job carries (dotted: nested; '*' any child).
 KEYS = {
     "dpad": ["eer", "eer_sd", "eer_ci95", "seeds", "shortcut_eer", "period_estimate",
-             "camera_ranges", "low_eer_gain_points", "low_eer_gain_ci95_points"],
+             "camera_ranges", "low_eer_gain_points", "low_eer_gain_ci95_points", "apcer",
+             "bpcer", "thresholds", "eer_gain_points.*.per_seed", "eer_gain_points.*.mean",
+             "eer_gain_points.*.ci95_seeds", "eer_gain_points.*.ci95_seeds_images"],
     "query": ["peers", "peers.*.cold.recall_at_10", "peers.*.cold.p50_ms", "peers.*.cold.p99_ms",
               "peers.*.cold.qps", "peers.*.warm.recall_at_10", "peers.*.warm.p50_ms",
               "peers.*.warm.p99_ms", "peers.*.warm.qps", "best_host",
