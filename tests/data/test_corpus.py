@@ -235,3 +235,58 @@ def test_a_run_over_bad_data_stops_with_a_message_not_a_traceback(tmp_path):
   assert "2 of the 26 distinct records read are bad" in r.stderr
   tail = r.stderr[r.stderr.index("input stopped"):]
   assert tail.count("cut.png") == 1 and tail.count("empty.mp4") == 1
+
+
+@pytest.mark.parametrize("fmt", ["arrayrecord", "parquet", "jsonl"])
+def test_resume_is_exact_on_the_same_data_and_refused_on_changed_data(tmp_path, fmt):
+  m = write_lines(tmp_path / "m.jsonl", [{"id": i, "text": "w " * (i % 7) + str(i)}
+                                         for i in range(60)])
+  convert(m, tmp_path / "d", fmt, shards=2)
+  cfg = text_config(tmp_path / "d", pack_window=16, prefetch=2)
+  spec = build_spec(cfg.model)
+  a = make_stream(spec, cfg.data)
+  a.bind()
+  for i in range(4):
+    a.batch(i)
+  state = json.loads(json.dumps(a.iterator.get_state()))  # what the checkpoint stores
+  assert state["fingerprint"][0]["shards"][1]["name"] == f"part-00001-of-00002.{fmt}"
+  rest = [a.batch(i) for i in range(4, 9)]
+  b = make_stream(spec, cfg.data)
+  b.bind()
+  b.iterator.set_state(state)
+  for i, want in enumerate(rest, start=4):
+    got = b.batch(i)
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k], err_msg=f"batch {i} {k}")
+  if fmt != "jsonl":
+    return
+  with open(tmp_path / "d" / "part-00001-of-00002.jsonl", "a") as f:
+    f.write(json.dumps({"id": "late", "text": "added later"}) + "\n")
+  c = make_stream(spec, cfg.data)
+  c.bind()
+  with pytest.raises(DataError, match=r"data changed .*part-00001-of-00002.jsonl held 30 "
+                     r"records, now 31.*allow_changed_data"):
+    c.iterator.set_state(state)
+  cfg.data.allow_changed_data = True
+  c = make_stream(spec, cfg.data)
+  c.bind()
+  c.iterator.set_state(state)  # accepted (logged): the new data from its start, at batch 4
+  assert c.batch(4)["tokens"].shape == rest[0]["tokens"].shape
+
+
+@pytest.mark.slow  # a short training run (~1 min on 2 shared cores)
+def test_a_text_only_corpus_of_long_documents_trains(tmp_path):
+  rng = np.random.default_rng(0)
+  words = ["alpha", "beta", "gamma", "delta", "eps"]
+  docs = [{"id": i, "text": " ".join(words[(i + k) % 5] for k in range(int(rng.integers(60, 200))))}
+          for i in range(40)]  # 360-1,400 bytes: 8-30 windows of 48 tokens each
+  m = write_lines(tmp_path / "m.jsonl", docs)
+  r = run_module("experiments.train_omni", "--config=configs/omni_moe.py:micro",
+                 f"--workdir={tmp_path}/run", "--cpu_devices=1", "--config.data.source=manifest",
+                 f"--config.data.manifest={m}", "--config.train.steps=30",
+                 "--config.train.eval_every=0", "--config.model.modalities.image.codebook_size=0",
+                 "--config.model.modalities.audio.codebook_size=0")
+  assert r.returncode == 0, r.stderr[-3000:]
+  summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+  assert summary["data"]["records_skipped"] == 0 and summary["data"]["records_read"] > 0
+  assert summary["final_loss"] < summary["initial_loss"] - 0.5
