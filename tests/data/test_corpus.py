@@ -290,3 +290,14 @@ def test_a_text_only_corpus_of_long_documents_trains(tmp_path):
   summary = json.loads((tmp_path / "run" / "summary.json").read_text())
   assert summary["data"]["records_skipped"] == 0 and summary["data"]["records_read"] > 0
   assert summary["final_loss"] < summary["initial_loss"] - 0.5
+
+
+def test_an_input_pass_by_record_count_reports_memory(tmp_path):
+  from omni_jax.train.input_bench import measure_records
+  m = write_lines(tmp_path / "m.jsonl", [{"id": i, "text": f"t{i}"} for i in range(500)])
+  cfg = text_config(m, pack_window=32, prefetch=0)
+  s = make_stream(build_spec(cfg.model), cfg.data)
+  out = measure_records(s, 300)
+  # It stops at the first batch that brings the count to 300: within one window of it.
+  assert 300 <= out["records"] < 300 + 32 * 8
+  assert out["rss_start_mb"] > 10 and np.isfinite(out["rss_growth_mb"])
