@@ -1,4 +1,4 @@
-"""Compressed gradient all-reduce on a small CNN, data-parallel over 8 devices (issue 4).
+"""Compressed gradient all-reduce on a small CNN, data-parallel over 8 devices.
 
 Run:
   python -m experiments.compress --config=configs/compress.py:inceptionn --workdir=/tmp/cmp

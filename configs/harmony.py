@@ -1,4 +1,4 @@
-r"""Harmony-style swap scheduling: train models larger than device memory (issue 6).
+r"""Harmony-style swap scheduling: train models larger than device memory.
 
   python -m experiments.harmony --config=configs/harmony.py:default --workdir=/tmp/harmony
   python -m experiments.harmony --config=configs/harmony.py:compute_bound --workdir=/tmp/hcb
@@ -10,7 +10,7 @@ Adam state in pinned host memory (5.2x the device budget), with few tokens per i
 sequences of 8) so that its swaps take about as long as its compute and the executor's
 overlap is exercised; ``compute_bound`` is the same model on 16 sequences of 64 tokens
 (compute ~3x the swaps: the regime of the paper-scale plan, and this file's default before
-issue 22's overlap goal); ``tiny`` is the seconds-long
+the overlap goal); ``tiny`` is the seconds-long
 smoke version; ``paper`` plans GPT-2 10B (n_embd 4096, 32 heads, 50 layers, 1024 tokens, the
 Harmony repository's gpt2-10-billion config) on 4 GPUs of 11 GB (10 GiB usable, the Harmony
 searcher's default cap) sharing 11.5 GiB/s of swap bandwidth per direction, with 8.2 GiB/s
@@ -104,7 +104,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
 
 
 def validate_config() -> ml_collections.ConfigDict:
-  """``validate``: the cost model checked against the real executors (issue 22).
+  """``validate``: the cost model checked against the real executors.
 
   Every row of ``configurations`` is (d_model, num_layers, microbatch size u,
   model_to_budget = parameters + Adam state / device budget, mode 'harmony' | 'lms') of a GPT

@@ -10,7 +10,8 @@ generation quality of ``experiments.generate``), ``small`` (a longer CPU run), `
 ``experiments.bench_step``), ``files`` (the tiny model on real files: first
 ``python -m experiments.make_manifest --workdir=/tmp/omni_files``). Override any field on
 the command line, e.g. ``--config.model.moe.num_experts=8 --config.train.steps=50``. Add a
-modality with ``--config.model.modalities.thermal='{"kind": "patch", "channels": 1, ...}'``
+modality with ``--modality=thermal='{"kind": "patch", "size": [16, 16], "channels": 1}'``
+(repeatable; ``--modality=video=none`` removes one)
 or in a copy of this file (see WORKSPACE.md, "Adding a modality").
 """
 

@@ -1,4 +1,4 @@
-"""Distributed RL with sync / async gradient aggregation (iSwitch, issue 5).
+"""Distributed RL with sync / async gradient aggregation (iSwitch).
 
 Run:
   python -m experiments.rl --config=configs/rl.py:ppo_cartpole --workdir=/tmp/rl_ppo_cartpole

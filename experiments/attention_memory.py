@@ -29,8 +29,8 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
   del argv
   common.setup_devices()
+  from omni_jax.common.metrics import write_json_atomic
   from omni_jax.models.blockwise import grad_memory_bytes
-  from omni_jax.train.metrics import write_json_atomic
 
   shape = dict(seq_len=_SEQ.value, heads=_HEADS.value, kv_heads=_KV.value,
                head_dim=_DH.value, block=_BLOCK.value)

@@ -35,9 +35,9 @@ def main(argv):
       else flags.FLAGS.cpu_devices
   common.setup_devices()
   from configs.omni_moe import get_config
+  from omni_jax.common.metrics import write_json_atomic
   from omni_jax.generate.bench import bench_decode
-  from omni_jax.models.omni import build_spec
-  from omni_jax.train.metrics import write_json_atomic
+  from omni_jax.train.spec import build_spec
   cfg = _CONFIG.value if _CONFIG.value is not None else get_config("tiny")
   spec = build_spec(cfg.model, tokenizer=cfg.data.get("tokenizer", "bytes"))
   summary = bench_decode(spec, new_tokens=[int(n) for n in _NEW.value], batch=_BATCH.value,

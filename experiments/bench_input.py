@@ -4,7 +4,7 @@ r"""Benchmark the manifest input pipeline against the train step that consumes i
 
 In one run: the Grain pipeline's records/s and tokens/s (decode, resample, tokenize, pack,
 with --workers worker processes) and the train step's tokens/s on a batch from it (see
-omni_jax/train/input_bench.py). Writes summary.json with ``input_tokens_per_sec``,
+omni_jax/reports/input_bench.py). Writes summary.json with ``input_tokens_per_sec``,
 ``step_tokens_per_sec``, ``input_over_step``, ``packing_efficiency`` and ``startup_s``
 (building the spec and the stream: opening the datasets' indexes, fitting codebooks, binding
 the readers); with ``--records=N`` the input pass reads N records and adds ``rss_growth_mb``
@@ -38,9 +38,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   del argv
   common.setup_devices()
-  from omni_jax.config import ConfigError, to_dict
-  from omni_jax.train.input_bench import measure_input, measure_records, measure_step
-  from omni_jax.train.metrics import write_json_atomic
+  from omni_jax.common.config import ConfigError, to_dict
+  from omni_jax.common.metrics import write_json_atomic
+  from omni_jax.reports.input_bench import measure_input, measure_records, measure_step
   from omni_jax.train.omni import validate
 
   config, workdir = _CONFIG.value, _WORKDIR.value

@@ -25,8 +25,8 @@ import os
 from absl import app, flags, logging
 
 from experiments import common
+from omni_jax.common.metrics import write_json_atomic
 from omni_jax.rl import bench, envs
-from omni_jax.train.metrics import write_json_atomic
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "output folder")
 _TINY = flags.DEFINE_bool("tiny", False, "seconds-long smoke version")

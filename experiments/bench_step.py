@@ -26,9 +26,9 @@ import os
 from absl import app, flags, logging
 
 from experiments import common
-from omni_jax.config import ConfigError
-from omni_jax.train.progress import time_calls
-from omni_jax.train.step_breakdown import component_times, plot_breakdown
+from omni_jax.common.config import ConfigError
+from omni_jax.common.timing import time_calls
+from omni_jax.reports.step_breakdown import component_times, plot_breakdown
 
 _CONFIG = common.define_config("configs/omni_moe.py:bench",
                                           lock_config=True)
@@ -46,22 +46,24 @@ def main(argv):
   common.setup_devices()
   import jax
 
+  from omni_jax.common.metrics import write_json_atomic
+  from omni_jax.common.timing import measure_matmul_flops
   from omni_jax.models.flops import train_flops_per_step
   from omni_jax.models.omni import OmniModel
   from omni_jax.parallel import mesh as mesh_lib
   from omni_jax.train import offload, offload_plan
   from omni_jax.train.loop import create_state, make_train_step
-  from omni_jax.train.metrics import write_json_atomic
   from omni_jax.train.omni import make_loss_fn, parallel_op_names, state_sharding, validate
   from omni_jax.train.optim import make_optimizer
-  from omni_jax.train.perf import measure_matmul_flops
   from omni_jax.train.profiling import StepProfiler, parse_profile_steps
 
   config, workdir = _CONFIG.value, _WORKDIR.value
   os.makedirs(workdir, exist_ok=True)
   spec, stream, loop = validate(config)
   mesh = mesh_lib.data_parallel_mesh()
-  spec, loop = offload_plan.follow(config, spec, stream, loop, mesh, parallel_op_names(config))
+  spec, loop = offload_plan.follow(
+      config, spec, stream, loop,
+      lambda s: make_loss_fn(s, OmniModel(s), mesh, parallel_op_names(config)))
   model = OmniModel(spec)
   tx = make_optimizer(config.optim, loop.steps)
   host_batch = stream.batch(0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging as pylogging
 import os
+import sys
 
 from absl import flags, logging
 
@@ -42,7 +43,7 @@ def register_config() -> None:
   """Hands the parsed ``--config`` (if this main has one) to the TensorBoard writers, which
   record it as text beside the job's metrics and figures."""
   if "config" in flags.FLAGS and flags.FLAGS["config"].value is not None:
-    from omni_jax.train import tensorboard
+    from omni_jax.common import tensorboard
     tensorboard.set_run_config(flags.FLAGS["config"].value)
 
 
@@ -84,12 +85,84 @@ class _SharedFlag:
     return flags.FLAGS[self.name].value
 
 
+class _ConfigWithModalities:
+  """``--config`` as the main reads it: the parsed config with every ``--modality`` applied
+  (once, before the first read)."""
+
+  def __init__(self):
+    self._applied: int | None = None
+
+  @property
+  def value(self):
+    cfg = flags.FLAGS["config"].value
+    if cfg is not None and self._applied != id(cfg):
+      apply_modality_flags(cfg, flags.FLAGS["modality"].value)
+      self._applied = id(cfg)
+    return cfg
+
+
 def define_config(help_text: str, **kwargs):
-  """``--config`` (an ml_collections config file), defined once per process."""
+  """``--config`` (an ml_collections config file) and the repeatable ``--modality`` flag,
+  defined once per process."""
   from ml_collections import config_flags
-  if "config" in flags.FLAGS:
-    return _SharedFlag("config")
-  return config_flags.DEFINE_config_file("config", None, help_text, **kwargs)
+  if "config" not in flags.FLAGS:
+    config_flags.DEFINE_config_file("config", None, help_text, **kwargs)
+    flags.DEFINE_multi_string(
+        "modality", [], "NAME='{json}' adds or replaces config.model.modalities.NAME (e.g. "
+        "thermal='{\"kind\": \"patch\", \"size\": [16, 16], \"channels\": 1}'); "
+        "NAME=none removes it; repeatable")
+  return _ConfigWithModalities()
+
+
+def parse_modality_flag(text: str) -> tuple[str, dict | None]:
+  """``NAME={json}`` -> (NAME, spec) and ``NAME=none`` -> (NAME, None); a malformed value is
+  a ``ValueError`` naming what is wrong and the allowed forms."""
+  import json
+  forms = "allowed: --modality=NAME='{\"kind\": ...}' or --modality=NAME=none"
+  name, sep, raw = text.partition("=")
+  name = name.strip()
+  if not sep or not name.isidentifier() or not name.islower():
+    raise ValueError(f"--modality={text!r}: expected a lower-case NAME before '='; {forms}")
+  if raw.strip().lower() == "none":
+    return name, None
+  try:
+    spec = json.loads(raw)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"--modality={text!r}: the value is not JSON ({e.msg} at column "
+                     f"{e.colno}); {forms}") from None
+  if not isinstance(spec, dict):
+    raise ValueError(f"--modality={text!r}: the value must be a JSON object; {forms}")
+  return name, spec
+
+
+def apply_modality_flags(cfg, values: list[str]) -> None:
+  """Adds, replaces or removes ``cfg.model.modalities.NAME`` for each ``--modality`` value,
+  validating each new modality against its kind (unknown kind or key: one clear message,
+  exit code 2, no traceback)."""
+  if not values:
+    return
+  from omni_jax.common.config import ConfigError
+  from omni_jax.modalities.base import resolve_spec
+  try:
+    mods = cfg.model.modalities
+  except (AttributeError, KeyError):
+    raise SystemExit("--modality: this job's config has no model.modalities (only jobs on an "
+                     "omni config, configs/omni_moe.py, take --modality)") from None
+  try:
+    for text in values:
+      name, spec = parse_modality_flag(text)
+      with cfg.unlocked():
+        if spec is None:
+          if name not in mods:
+            raise ValueError(f"--modality={text!r}: no modality {name!r} to remove; the "
+                             f"config has {sorted(mods.keys())}")
+          del mods[name]
+        else:
+          resolve_spec(name, spec)
+          mods[name] = spec
+  except (ValueError, ConfigError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 def define_workdir(help_text: str = "output folder"):

@@ -19,7 +19,7 @@ from absl import app, flags, logging
 from configs import compress as compress_configs
 from experiments import common, compress
 from omni_jax.collectives import study
-from omni_jax.train.metrics import save_figure
+from omni_jax.common.figures import pyplot, save_figure
 
 _VARIANT = flags.DEFINE_enum("variant", "", ["", "tiny"], "config variant for every run")
 _CODECS = flags.DEFINE_list("codecs", list(compress_configs.CODECS), "codecs to run")
@@ -93,9 +93,7 @@ def table(rows: list[dict]) -> str:
 
 def chart(rows: list[dict], path: str) -> None:
   """Accuracy deltas and predicted speed-ups, with the papers' ranges drawn beside ours."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   names = [f"{r['codec']}\nw{r['pipeline_width']}" for r in rows]
   xs = range(len(rows))
   fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.6), dpi=110)

@@ -35,10 +35,10 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
   del argv
   common.setup_devices()
+  from omni_jax.common.metrics import write_json_atomic
   from omni_jax.hf import convert, reference
   from omni_jax.parallel import layout
   from omni_jax.parallel import mesh as mesh_lib
-  from omni_jax.train.metrics import write_json_atomic
   workdir = _WORKDIR.value
   if _EXPORT.value:
     if not _HF_OUT.value:

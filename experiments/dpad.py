@@ -24,7 +24,7 @@ import json
 from absl import app, logging
 
 from experiments import common
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.dpad import study
 
 _CONFIG = common.define_config("configs/dpad.py:<variant>")

@@ -56,7 +56,7 @@ def main(argv):
   cfg = _CONFIG.value
   if _DEMO.value:
     from omni_jax.generate.job import write_demo_prompts
-    from omni_jax.models.omni import build_spec
+    from omni_jax.train.spec import build_spec
     n = write_demo_prompts(build_spec(cfg.model, cfg.data.get("tokenizer", "bytes")),
                            _PROMPTS.value, _SEED.value, _DEMO_CAPTIONS.value,
                            per_class=_JUDGE_PROMPTS.value if _JUDGE.value else 0)

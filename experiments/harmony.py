@@ -30,7 +30,7 @@ import json
 from absl import app, logging
 
 from experiments import common
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.memory import planner as pl
 from omni_jax.memory import study, validate
 

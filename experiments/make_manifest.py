@@ -3,7 +3,7 @@ r"""Writes a real-files manifest from data shipped with installed packages.
   python -m experiments.make_manifest --workdir=/tmp/omni_files [--count=400 --seed=0]
 
 scikit-image photographs, scikit-learn digits, synthesised tones and voice-like WAVs, and
-rendered MP4/WebM/AVI clips with captions (``omni_jax/data/packaged.py``); then train with
+rendered MP4/WebM/AVI clips with captions (``omni_jax/examples/packaged.py``); then train with
 ``--config=configs/omni_moe.py:files --config.data.manifest=/tmp/omni_files/manifest.jsonl``.
 Writes ``manifest.jsonl``, the media folders and ``summary.json`` (records per source).
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 from absl import app, flags, logging
 
 from experiments import common
-from omni_jax.data.packaged import make_manifest
-from omni_jax.train.metrics import write_json_atomic
+from omni_jax.common.metrics import write_json_atomic
+from omni_jax.examples.packaged import make_manifest
 
 _WORKDIR = common.define_workdir("folder for manifest.jsonl and its media")
 _COUNT = flags.DEFINE_integer("count", 400, "number of records (>= 5: one per source)")

@@ -26,7 +26,7 @@ import os
 from absl import app, flags, logging
 
 from experiments import common
-from omni_jax.parallel.layout_report import (
+from omni_jax.reports.layout_report import (
     max_rel_err,
     plot,
     sequence_memory_check,
@@ -58,14 +58,15 @@ def main(argv):
   common.setup_devices()
   import jax
 
+  from omni_jax.common.checkpoint import abstract_like
+  from omni_jax.common.metrics import write_json_atomic
+  from omni_jax.common.timing import measure_matmul_flops
   from omni_jax.models.flops import train_flops_per_step
   from omni_jax.models.omni import OmniModel
   from omni_jax.parallel import hlo_cost, hlo_report, layout
   from omni_jax.parallel import mesh as mesh_lib
   from omni_jax.parallel.ring_attention import ring_block_imbalance
-  from omni_jax.train.checkpoint import abstract_like
   from omni_jax.train.loop import create_state, make_train_step
-  from omni_jax.train.metrics import write_json_atomic
   from omni_jax.train.omni import (
     check_batch_fits_mesh,
     make_loss_fn,
@@ -76,7 +77,6 @@ def main(argv):
     validate,
   )
   from omni_jax.train.optim import make_optimizer
-  from omni_jax.train.perf import measure_matmul_flops
 
   config, workdir = _CONFIG.value, _WORKDIR.value
   os.makedirs(workdir, exist_ok=True)

@@ -5,7 +5,7 @@ r"""Per-stage compiled memory of the pipeline schedules: 1F1B against GPipe.
 Compiles the backbone's value_and_grad of ``--config``'s model with --stages stages and
 --microbatches microbatches of --batch rows of --seq_len tokens, once per schedule, and writes
 summary.json: per schedule (the shipped ``gpipe`` and ``1f1b``, and the references
-``gpipe_remat`` and ``1f1b_residual_ring``, omni_jax/parallel/pipeline_memory.py) the compiled
+``gpipe_remat`` and ``1f1b_residual_ring``, omni_jax/reports/pipeline_memory.py) the compiled
 temp / argument / output bytes per stage; ``f1b_over_gpipe_activation_memory`` (1F1B temp
 bytes / GPipe temp bytes, both as shipped) beside its goal ``(P / M) * 1.1``, and
 ``f1b_over_gpipe_remat_activation_memory`` (1F1B / GPipe with the same per-stage remat, the
@@ -33,9 +33,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   del argv
   common.setup_devices()
-  from omni_jax.models.omni import build_spec
-  from omni_jax.parallel.pipeline_memory import schedule_memory
-  from omni_jax.train.metrics import write_json_atomic
+  from omni_jax.common.metrics import write_json_atomic
+  from omni_jax.reports.pipeline_memory import schedule_memory
+  from omni_jax.train.spec import build_spec
 
   config, workdir = _CONFIG.value, _WORKDIR.value
   os.makedirs(workdir, exist_ok=True)

@@ -21,16 +21,16 @@ import os
 from absl import app, logging
 
 from experiments import common
-from omni_jax.config import to_dict
+from omni_jax.common.config import to_dict
+from omni_jax.common.metrics import write_json_atomic
 from omni_jax.rl import runner
 from omni_jax.rl.job import (
-    check_workdir,
-    measure_or_reuse,
-    plot_returns,
-    summarize,
-    train,
+  check_workdir,
+  measure_or_reuse,
+  plot_returns,
+  summarize,
+  train,
 )
-from omni_jax.train.metrics import write_json_atomic
 
 _CONFIG = common.define_config("configs/rl.py:<variant>")
 _WORKDIR = common.define_workdir("output folder (rerun resumes)")

@@ -7,7 +7,7 @@ compiled — never run — from abstract inputs (``jax.ShapeDtypeStruct`` with s
 nothing is allocated) on 128 emulated CPU devices. The report gives per-device memory from
 ``compiled.memory_analysis()`` against an 80 GB and a 141 GB GPU, the model FLOPs per token
 (``omni_jax.models.flops``), and a roofline step time on H100 numbers from the compiled
-program's own FLOPs, HBM bytes and collective bytes (``omni_jax.parallel.scale_plan``:
+program's own FLOPs, HBM bytes and collective bytes (``omni_jax.reports.scale_plan``:
 constants and overlap model), which gives the modelled tokens/s/GPU — beside the seed's
 2,800 tokens/s/GPU on 128 GPUs.
 
@@ -29,7 +29,7 @@ import re
 from absl import app, flags, logging
 
 from experiments import common
-from omni_jax.parallel.scale_plan import (
+from omni_jax.reports.scale_plan import (
     GB,
     H100,
     OVERLAPPED_KINDS,
@@ -63,9 +63,10 @@ def main(argv):
   common.setup_devices()
   import jax
 
-  from omni_jax.models.omni import OmniModel, build_spec, count_params
-  from omni_jax.train.metrics import write_json_atomic
+  from omni_jax.common.metrics import write_json_atomic
+  from omni_jax.models.omni import OmniModel, count_params
   from omni_jax.train.optim import make_optimizer
+  from omni_jax.train.spec import build_spec
 
   config, workdir = _CONFIG.value, _WORKDIR.value
   if not 0 < _MFU.value <= 1:

@@ -22,8 +22,8 @@ from pathlib import Path
 from absl import app, flags, logging
 
 from experiments import common
-from omni_jax.config import ConfigError, check_keys, positive_int, to_dict
-from omni_jax.train.metrics import write_json_atomic
+from omni_jax.common.config import ConfigError, check_keys, positive_int, to_dict
+from omni_jax.common.metrics import write_json_atomic
 
 _CONFIG = common.define_config("configs/visage.py:<variant>")
 _WORKDIR = common.define_workdir("output folder")

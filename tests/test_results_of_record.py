@@ -1,5 +1,5 @@
 """Results of record: every committed `results/<job>/<variant>.json` parses, names the command
-that made it, and carries the summary keys its issue made public (issue 23). A job directory
+that made it, and carries the summary keys made public. A job directory
 without an entry here fails, so a new run of record states its keys."""
 
 from __future__ import annotations

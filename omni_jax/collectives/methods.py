@@ -46,16 +46,15 @@ float) plus the float32 parameters (``ps``) or aggregate (``switch``) down.
 from __future__ import annotations
 
 import math
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 
 from omni_jax.collectives.codecs.base import HopCodec
 from omni_jax.collectives.event_clock import Schedule
+from omni_jax.common.timing import measure
 from omni_jax.parallel.workers import run_on_workers
 
 METHODS = ("none", "allreduce", "ps", "switch", "async")
@@ -246,10 +245,5 @@ def time_aggregation(agg, mesh, num_params: int, reps: int = 50, repeats: int = 
   state = (p0, tx.init(p0), agg.init(p0))
   if agg.axis:
     state = jax.tree.map(lambda x: jnp.stack([x] * n), state)
-  jax.block_until_ready(run(state))
-  times = []
-  for _ in range(repeats):  # the median of several timed runs: a shared machine is noisy
-    t0 = time.perf_counter()
-    jax.block_until_ready(run(state))
-    times.append((time.perf_counter() - t0) / reps)
-  return float(np.median(times))
+  # the median of several timed runs: a shared machine is noisy
+  return measure(run, state, stat="median", repeats=repeats) / reps

@@ -23,9 +23,18 @@ from jax.sharding import PartitionSpec as P
 
 from omni_jax.collectives import aggregate, timing, wire
 from omni_jax.collectives.pipesgd import overlapped_step
-from omni_jax.config import ConfigError, check_keys, nonneg_float, one_of, positive_int, to_dict
-from omni_jax.train.metrics import MetricsLog, plot_curves, write_json_atomic
-from omni_jax.train.progress import Progress, time_calls
+from omni_jax.common.config import (
+  ConfigError,
+  check_keys,
+  nonneg_float,
+  one_of,
+  positive_int,
+  to_dict,
+)
+from omni_jax.common.figures import plot_curves
+from omni_jax.common.metrics import MetricsLog, write_json_atomic
+from omni_jax.common.progress import Progress
+from omni_jax.common.timing import time_calls
 
 AXIS = "data"
 WIRE_FORMAT = 2   # 2: bytes of the arrays handed to the collectives, checked against the HLO

@@ -24,7 +24,7 @@ from omni_jax.data.packing import Doc, chunk_document
 from omni_jax.data.records import Item
 from omni_jax.data.sequences import TASK_TEXT, RowBuilder, generate_task, understand_task
 from omni_jax.modalities import MODALITY_KINDS
-from omni_jax.models.omni import OmniSpec
+from omni_jax.models.spec import OmniSpec
 
 
 def nearest_codes(codebook: np.ndarray, vectors: np.ndarray) -> np.ndarray:

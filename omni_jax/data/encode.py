@@ -1,6 +1,6 @@
 """File writers, the inverse of ``decode.py``: WAV files and video clips (PyAV).
 
-Used by the manifest maker (``omni_jax/data/packaged.py``) and by tests that need real
+Used by the manifest maker (``omni_jax/examples/packaged.py``) and by tests that need real
 files with known content.
 """
 

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from omni_jax.config import ConfigError, check_keys, one_of, positive_int, require
+from omni_jax.common.config import ConfigError, check_keys, one_of, positive_int, require
 from omni_jax.data import vq
 from omni_jax.data.documents import DocMaker, nearest_codes  # noqa: F401  (re-exported)
 from omni_jax.data.packing import collate_packed
@@ -51,7 +51,7 @@ from omni_jax.data.reader import (  # noqa: F401
 from omni_jax.data.records import open_dataset
 from omni_jax.data.sequences import TASK_TEXT, generate_task, understand_task
 from omni_jax.modalities import MODALITY_KINDS
-from omni_jax.models.omni import OmniSpec
+from omni_jax.models.spec import OmniSpec
 
 PIPELINE_DEFAULTS = dict(max_bad_fraction=0.001, workers=0, prefetch=2, epochs=0, shards=0,
                          eval_fraction=0.1, pack_window=256, slots_per_row=1,

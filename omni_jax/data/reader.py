@@ -36,7 +36,7 @@ from absl import logging
 from omni_jax.data.documents import DocMaker
 from omni_jax.data.packing import Doc, collate_packed, efficiency, hold_open, pack
 from omni_jax.data.records import RecordSource
-from omni_jax.models.omni import OmniSpec
+from omni_jax.models.spec import OmniSpec
 
 MAX_LISTED = 10
 MAX_LOGGED = 100  # bad records logged one by one (per shard)

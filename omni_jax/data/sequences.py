@@ -18,7 +18,7 @@ import dataclasses
 import numpy as np
 
 from omni_jax.modalities import MODALITY_KINDS
-from omni_jax.models.omni import OmniSpec
+from omni_jax.models.spec import OmniSpec
 
 TASK_TEXT = "text"
 Ids = tuple[list[int], list[int], list[int], dict[str, np.ndarray]]

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from omni_jax.config import ConfigError, check_keys, one_of, positive_int, require
+from omni_jax.common.config import ConfigError, check_keys, one_of, positive_int, require
 from omni_jax.data import vq
 from omni_jax.data.pipeline import PIPELINE_DEFAULTS, PipelineStream
 from omni_jax.data.sequences import TASK_TEXT, RowBuilder, collate, generate_task, understand_task
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.modalities.base import gen_codes
-from omni_jax.models.omni import OmniSpec
+from omni_jax.models.spec import OmniSpec
+from omni_jax.tokenizers import omni_codes
 
 DATA_KEYS = ("source", "seq_len", "batch_size", "seed", "text_weight", "manifest", "on_error",
              "codebook_samples")
@@ -103,7 +104,6 @@ class OmniStream:
     """Discrete targets [B, N] of modality ``m`` for raw inputs ``xs`` [B, ...]."""
     kind = self.kinds[m]
     if self.mods[m].get("tokenizer"):  # a trained FSQ codec's ids
-      from omni_jax.tokenizers import omni_codes
       return omni_codes.encode(self.mods[m], xs)
     if kind.code_vectors is None:  # the input already is a sequence of ids
       return np.asarray(xs, np.int32)

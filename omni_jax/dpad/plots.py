@@ -12,14 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from omni_jax.common.figures import pyplot, save_figure
 from omni_jax.dpad import fmag as fmag_lib
-from omni_jax.train.metrics import save_figure
 
 
 def _plt():
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   return plt
 
 

@@ -20,12 +20,12 @@ import time
 import numpy as np
 from absl import logging
 
-from omni_jax.config import positive_int, require, to_dict
+from omni_jax.common.config import positive_int, require, to_dict
+from omni_jax.common.metrics import MetricsLog, atomic_path, write_json_atomic
+from omni_jax.common.progress import Progress
 from omni_jax.dpad import documents, pad_metrics, plots, recapture, shortcut, train
 from omni_jax.dpad import fmag as fmag_lib
 from omni_jax.dpad.models import MODELS
-from omni_jax.train.metrics import MetricsLog, atomic_path, write_json_atomic
-from omni_jax.train.progress import Progress
 
 METHODS = ("baseline_aug", "fmag", "fmag_m2fm")
 CAPTURE_VERSION = 3          # bump when the document or simulator code changes the pixels

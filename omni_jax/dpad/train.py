@@ -28,9 +28,9 @@ import numpy as np
 import optax
 from PIL import Image, ImageEnhance, ImageFilter
 
+from omni_jax.common.progress import Progress
 from omni_jax.dpad import fmag as fmag_lib
 from omni_jax.dpad import models, spectrum
-from omni_jax.train.progress import Progress
 
 TRAINING_KEYS = ("patch", "train", "fmag", "m2fm")
 

@@ -27,7 +27,8 @@ import numpy as np
 
 from omni_jax.generate import decode as dec
 from omni_jax.models import kv_cache, sampling
-from omni_jax.models.omni import OmniModel, OmniSpec, count_params
+from omni_jax.models.omni import OmniModel, count_params
+from omni_jax.models.spec import OmniSpec
 
 
 def init_params(spec: OmniSpec, seed: int = 0):

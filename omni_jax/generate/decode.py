@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from omni_jax.models import kv_cache, sampling
-from omni_jax.models.omni import OmniSpec
+from omni_jax.models.spec import OmniSpec
 
 
 def joint_logits(spec: OmniSpec, logits: dict) -> jax.Array:

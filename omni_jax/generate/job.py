@@ -46,21 +46,25 @@ import orbax.checkpoint as ocp
 from absl import logging
 from PIL import Image
 
-from omni_jax.config import ConfigError, to_dict
+from omni_jax.common.config import ConfigError, to_dict
+from omni_jax.common.metrics import to_jsonable, write_json_atomic
 from omni_jax.data import vq
 from omni_jax.data.decode import RecordError, decode_record, record_keys
 from omni_jax.data.encode import write_wav
+from omni_jax.data.stream import make_stream
 from omni_jax.generate import decode as dec
 from omni_jax.generate import judge as jd
 from omni_jax.generate import outputs as outs
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.modalities.base import gen_codes
 from omni_jax.models import kv_cache, sampling
-from omni_jax.models.omni import OmniModel, OmniSpec
+from omni_jax.models.omni import OmniModel
+from omni_jax.models.spec import OmniSpec
 from omni_jax.tokenizers import omni_codes
 from omni_jax.train.loop import LoopConfig, TrainState
-from omni_jax.train.metrics import to_jsonable, write_json_atomic
+from omni_jax.train.omni import recipe_name, state_sharding
 from omni_jax.train.optim import make_optimizer
+from omni_jax.train.spec import build_spec
 
 TEXT = "text"
 
@@ -240,7 +244,6 @@ def load_params(config, spec: OmniSpec, workdir: str, mesh=None):
                       f"--workdir={workdir}")
   abstract = abstract_train_state(config, spec)
   if mesh is not None:
-    from omni_jax.train.omni import recipe_name, state_sharding
     shardings = state_sharding(mesh, recipe_name(config))(abstract)
   else:
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -321,8 +324,6 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
   ``judge``: image / audio outputs whose prompt text is a caption of the synthetic task are
   classified by judges trained on real renders (:mod:`omni_jax.generate.judge`, cached in
   ``judge_cache``, default ``<workdir>/judge``) and scored as ``conditional_accuracy``."""
-  from omni_jax.data.stream import make_stream
-  from omni_jax.models.omni import build_spec
   t0 = time.perf_counter()
   spec = build_spec(config.model, tokenizer=config.data.get("tokenizer", "bytes"))
   kv_cache.check_supported(spec)
@@ -517,7 +518,6 @@ def write_demo_prompts(spec: OmniSpec, path: str, seed: int = 0, captions: int =
   ``per_class`` times, for ``conditional_accuracy`` over all attribute combinations),
   ``captions`` renders of every ``patch`` / ``frames`` modality -> text (with ``expect``: the
   render's caption), and one arithmetic text prompt. Returns the number of lines."""
-  from omni_jax.data.encode import write_wav
   p = Path(path)
   p.parent.mkdir(parents=True, exist_ok=True)
   rng = np.random.default_rng(seed)

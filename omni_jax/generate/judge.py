@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from omni_jax.common.metrics import atomic_path, write_json_atomic
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.modalities import frames as frames_kind
 from omni_jax.modalities import patch as patch_kind
@@ -251,7 +252,6 @@ def load_or_train(ms: Mapping[str, Any], cache_dir: str | None, *, view: Callabl
       return Judge(ms, params, {**info, "cached": str(folder)})
   judge = train_judge(ms, view=view, **train_kw)
   if folder is not None:
-    from omni_jax.train.metrics import atomic_path, write_json_atomic
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_path(folder / "params.msgpack") as tmp:
       Path(tmp).write_bytes(flax.serialization.to_bytes(jax.device_get(judge.params)))

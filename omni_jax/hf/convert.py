@@ -34,6 +34,7 @@ from omni_jax.hf.load import (
   read_leaf,
   unflatten,
 )
+from omni_jax.parallel import mesh as mesh_lib
 
 PARAMS_DIR = "params"
 CONFIG_NAME = "hf_config.json"
@@ -60,7 +61,6 @@ def import_to_orbax(hf_dir: str, workdir: str, mesh=None, recipe: str = "omni") 
 
   Memory: one parameter (one unit's slab of a backbone parameter) at a time, built from the
   slices each device owns."""
-  from omni_jax.parallel import mesh as mesh_lib
   t0 = time.perf_counter()
   ck = open_checkpoint(hf_dir)
   mesh = mesh or mesh_lib.make_mesh({"data": 1}, jax.devices()[:1])
@@ -129,7 +129,6 @@ def restore_params(workdir: str, mesh=None, recipe: str = "omni"):
   """``(checkpoint facts, CausalLM, params)`` from a converted ``workdir``, placed by
   ``recipe`` on ``mesh`` (default: one device)."""
   from omni_jax.hf.families import leaf_table
-  from omni_jax.parallel import mesh as mesh_lib
   cfg, model = stored_model(workdir)
   ck = Checkpoint(workdir, cfg, model, {}, leaf_table(model), None)
   mesh = mesh or mesh_lib.make_mesh({"data": 1}, jax.devices()[:1])

@@ -23,6 +23,9 @@ import numpy as np
 from omni_jax.hf import fp8
 from omni_jax.hf.families import HFModel, Leaf, leaf_table, translate
 from omni_jax.hf.safetensors_io import CheckpointError, TensorInfo, index_checkpoint, read_block
+from omni_jax.models.causal_lm import CausalLM
+from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.parallel import recipes
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)   # buffers some exporters save; recomputed here
 
@@ -194,14 +197,12 @@ def unflatten(flat: dict[str, object]) -> dict:
 
 def causal_lm(ck: Checkpoint):
   """The :class:`~omni_jax.models.causal_lm.CausalLM` the checkpoint fills."""
-  from omni_jax.models.causal_lm import CausalLM
   return CausalLM(ck.model.spec, ck.model.vocab_size, ck.model.tied)
 
 
 def param_shardings(ck: Checkpoint, mesh, recipe: str = "omni") -> dict[str, jax.sharding.Sharding]:
   """Sharding per parameter path by the parallel ``recipe`` on ``mesh`` (the shapes come from
   the model itself, and must be exactly the checkpoint's parameters)."""
-  from omni_jax.parallel import recipes
   model = causal_lm(ck)
   abstract = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
                                                np.zeros((1, 1), np.int32))["params"])
@@ -218,7 +219,6 @@ def param_shardings(ck: Checkpoint, mesh, recipe: str = "omni") -> dict[str, jax
 def load_params(hf_dir: str, mesh=None, recipe: str = "omni", **runtime):
   """``(checkpoint, CausalLM, params)``: the whole model placed by ``recipe`` on ``mesh``
   (default: one device)."""
-  from omni_jax.parallel import mesh as mesh_lib
   ck = open_checkpoint(hf_dir, **runtime)
   mesh = mesh or mesh_lib.make_mesh({"data": 1}, jax.devices()[:1])
   shardings = param_shardings(ck, mesh, recipe)

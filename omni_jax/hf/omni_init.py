@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.hf.families import Leaf
 from omni_jax.hf.load import Checkpoint, flatten, open_checkpoint, read_leaf, unflatten
 from omni_jax.hf.tokenizer import TOKENIZER_FILE, HFTextTokenizer

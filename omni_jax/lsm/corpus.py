@@ -27,10 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from omni_jax.config import to_dict
+from omni_jax.common.config import to_dict
+from omni_jax.common.metrics import atomic_path
 from omni_jax.lsm import ear, speech
 from omni_jax.lsm import wav_folder as wf
-from omni_jax.train.metrics import atomic_path
 
 
 def speaker_id(voice: str) -> str:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from omni_jax.common.figures import pyplot, save_figure
 
-from omni_jax.train.metrics import save_figure  # noqa: E402
+plt = pyplot()
 
 
 def _save(fig, path: str) -> None:

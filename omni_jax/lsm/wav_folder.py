@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_jax.train.metrics import atomic_path
+from omni_jax.common.metrics import atomic_path
 
 DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 MIN_SAMPLE_RATE = 8000

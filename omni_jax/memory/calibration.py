@@ -1,5 +1,5 @@
 """The executors' fixed costs, copy rates and Adam rates, from micro-benchmarks sampled in
-rounds (issue 22's cost-model validation).
+rounds (the cost model's validation).
 
 Short micro-benchmarks on a shared machine move with its load from minute to minute, so
 :class:`Sampler` times a set of zero-argument calls in *rounds* (every call ``repeats``
@@ -32,8 +32,11 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from omni_jax.common.timing import STATS
+from omni_jax.memory import executor as ex
 from omni_jax.memory import profiler as pf
-from omni_jax.memory.profiler import STATS
+from omni_jax.memory import seqmodel as sm
+from omni_jax.memory import transfers as tr
 
 FASTEST_BW = 1e12            # B/s: a copy faster than 1 TB/s is noise; rates are capped here
 TINY = 64                    # float32 per tiny array
@@ -176,9 +179,7 @@ class Calibrator:
   a :class:`Sampler`, :meth:`fit` turns the sampled seconds into the cost model's rates."""
 
   def __init__(self, params):
-    from omni_jax.memory import executor as ex
-    from omni_jax.memory import seqmodel as sm
-    self.mover = mover = ex.Mover(2**62, blocking=True)
+    self.mover = mover = tr.Mover(2**62, blocking=True)
     params = jax.device_get(params)
     self.swap_points: dict[str, tuple[str, int, int]] = {}
     calls: dict[str, Callable[[], object]] = {}
@@ -199,7 +200,7 @@ class Calibrator:
       self.swap_points[f"out:{name}"] = ("out", n, b)
     for k in PROGRAM_LEAVES:
       tree = jax.device_put([np.ones((TINY,), np.float32) for _ in range(k)], mover.dev)
-      prog = ex.Program(jax.jit(lambda t: [x + 1.0 for x in t]), tree)
+      prog = tr.Program(jax.jit(lambda t: [x + 1.0 for x in t]), tree)
 
       def via_mover(prog=prog, tree=tree):
         mover.free(mover.run(prog, "calibration", tree))
@@ -251,14 +252,13 @@ class LmsGapProbe:
   (:meth:`close_round`)."""
 
   def __init__(self, model, seed: int, batch: int, u: int):
-    from omni_jax.memory import executor as ex
     from omni_jax.memory import executor_lms as exl
     from omni_jax.memory import schedules as sch
     if batch % u:
       raise ValueError(f"LmsGapProbe: u = {u} must divide batch = {batch}")
     # the plain on-demand schedule: every residual and accumulator swapped (nothing kept)
     self.plan = sch.Plan("lms", u, batch // u)
-    self.mover = ex.Mover(2**62, blocking=True)
+    self.mover = tr.Mover(2**62, blocking=True)
     params = [jax.jit(layer.init)(k) for layer, k in zip(
         model.layers, jax.random.split(jax.random.key(seed), model.num_layers), strict=True)]
     self.state = ex.to_host_state([jax.device_get(p) for p in params], self.mover.host)

@@ -22,9 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from omni_jax.memory import schedules as sch
-from omni_jax.memory.executor import HostState, Mover, Program
+from omni_jax.memory.executor import HostState
 from omni_jax.memory.profiler import layer_fn
 from omni_jax.memory.seqmodel import DEFAULT_ADAM, AdamConfig, SeqModel, adam_update
+from omni_jax.memory.transfers import Mover, Program
 
 
 def _batch_dependent(fn, p, x_u, x_u1) -> list[bool]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from omni_jax.memory import graphs
 from omni_jax.memory import schedules as sch
 from omni_jax.memory.costmodel import Hardware, Task, makespan, simulate
 from omni_jax.memory.profiler import ModelProfile
@@ -134,7 +135,7 @@ def _lower_bound(plan: sch.Plan, prof: ModelProfile, hw: Hardware) -> float:
 
 
 def _cost(plan, prof, hw) -> tuple[float, list[Task]]:
-  tasks = simulate(sch.build_graph(plan, prof, hw), hw)
+  tasks = simulate(graphs.build_graph(plan, prof, hw), hw)
   return makespan(tasks), tasks
 
 
@@ -244,3 +245,10 @@ def plan_baseline(kind: str, prof: ModelProfile, hw: Hardware, budget: int, batc
     return PlanResult(plan, False, peak, sch.swap_bytes(plan, prof, hw), t, tasks, 1)
   best.candidates = n
   return best
+
+
+def best_mode(modes: dict[str, PlanResult]) -> PlanResult:
+  """The faster mode; within the planner's tie margin the one moving fewer swap bytes."""
+  fastest = min(r.predicted_s for r in modes.values())
+  return min((r for r in modes.values() if r.predicted_s <= fastest * (1 + TIE)),
+             key=lambda r: (r.swap_bytes, r.predicted_s))

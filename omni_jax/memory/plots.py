@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from omni_jax.common.figures import pyplot, save_figure
 from omni_jax.memory.costmodel import Task  # noqa: F401  (panels hold Tasks)
-from omni_jax.train.metrics import save_figure
 
 ROWS = (("in", "swap in"), ("compute", "compute"), ("out", "swap out"), ("p2p", "p2p in"),
         ("host", "host update"))
@@ -34,9 +34,7 @@ def plot_timelines(panels, path: str, gpu: int = 0, window=None, pixels: int = 9
   """One panel per (title, tasks) with a row per stream of ``gpu`` plus the host; shared
   time axis so schedule lengths compare at a glance. ``window=(t0, t1)`` zooms in. Tasks
   shorter than 1/``pixels`` of the axis are drawn per pixel with opacity = busy fraction."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   from matplotlib.colors import to_rgba
   from matplotlib.patches import Patch
 
@@ -99,9 +97,7 @@ def plot_settings_sweep(cells: list[dict], path: str, goal_swap: float, goal_spe
   """Two heatmaps (swap reduction, predicted speed-up vs lms), models x GPU counts; each
   cell shows the value and the chosen Harmony mode, coloured by log(value / goal): blue
   where the paper's claim (``goal_swap`` / ``goal_speedup``) is reached, red where not."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
 
   gpus = sorted({c["n_gpus"] for c in cells})
   depths = sorted({c["num_layers"] for c in cells})
@@ -141,9 +137,7 @@ def plot_validation(rows: list[dict], path: str, band: float = 0.15) -> None:
   them, bars span the interquartile range of its steady iterations (``iter_times_s[1:]``,
   horizontal) and of its predictions priced with one calibration round at a time
   (``predicted_rounds_s``, vertical)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
 
   fig, ax = plt.subplots(figsize=(6.4, 5.6), dpi=110)
   vals = [v for r in rows for v in (r["predicted_iter_time_s"], r["measured_iter_time_s"])]

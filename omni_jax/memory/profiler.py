@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from omni_jax.common.timing import STATS, time_calls
 from omni_jax.memory.seqmodel import SeqModel
-from omni_jax.train.progress import time_calls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +116,6 @@ def batch_residual_leaves(apply, p_shapes, x1_shapes, x2_shapes) -> int:
   return sum(a.shape != b.shape for a, b in zip(res(x1_shapes), res(x2_shapes), strict=True))
 
 
-STATS = {"min": min, "median": lambda ts: float(np.median(ts)),
-         "mean": lambda ts: float(np.mean(ts))}
 
 
 def layer_calls(apply, params, x_spec, u: int):
@@ -250,3 +248,20 @@ def profile_model(model: SeqModel, microbatch_sizes, params: list[Any] | None = 
   source = ("given" if timings is not None else "measured" if measure
             else f"flops@{flops_per_s:.3g}")
   return ModelProfile(tuple(out), tree_bytes(model.target_spec), sizes, source)
+
+
+# ---------------------------------------------------------------- profile and hardware
+def profile_to_json(prof: ModelProfile) -> dict:
+  return {"layers": [dataclasses.asdict(lp) for lp in prof.layers],
+          "target_bytes": prof.target_bytes, "microbatch_sizes": list(prof.microbatch_sizes),
+          "source": prof.source}
+
+
+def profile_from_json(d: dict) -> ModelProfile:
+  layers = []
+  for lp in d["layers"]:
+    lp = dict(lp, fwd_s={int(k): v for k, v in lp["fwd_s"].items()},
+              bwd_s={int(k): v for k, v in lp["bwd_s"].items()})
+    layers.append(LayerProfile(**lp))
+  return ModelProfile(tuple(layers), d["target_bytes"], tuple(d["microbatch_sizes"]),
+                      d["source"])

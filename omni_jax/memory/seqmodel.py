@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from omni_jax.models.transformer import Block
+
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
@@ -202,7 +204,6 @@ def omni_backbone_stack(spec, seq_len: int) -> SeqModel:
   it); MoE auxiliary losses are not part of this regression loss (mean squared error to a
   target), which is what the profiler and the schedules need: bytes and time per block.
   """
-  from omni_jax.models.transformer import Block
 
   positions = jnp.arange(seq_len, dtype=jnp.int32)[None]
   x0 = jnp.zeros((1, seq_len, spec.d_model), spec.dtype)

@@ -12,7 +12,6 @@ host<->device numbers.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import time
@@ -21,91 +20,27 @@ import jax
 import numpy as np
 from absl import logging
 
-from omni_jax.config import check_keys, one_of, positive_int, require, to_dict
+from omni_jax.common.config import to_dict
+from omni_jax.common.metrics import write_json_atomic
+from omni_jax.common.progress import Progress
 from omni_jax.memory import executor as ex
 from omni_jax.memory import executor_lms as exl
+from omni_jax.memory import graphs
 from omni_jax.memory import planner as pl
 from omni_jax.memory import profiler as pf
 from omni_jax.memory import schedules as sch
 from omni_jax.memory import seqmodel as sm
+from omni_jax.memory import timeline as tl
+from omni_jax.memory import transfers as tr
 from omni_jax.memory.costmodel import Hardware, makespan, simulate
+from omni_jax.memory.hardware import hardware
 from omni_jax.memory.plots import plot_measured_timeline, plot_settings_sweep, plot_timelines
-from omni_jax.train.metrics import write_json_atomic
-from omni_jax.train.progress import Progress, time_calls
+from omni_jax.memory.study_config import validate
+from omni_jax.memory.sweep import paper_range, settings_sweep
+from omni_jax.models.spec import backbone_spec
 
-TOP_KEYS = ("device_budget_bytes", "model_bytes", "schedules", "swap_reduction_vs_baseline",
-            "predicted_speedup_vs_baseline")
-HW_KEYS = ("measure", "measure_bytes", "n_gpus", "swap_bw_host", "swap_bw_gpu", "duplex",
-           "host_update_params_per_s", "device_update_params_per_s", "flops_per_s", "p2p_bw")
-SWEEP_KEYS = ("n_gpus", "num_layers", "extra_k")
-# The paper's claims ("up to" over its settings), the goals of issue 6.
+# The paper's claims ("up to" over its settings).
 GOAL_SWAP_REDUCTION, GOAL_SPEEDUP = 100.0, 7.6
-
-
-# ---------------------------------------------------------------- config
-def validate(cfg) -> None:
-  """One clear error per bad key, before any work."""
-  check_keys(cfg, ("variant", "seed", "model", "batch", "microbatch_sizes",
-                   "device_budget_bytes", "strategies", "baselines", "execute",
-                   "execute_baseline", "steps", "lr",
-                   "verify", "trace", "batch_sweep", "profile_repeats", "hardware",
-                   "settings_sweep"))
-  check_keys(cfg.model, ("kind", "vocab", "seq_len", "d_model", "num_heads", "num_layers",
-                         "d_ff", "omni_variant"), "model.")
-  one_of(cfg.model, "kind", ("gpt", "omni"), "model.")
-  for k in ("vocab", "seq_len", "d_model", "num_heads", "num_layers", "d_ff"):
-    positive_int(cfg.model, k, "model.")
-  positive_int(cfg, "batch")
-  positive_int(cfg, "device_budget_bytes")
-  positive_int(cfg, "steps")
-  positive_int(cfg, "profile_repeats")
-  sizes = list(cfg.microbatch_sizes)
-  require(bool(sizes) and all(isinstance(u, int) and u > 0 for u in sizes),
-          "microbatch_sizes", sizes, "must be a non-empty list of positive integers")
-  bad = [s for s in cfg.strategies if s not in pl.STRATEGIES]
-  require(bool(cfg.strategies) and not bad, "strategies", list(cfg.strategies),
-          f"must be a non-empty subset of {list(pl.STRATEGIES)}")
-  bad = [b for b in cfg.baselines if b not in pl.BASELINES]
-  require("lms" in cfg.baselines and not bad, "baselines", list(cfg.baselines),
-          f"must include 'lms' and be a subset of {list(pl.BASELINES)}")
-  check_keys(cfg.hardware, HW_KEYS, "hardware.", required=HW_KEYS)
-  positive_int(cfg.hardware, "n_gpus", "hardware.")
-  require(cfg.batch % cfg.hardware.n_gpus == 0, "batch", cfg.batch,
-          f"must be a multiple of hardware.n_gpus = {cfg.hardware.n_gpus}")
-  require(not cfg.execute or cfg.hardware.n_gpus == 1, "hardware.n_gpus", cfg.hardware.n_gpus,
-          "must be 1 when execute=True (the executor runs one device)")
-  require(cfg.execute or cfg.hardware.flops_per_s > 0, "hardware.flops_per_s",
-          cfg.hardware.flops_per_s, "must be > 0 for a planner-only config (execute=False)")
-  require(cfg.model.d_model % cfg.model.num_heads == 0, "model.num_heads", cfg.model.num_heads,
-          f"must divide model.d_model = {cfg.model.d_model}")
-  validate_settings_sweep(cfg)
-
-
-def _distinct_positive_ints(v) -> bool:
-  return (isinstance(v, tuple | list) and len(set(v)) == len(v)
-          and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v))
-
-
-def validate_settings_sweep(cfg) -> None:
-  """``settings_sweep``: GPU counts x block counts planned besides the headline (both
-  empty: no sweep); ``extra_k`` is the planner's balanced-packing search width there."""
-  sw = cfg.settings_sweep
-  check_keys(sw, SWEEP_KEYS, "settings_sweep.", required=SWEEP_KEYS)
-  for k in ("n_gpus", "num_layers"):
-    require(_distinct_positive_ints(sw[k]), f"settings_sweep.{k}", sw[k],
-            "must be a tuple of distinct positive integers (empty: no sweep)")
-  require(bool(sw.n_gpus) == bool(sw.num_layers), "settings_sweep", to_dict(sw),
-          "n_gpus and num_layers must both be empty (no sweep) or both non-empty")
-  ek = sw.extra_k
-  require(isinstance(ek, int) and not isinstance(ek, bool) and ek >= 0,
-          "settings_sweep.extra_k", ek, "must be an integer >= 0")
-  if not sw.n_gpus:
-    return
-  require(cfg.model.kind == "gpt", "settings_sweep.num_layers", sw.num_layers,
-          "needs model.kind = 'gpt' (the sweep repeats the GPT stack's identical blocks)")
-  bad = [g for g in sw.n_gpus if cfg.batch % g]
-  require(not bad, "settings_sweep.n_gpus", sw.n_gpus,
-          f"every GPU count must divide batch = {cfg.batch} ({bad} do not)")
 
 
 def build_model(cfg) -> sm.SeqModel:
@@ -113,26 +48,8 @@ def build_model(cfg) -> sm.SeqModel:
   if mc.kind == "gpt":
     return sm.gpt_stack(mc.vocab, mc.seq_len, mc.d_model, mc.num_heads, mc.num_layers, mc.d_ff)
   from configs import omni_moe
-  from omni_jax.models.omni import build_spec
-  spec = build_spec(omni_moe.get_config(mc.omni_variant).model)
-  return sm.omni_backbone_stack(spec.backbone, mc.seq_len)
-
-
-# ---------------------------------------------------------------- profile and hardware
-def _profile_to_json(prof: pf.ModelProfile) -> dict:
-  return {"layers": [dataclasses.asdict(lp) for lp in prof.layers],
-          "target_bytes": prof.target_bytes, "microbatch_sizes": list(prof.microbatch_sizes),
-          "source": prof.source}
-
-
-def _profile_from_json(d: dict) -> pf.ModelProfile:
-  layers = []
-  for lp in d["layers"]:
-    lp = dict(lp, fwd_s={int(k): v for k, v in lp["fwd_s"].items()},
-              bwd_s={int(k): v for k, v in lp["bwd_s"].items()})
-    layers.append(pf.LayerProfile(**lp))
-  return pf.ModelProfile(tuple(layers), d["target_bytes"], tuple(d["microbatch_sizes"]),
-                         d["source"])
+  backbone, _ = backbone_spec(omni_moe.get_config(mc.omni_variant).model)
+  return sm.omni_backbone_stack(backbone, mc.seq_len)
 
 
 def profile(cfg, model, params, workdir: str) -> pf.ModelProfile:
@@ -146,7 +63,7 @@ def profile(cfg, model, params, workdir: str) -> pf.ModelProfile:
     saved = json.load(open(path))
     if saved.get("key") == key:
       logging.info("reusing %s", path)
-      return _profile_from_json(saved["profile"])
+      return pf.profile_from_json(saved["profile"])
   t0 = time.time()
   if cfg.execute:
     prof = pf.profile_model(model, cfg.microbatch_sizes, params=params,
@@ -156,53 +73,8 @@ def profile(cfg, model, params, workdir: str) -> pf.ModelProfile:
                             flops_per_s=cfg.hardware.flops_per_s)
   logging.info("profiled %d layers x %d microbatch sizes in %.1f s (%s)", prof.num_layers,
                len(prof.microbatch_sizes), time.time() - t0, prof.source)
-  write_json_atomic(path, {"key": key, "profile": _profile_to_json(prof)})
+  write_json_atomic(path, {"key": key, "profile": pf.profile_to_json(prof)})
   return prof
-
-
-def measure_hardware(nbytes: int = 32 * 2**20, stat: str = "min", repeats: int = 5,
-                     params=None) -> dict:
-  """This machine's host->device and device->host copy rates and Adam update rates
-  (``stat`` of ``repeats`` timed runs, as :func:`profiler.profile_model`), on one float32
-  array of ``nbytes`` or, when given, on the pytree ``params`` (e.g. one layer's parameters:
-  the leaf sizes the executors move)."""
-  def timed(fn):
-    return pf.STATS[stat](time_calls(fn, repeats=repeats))
-
-  def drop(tree):
-    for x in jax.tree.leaves(jax.block_until_ready(tree)):
-      x.delete()
-  dev, host = ex.shardings()
-  p = {"w": np.ones(nbytes // 4, np.float32)} if params is None else jax.device_get(params)
-  nbytes, n = pf.tree_bytes(p), sum(int(np.size(x)) for x in jax.tree.leaves(p))
-  h, d = jax.device_put(p, host), jax.device_put(p, dev)
-  t_in = timed(lambda: drop(jax.device_put(h, dev)))
-  t_out = timed(lambda: drop(jax.device_put(d, host)))
-  cfg = sm.AdamConfig()
-  opt = jax.tree.map(np.zeros_like, {"mu": p, "nu": p})
-  host_upd = ex.HarmonyExecutor._host_program(cfg)
-  hp, hg, ho = (jax.device_put(x, host) for x in (p, p, opt))
-  t_host = timed(lambda: jax.block_until_ready(host_upd([hp], [hg], [ho], np.float32(1))))
-  dev_upd = jax.jit(lambda p, g, o, s: sm.adam_update(p, g, o, s, cfg))
-  dp, dg, do = (jax.device_put(x, dev) for x in (p, p, opt))
-  t_dev = timed(lambda: jax.block_until_ready(dev_upd(dp, dg, do, np.float32(1))))
-  return {"swap_bw_in": nbytes / t_in, "swap_bw_out": nbytes / t_out,
-          "host_update_params_per_s": n / t_host, "device_update_params_per_s": n / t_dev}
-
-
-def hardware(cfg) -> tuple[Hardware, dict]:
-  hc = cfg.hardware
-  if not hc.measure:
-    return Hardware(hc.n_gpus, hc.swap_bw_host, hc.swap_bw_gpu, hc.duplex,
-                    hc.host_update_params_per_s, hc.device_update_params_per_s, hc.p2p_bw), {}
-  positive_int(hc, "measure_bytes", "hardware.")
-  m = measure_hardware(hc.measure_bytes)
-  bw = min(m["swap_bw_in"], m["swap_bw_out"])
-  logging.info("measured: swap %.2f GB/s in, %.2f GB/s out; Adam %.3g params/s host, %.3g "
-               "params/s device", m["swap_bw_in"] / 1e9, m["swap_bw_out"] / 1e9,
-               m["host_update_params_per_s"], m["device_update_params_per_s"])
-  return Hardware(hc.n_gpus, bw, bw, hc.duplex, m["host_update_params_per_s"],
-                  m["device_update_params_per_s"], hc.p2p_bw), m
 
 
 # ---------------------------------------------------------------- planning
@@ -216,16 +88,9 @@ def plan_modes(cfg, prof, hw, batch: int, extra_k: int = 3) -> dict[str, pl.Plan
           for mode in modes}
 
 
-def best_mode(modes: dict[str, pl.PlanResult]) -> pl.PlanResult:
-  """The faster mode; within the planner's tie margin the one moving fewer swap bytes."""
-  fastest = min(r.predicted_s for r in modes.values())
-  return min((r for r in modes.values() if r.predicted_s <= fastest * (1 + pl.TIE)),
-             key=lambda r: (r.swap_bytes, r.predicted_s))
-
-
 def plan_all(cfg, prof, hw, batch: int, modes=None) -> dict[str, pl.PlanResult]:
   modes = plan_modes(cfg, prof, hw, batch) if modes is None else modes
-  out = {"harmony": best_mode(modes)}
+  out = {"harmony": pl.best_mode(modes)}
   for kind in cfg.baselines:
     out[kind] = pl.plan_baseline(kind, prof, hw, cfg.device_budget_bytes, batch,
                                  cfg.microbatch_sizes, allow_infeasible=True)
@@ -289,131 +154,7 @@ def baselines_summary(plans: dict[str, pl.PlanResult], prof, hw: Hardware,
 
 def planner_cost(plan: sch.Plan, prof, hw: Hardware) -> float:
   """The cost model's predicted iteration time of one plan."""
-  return makespan(simulate(sch.build_graph(plan, prof, hw), hw))
-
-
-# ---------------------------------------------------------------- settings sweep
-def deepen_profile(prof: pf.ModelProfile, num_blocks: int) -> pf.ModelProfile:
-  """The profile of the same GPT stack with ``num_blocks`` blocks. All blocks have the same
-  shapes and the same program, so their profile entries are equal but for the name: the
-  deeper (or shallower) stack repeats the first block's entry, renumbered."""
-  if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 1:
-    raise ValueError(f"num_blocks = {num_blocks!r} must be a positive integer")
-  idx = [i for i, lp in enumerate(prof.layers) if lp.kind == "block"]
-  if not idx or idx != list(range(idx[0], idx[-1] + 1)):
-    raise ValueError("deepen_profile needs a profile whose 'block' layers are contiguous "
-                     f"(kinds: {[lp.kind for lp in prof.layers]})")
-  ref = prof.layers[idx[0]]
-  if any(dataclasses.replace(prof.layers[i], name=ref.name) != ref for i in idx):
-    raise ValueError("deepen_profile needs identical block profiles (same shapes and times)")
-  blocks = tuple(dataclasses.replace(ref, name=f"block_{i}") for i in range(num_blocks))
-  return dataclasses.replace(prof, layers=prof.layers[:idx[0]] + blocks
-                             + prof.layers[idx[-1] + 1:])
-
-
-def _cell_plan(r: pl.PlanResult, prof) -> dict:
-  """The numbers of one plan that a sweep cell keeps."""
-  return {"mode": r.plan.mode, "u": r.plan.u, "fwd_packs": len(r.plan.fwd_packs),
-          "bwd_packs": len(r.plan.bwd_packs), "swap_bytes": r.swap_bytes,
-          "p2p_bytes": sch.p2p_traffic(r.plan, prof), "predicted_s": r.predicted_s,
-          "peak_bytes": r.peak_bytes, "feasible": r.feasible}
-
-
-def _ratios(h: dict | None, lms: dict) -> tuple[float | None, float | None]:
-  """(swap reduction, predicted speed-up) vs lms; the speed-up is None when lms does not fit
-  the budget (as in summary.json)."""
-  if h is None:
-    return None, None
-  return (lms["swap_bytes"] / h["swap_bytes"],
-          lms["predicted_s"] / h["predicted_s"] if lms["feasible"] else None)
-
-
-def plan_cell(cfg, prof: pf.ModelProfile, hw: Hardware, n_gpus: int, num_blocks: int) -> dict:
-  """Harmony (each mode; the faster is ``harmony``) and lms on ``num_blocks`` blocks and
-  ``n_gpus`` GPUs, everything else as the headline. A Harmony mode that fits nowhere is
-  left out (``error`` says why); a cell where no mode fits has ratios None."""
-  t0 = time.time()
-  p = deepen_profile(prof, num_blocks)
-  hw = dataclasses.replace(hw, n_gpus=n_gpus)
-  modes, errors = {}, []
-  for mode in ("dp", "pp") if n_gpus > 1 else ("dp",):
-    try:
-      modes[mode] = pl.plan_harmony(p, hw, cfg.device_budget_bytes, cfg.batch,
-                                    cfg.microbatch_sizes, tuple(cfg.strategies),
-                                    extra_k=cfg.settings_sweep.extra_k, mode=mode)
-    except pl.NothingFitsError as e:
-      errors.append(f"{mode}: {e}")
-  lms = _cell_plan(pl.plan_baseline("lms", p, hw, cfg.device_budget_bytes, cfg.batch,
-                                    cfg.microbatch_sizes, allow_infeasible=True), p)
-  per_mode = {}
-  for mode, r in modes.items():
-    d = _cell_plan(r, p)
-    d["swap_reduction_vs_lms"], d["speedup_vs_lms"] = _ratios(d, lms)
-    per_mode[mode] = d
-  best = _cell_plan(best_mode(modes), p) if modes else None
-  red, spd = _ratios(best, lms)
-  params = sum(lp.param_count for lp in p.layers)
-  return {"n_gpus": n_gpus, "num_layers": num_blocks, "params_billion": params / 1e9,
-          "model_bytes": p.model_bytes, "model_to_budget": p.model_bytes
-          / cfg.device_budget_bytes, "harmony": best, "harmony_modes": per_mode, "lms": lms,
-          "swap_reduction_vs_lms": red, "speedup_vs_lms": spd,
-          "error": "; ".join(errors) or None, "plan_s": time.time() - t0}
-
-
-def _cell_key(cfg, prof: pf.ModelProfile, hw: Hardware, n_gpus: int, num_blocks: int) -> str:
-  """Everything a cell's result depends on (the profile by its hash)."""
-  h = hashlib.sha1(json.dumps(_profile_to_json(prof), sort_keys=True).encode()).hexdigest()
-  return json.dumps({"profile": h, "hardware": dataclasses.asdict(hw), "n_gpus": n_gpus,
-                     "num_layers": num_blocks, "batch": cfg.batch,
-                     "budget": cfg.device_budget_bytes,
-                     "sizes": sorted(cfg.microbatch_sizes), "strategies": list(cfg.strategies),
-                     "extra_k": cfg.settings_sweep.extra_k,
-                     # cells cached before issue 22 hold the swap-everything lms
-                     "lms": "budget-aware (schedules.fit_lms)"}, sort_keys=True)
-
-
-def settings_sweep(cfg, prof: pf.ModelProfile, hw: Hardware, workdir: str) -> list[dict]:
-  """Plans every cell of ``settings_sweep.num_layers x settings_sweep.n_gpus`` (deepest and
-  widest last); cells already in ``settings_sweep_cache.json`` with the same inputs are
-  reused, and each new one is saved there as soon as it is planned."""
-  sw = cfg.settings_sweep
-  cells = [(g, n) for n in sw.num_layers for g in sw.n_gpus]
-  path = os.path.join(workdir, "settings_sweep_cache.json")
-  cache = json.load(open(path)) if os.path.exists(path) else {}
-  keys = [_cell_key(cfg, prof, hw, g, n) for g, n in cells]
-  out = []
-  # cached cells cost nothing: the rate and ETA count only the cells planned now
-  prog = Progress("settings sweep", sum(k not in cache for k in keys), unit="cells")
-  for i, ((g, n), key) in enumerate(zip(cells, keys, strict=True)):
-    fresh = key not in cache
-    if fresh:
-      cache[key] = plan_cell(cfg, prof, hw, g, n)
-      write_json_atomic(path, cache)
-    c = cache[key]
-    out.append(c)
-    prog.update(prog.done + fresh, f"(cell {i + 1}/{len(cells)}: {n} blocks on {g} GPUs "
-                f"{'planned' if fresh else 'cached'} in {c['plan_s']:.1f} s: "
-                f"{_fmt(c['swap_reduction_vs_lms'])} x less swap, {_fmt(c['speedup_vs_lms'])} "
-                "x faster than lms)", force=True)
-  return out
-
-
-def _fmt(x: float | None) -> str:
-  return "n/a" if x is None else f"{x:.1f}"
-
-
-def paper_range(cells: list[dict]) -> dict:
-  """summary.json's ``paper_range``: the largest swap reduction and predicted speed-up over
-  the settings sweep and the cell (GPUs, blocks, parameters) where each occurs."""
-  out = {"cells": len(cells)}
-  for name, key in (("max_swap_reduction_vs_baseline", "swap_reduction_vs_lms"),
-                    ("max_predicted_speedup_vs_baseline", "speedup_vs_lms")):
-    ok = [c for c in cells if c[key] is not None]
-    best = max(ok, key=lambda c: c[key]) if ok else None
-    out[name] = None if best is None else {
-        "value": best[key], "n_gpus": best["n_gpus"], "num_layers": best["num_layers"],
-        "params_billion": best["params_billion"], "mode": best["harmony"]["mode"]}
-  return out
+  return makespan(simulate(graphs.build_graph(plan, prof, hw), hw))
 
 
 # ---------------------------------------------------------------- real runs
@@ -442,7 +183,7 @@ def execute(cfg, kind: str, plan: sch.Plan, model, inputs, targets, workdir: str
   adam = sm.AdamConfig(lr=cfg.lr)
   # Harmony overlaps its transfers, programs and host updates; the lms baseline runs on
   # demand (each transfer and program waits for the one before), as it is defined.
-  mover = ex.Mover(cfg.device_budget_bytes, blocking=kind != "harmony")
+  mover = tr.Mover(cfg.device_budget_bytes, blocking=kind != "harmony")
   params = ex.init_on_host(model, jax.random.key(cfg.seed), mover.host)
   state = ex.to_host_state(params, mover.host)
   xs = ex.split_microbatches(inputs, plan.u, mover.host)
@@ -482,7 +223,7 @@ def execute(cfg, kind: str, plan: sch.Plan, model, inputs, targets, workdir: str
   busy: dict[str, float] = {}
   for stream, _, start, end in last:   # busy seconds per stream in the last step
     busy[stream] = busy.get(stream, 0.0) + end - start
-  overlaps = [ex.overlap_fraction([e for e in mover.events if t0 <= e[2] <= t1], (t0, t1))
+  overlaps = [tl.overlap_fraction([e for e in mover.events if t0 <= e[2] <= t1], (t0, t1))
               for t0, t1 in mover.steps]
   write_json_atomic(os.path.join(workdir, f"measured_timeline_{kind}.json"), {
       "note": "seconds from the run's start; start/end as omni_jax.memory.executor.Timeline "
@@ -493,7 +234,7 @@ def execute(cfg, kind: str, plan: sch.Plan, model, inputs, targets, workdir: str
                  for k, lab, a, b in mover.events]})
   out["overlap_fraction"] = overlaps[-1]
   out["overlap_fraction_per_step"] = overlaps
-  out["hidden_under_compute_last_step"] = ex.hidden_fraction(last, (t_begin, t_end))
+  out["hidden_under_compute_last_step"] = tl.hidden_fraction(last, (t_begin, t_end))
   plot_measured_timeline([(k, lab, a - t_begin, b - t_begin) for k, lab, a, b in last],
                          os.path.join(workdir, f"measured_timeline_{kind}.png"),
                          f"{kind}, measured, last iteration (overlap_fraction "

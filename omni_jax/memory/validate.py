@@ -1,5 +1,5 @@
 """Cost model vs measurement: the same configurations priced by the calibrated cost model and
-run by the real executors (issue 22, ``configs/harmony.py:validate``).
+run by the real executors (``configs/harmony.py:validate``).
 
 Each configuration is (model width, blocks, microbatch size, model-to-budget ratio, mode):
 a GPT stack's per-layer bytes and array counts come from shapes
@@ -33,15 +33,15 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from omni_jax.config import check_keys, positive_int, require
+from omni_jax.common.config import check_keys, positive_int, require
+from omni_jax.common.metrics import write_json_atomic
+from omni_jax.common.timing import STATS
 from omni_jax.memory import calibration as cal
+from omni_jax.memory import graphs
 from omni_jax.memory import planner as pl
 from omni_jax.memory import profiler as pf
-from omni_jax.memory import schedules as sch
 from omni_jax.memory import seqmodel as sm
 from omni_jax.memory.costmodel import Hardware, makespan, simulate
-from omni_jax.memory.profiler import STATS
-from omni_jax.train.metrics import write_json_atomic
 
 MODES = ("harmony", "lms")
 FIELDS = ("d_model", "num_layers", "u", "model_to_budget", "mode")
@@ -176,7 +176,7 @@ def _price(cfg, plan, prof, calib, seconds: dict, u: int, gap: float = 0.0):
     hw = dataclasses.replace(hw, transfer_overhead_s=hw.transfer_overhead_s + gap,
                              program_overhead_s=hw.program_overhead_s + gap)
   p = pf.retimed(prof, layer_times(seconds, {lp.kind for lp in prof.layers}, u))
-  tasks = simulate(sch.build_graph(plan, p, hw), hw)
+  tasks = simulate(graphs.build_graph(plan, p, hw), hw)
   return makespan(tasks), tasks, hw, fit
 
 
@@ -264,10 +264,10 @@ def run_configuration(cfg, c: Configuration, model, prof, calib: cal.Calibrator,
   # without the fixed costs per call and per array
   p_lay = pf.retimed(prof, layer_times(seconds, layer_calls, c.u))
   separate = dataclasses.replace(hw, shared_cores=False)
-  t_sep = makespan(simulate(sch.build_graph(r.plan, p_lay, separate), separate))
+  t_sep = makespan(simulate(graphs.build_graph(r.plan, p_lay, separate), separate))
   no_oh = dataclasses.replace(hw, transfer_overhead_s=0.0, transfer_leaf_s=0.0,
                               program_overhead_s=0.0, program_leaf_s=0.0)
-  t_no_oh = makespan(simulate(sch.build_graph(r.plan, p_lay, no_oh), no_oh))
+  t_no_oh = makespan(simulate(graphs.build_graph(r.plan, p_lay, no_oh), no_oh))
   spread = cal.spread_of_fits(fits)
   return {"name": c.name, **dataclasses.asdict(c), "budget_bytes": budget,
           "predicted_separate_streams_s": t_sep, "predicted_no_overheads_s": t_no_oh,
@@ -331,7 +331,6 @@ def _per_round_medians(rows: list[dict]) -> list[float]:
 # ---------------------------------------------------------------- the sweep
 def run(cfg, workdir: str) -> dict:
   """All configurations; writes summary.json, validate.json and validate.png."""
-  from omni_jax.memory import study
   from omni_jax.memory.plots import plot_validation
   confs = validate_config(cfg)
   os.makedirs(workdir, exist_ok=True)
@@ -366,7 +365,7 @@ def run(cfg, workdir: str) -> dict:
                    row["predicted_iter_time_s"], min(row["predicted_rounds_s"]),
                    max(row["predicted_rounds_s"]), row["measured_iter_time_s"])
       rows.append(row)
-      profiles[c.name] = study._profile_to_json(pf.retimed(
+      profiles[c.name] = pf.profile_to_json(pf.retimed(
           prof, layer_times(row["sampled_seconds"], kinds, c.u)))
   errs = relative_errors([r["predicted_iter_time_s"] for r in rows],
                          [r["measured_iter_time_s"] for r in rows])

@@ -32,10 +32,10 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from omni_jax.config import ConfigError, check_keys, nonneg_float, positive_int, require
+from omni_jax.common.config import ConfigError, check_keys, nonneg_float, positive_int, require
+from omni_jax.common.registry import Registry
 from omni_jax.modalities.sources import SOURCE_DEFAULTS, resolve_source
 from omni_jax.models.layers import RMSNorm, SwiGLU, encoder_attention
-from omni_jax.registry import Registry
 
 # Fields every modality has, whatever its kind.
 COMMON_DEFAULTS: dict[str, Any] = dict(
@@ -97,9 +97,6 @@ def resolve_spec(name: str, raw: Mapping[str, Any]) -> dict[str, Any]:
   if kind.validate is not None:
     kind.validate(spec, prefix)
   resolve_source(spec, kind, prefix)
-  if spec["tokenizer"]:  # sets codebook_size and gen_codes from the trained codec
-    from omni_jax.tokenizers import omni_codes
-    omni_codes.resolve(spec, prefix)
   return spec
 
 

@@ -15,7 +15,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from omni_jax.config import one_of, positive_int, require
+from omni_jax.common.config import one_of, positive_int, require
 from omni_jax.modalities.base import ModalityKind, register_kind, stack_for
 from omni_jax.modalities.logmel import log_mel_spectrogram, log_mel_spectrogram_np
 

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from omni_jax.config import positive_int, require
+from omni_jax.common.config import positive_int, require
 from omni_jax.modalities.base import ModalityKind, register_kind, stack_for
 
 SHAPES = ("circle", "square", "triangle", "cross")

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 
 SOURCE_DEFAULTS: dict[str, Any] = dict(source_key=None, decoder=None, audio_track="")
 DECODERS = ("image", "audio", "video", "ids", "npy")

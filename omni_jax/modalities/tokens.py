@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from omni_jax.config import positive_int, require
+from omni_jax.common.config import positive_int, require
 from omni_jax.modalities.base import ModalityKind, register_kind, stack_for
 
 DEFAULTS = dict(length=16, vocab=64)

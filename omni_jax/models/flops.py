@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from omni_jax.modalities import MODALITY_KINDS
-from omni_jax.models.omni import OmniSpec
+from omni_jax.models.spec import OmniSpec
 
 _ROUTED = ("wi_gate", "wi_up", "wo")
 

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.models.layers import rope, swiglu
 from omni_jax.models.moe import MoE
-from omni_jax.models.omni import OmniSpec, scatter_features
+from omni_jax.models.omni import scatter_features
+from omni_jax.models.spec import OmniSpec
 
 
 def _rms(x, scale, eps=1e-6):

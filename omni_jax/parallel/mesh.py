@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 
 MESH_AXES = ("data", "fsdp", "expert", "sequence", "tensor", "pipeline")
 BATCH_AXES = ("data", "fsdp", "expert")

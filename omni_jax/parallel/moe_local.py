@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 from omni_jax.models.moe import moe_dispatch
 from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
 from omni_jax.parallel.tensor_parallel import TENSOR, enter, is_manual, own_part
+from omni_jax.parallel.varying import vary_over
 
 FSDP = "fsdp"
 
@@ -53,10 +54,7 @@ def _varying_like_tokens(w):
   lands at the first use, on the gathered weight, and the full gradient is all-reduced
   there: ``fsdp`` x the bytes (measured: the whole ``[E, D, F]`` gradient all-reduced over
   ``sequence`` in every MoE layer under ``sequence=4+fsdp=2``)."""
-  manual = jax.sharding.get_abstract_mesh().manual_axes
-  have = jax.typeof(w).manual_axis_type.varying
-  missing = tuple(a for a in TOKEN_AXES if a in manual and a not in have)
-  return jax.lax.pcast(w, missing, to="varying") if missing else w
+  return vary_over(w, TOKEN_AXES)
 
 
 def gather_experts(zero: str | None, wi_gate, wi_up, wo):

@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 
 from omni_jax.models.layers import attention, attention_sublayer, dense_mlp
 from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
+from omni_jax.parallel.varying import vary_over
 
 TENSOR = "tensor"
 TOKENS = P(BATCH_AXES, "sequence", None)
@@ -50,7 +51,7 @@ def enter(x):
   input's gradient. Left implicit, JAX marks it at every use instead (q, k and v; both
   SwiGLU inputs; each routed copy of a token), and the backward all-reduces each use's
   cotangent: 3x the activation bytes in attention, 2k x in the MoE (measured)."""
-  return jax.lax.pcast(x, (TENSOR,), to="varying")
+  return vary_over(x, (TENSOR,))
 
 
 def mlp_body(x, wg, wu, wo):

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from omni_jax.train.progress import Progress
+from omni_jax.common.progress import Progress
 
 KINDS = ("image", "audio")
 IMAGE_EXT = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff")

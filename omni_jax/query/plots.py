@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from omni_jax.common.figures import pyplot, save_figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from omni_jax.train.metrics import save_figure  # noqa: E402
+plt = pyplot()
 
 
 def _save(fig, path: Path) -> None:

@@ -16,12 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from omni_jax import peers
-from omni_jax.config import to_dict
+from omni_jax.common import peers
+from omni_jax.common.config import to_dict
+from omni_jax.common.metrics import write_json_atomic
+from omni_jax.common.progress import Progress
+from omni_jax.common.timing import time_calls, timed
 from omni_jax.query import cache, engines, featurize, model, ondisk_peers, plots, store
 from omni_jax.query.datasets import centers, clustered, image_crops
-from omni_jax.train.metrics import write_json_atomic
-from omni_jax.train.progress import Progress, time_calls, timed
 
 
 def validate(cfg) -> None:

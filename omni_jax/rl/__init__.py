@@ -1,4 +1,4 @@
-"""Distributed RL (iSwitch, issue 5): envs, one file per algorithm, runner, predictions.
+"""Distributed RL (iSwitch): envs, one file per algorithm, runner, predictions.
 
 ``envs`` (protocol, gymnax wrappers, registry), ``ppo`` / ``a2c`` / ``dqn`` / ``ddpg``
 (PureJaxRL-style pure training functions; PPO takes discrete or continuous actions through

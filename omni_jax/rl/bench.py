@@ -20,8 +20,9 @@ import optax
 from absl import logging
 
 from configs import rl as rl_configs
+from omni_jax.common.figures import pyplot, save_figure
+from omni_jax.common.timing import STATS, time_interleaved
 from omni_jax.rl import predict, runner
-from omni_jax.train.metrics import save_figure
 
 PAPER = {"sync_speedup_vs_ps": 3.66, "async_speedup_vs_ps": 3.71,
          "dqn_time_to_reward_vs_ps": 3.7, "dqn_time_to_reward_vs_allreduce": 1.9}
@@ -147,15 +148,8 @@ def plain_ppo(hp, total_steps: int):
 def best_times(fns_args, repeats: int) -> list[float]:
   """Best-of-``repeats`` seconds of each ``(fn, arg)``, calls interleaved (A, B, A, B, ...) so
   that load from other processes hits both alike; one warm-up call each first."""
-  for fn, arg in fns_args:
-    jax.block_until_ready(fn(arg))
-  best = [float("inf")] * len(fns_args)
-  for _ in range(repeats):
-    for i, (fn, arg) in enumerate(fns_args):
-      t0 = time.perf_counter()
-      jax.block_until_ready(fn(arg))
-      best[i] = min(best[i], time.perf_counter() - t0)
-  return best
+  ts = time_interleaved([(fn, (arg,)) for fn, arg in fns_args], repeats)
+  return [STATS["min"](t) for t in ts]
 
 
 def throughput(tiny: bool, repeats: int) -> dict:
@@ -273,9 +267,7 @@ def time_to_reward(algo: str, tiny: bool, staleness: int, cluster_workers: int,
 
 def plot(rows: dict, path: str) -> None:
   """Bar chart: predicted time-to-reward of each aggregation, per algorithm."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   keys = ["ps_sync", "allreduce_sync", "switch_sync", "ps_async", "allreduce_async",
           "switch_async"]
   fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.6), dpi=110, squeeze=False)

@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import optax
 
 from omni_jax.rl import core
-from omni_jax.rl.dqn import Buffer, buffer_add, buffer_sample
 from omni_jax.rl.envs import Box
 from omni_jax.rl.networks import DeterministicActor, QCritic
+from omni_jax.rl.replay import Buffer, buffer_sample, collect, when_warm
 
 
 class DDPGState(NamedTuple):
@@ -76,25 +76,14 @@ def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
 
   def iteration(state: DDPGState, _):
     # ACT AND STORE
-    def env_step(carry, _):
-      st, acc = carry
-      key, k_noise, k_rand, k_env = jax.random.split(st.key, 4)
+    def act(st, k_noise, k_rand):
       mu = actor.apply(st.params["actor"], st.obs)
       noisy = mu + cfg.noise * bound * jax.random.normal(k_noise, mu.shape)
       rand = jax.random.uniform(k_rand, mu.shape, minval=-bound, maxval=bound)
-      action = jnp.clip(jnp.where(st.buffer.size < cfg.learning_starts, rand, noisy),
-                        -bound, bound)
-      obs, env_state, reward, term, trunc, info = step(jax.random.split(k_env, n_env),
-                                                       st.env_state, action)
-      buf = buffer_add(st.buffer, st.obs, action, reward, info["final_observation"],
-                       term.astype(jnp.float32))
-      acc = jax.tree.map(jnp.add, acc, core.episode_metrics(info))
-      st = st._replace(buffer=buf, env_state=env_state, obs=obs, key=key,
-                       env_steps=st.env_steps + n_env)
-      return (st, acc), None
+      return jnp.clip(jnp.where(st.buffer.size < cfg.learning_starts, rand, noisy),
+                      -bound, bound)
 
-    zero = {"return_sum": jnp.zeros(()), "episodes": jnp.zeros((), jnp.int32)}
-    (state, metrics), _ = jax.lax.scan(env_step, (state, zero), None, cfg.train_interval)
+    state, metrics = collect(state, act, step, n_env, cfg.train_interval)
     # ONE AGGREGATED ACTOR + CRITIC UPDATE
     key, k_batch = jax.random.split(state.key)
     batch = buffer_sample(state.buffer, k_batch, cfg.batch_size)
@@ -103,9 +92,8 @@ def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
     a_loss, g_a = jax.value_and_grad(actor_loss)(p["actor"], p, batch)
     new = aggregator.apply(tx, {"actor": g_a, "critic": g_c}, p, state.opt_state,
                            state.agg_state)
-    learn = state.buffer.size >= cfg.learning_starts
-    params, opt_state, agg_state = jax.tree.map(lambda a, b: jnp.where(learn, a, b), new,
-                                                (p, state.opt_state, state.agg_state))
+    (params, opt_state, agg_state), learn = when_warm(
+        state, cfg.learning_starts, new, (p, state.opt_state, state.agg_state))
     # TARGETS (Polyak)
     target = jax.tree.map(lambda t, q: jnp.where(learn, (1 - cfg.tau) * t + cfg.tau * q, t),
                           state.target, params)

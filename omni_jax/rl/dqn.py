@@ -24,16 +24,7 @@ import optax
 from omni_jax.rl import core
 from omni_jax.rl.envs import Discrete
 from omni_jax.rl.networks import QNetwork
-
-
-class Buffer(NamedTuple):
-  obs: jax.Array
-  action: jax.Array
-  reward: jax.Array
-  next_obs: jax.Array
-  terminated: jax.Array
-  pos: jax.Array       # next slot to write
-  size: jax.Array      # filled slots
+from omni_jax.rl.replay import Buffer, buffer_sample, collect, when_warm
 
 
 class DQNState(NamedTuple):
@@ -47,23 +38,6 @@ class DQNState(NamedTuple):
   key: jax.Array
   env_steps: jax.Array
   updates: jax.Array
-
-
-def buffer_add(buf: Buffer, obs, action, reward, next_obs, terminated) -> Buffer:
-  """Writes a batch of transitions at the circular position (oldest overwritten)."""
-  cap, n = buf.obs.shape[0], obs.shape[0]
-  idx = (buf.pos + jnp.arange(n)) % cap
-  return Buffer(buf.obs.at[idx].set(obs), buf.action.at[idx].set(action),
-                buf.reward.at[idx].set(reward), buf.next_obs.at[idx].set(next_obs),
-                buf.terminated.at[idx].set(terminated), (buf.pos + n) % cap,
-                jnp.minimum(buf.size + n, cap))
-
-
-def buffer_sample(buf: Buffer, key, batch: int):
-  """Uniform sample (with replacement) among the filled slots."""
-  idx = jax.random.randint(key, (batch,), 0, jnp.maximum(buf.size, 1))
-  return jax.tree.map(lambda x: x[idx], (buf.obs, buf.action, buf.reward, buf.next_obs,
-                                         buf.terminated))
 
 
 def epsilon(cfg, env_steps):
@@ -121,32 +95,20 @@ def make(env, cfg, aggregator, num_iterations: int) -> core.Algorithm:
 
   def iteration(state: DQNState, _):
     # ACT AND STORE
-    def env_step(carry, _):
-      st, acc = carry
-      key, k_eps, k_rand, k_env = jax.random.split(st.key, 4)
+    def act(st, k_eps, k_rand):
       greedy = net.apply(st.params, st.obs).argmax(-1)
       rand = jax.random.randint(k_rand, (n_env,), 0, n_act)
       explore = jax.random.uniform(k_eps, (n_env,)) < epsilon(cfg, st.env_steps)
-      action = jnp.where(explore, rand, greedy)
-      obs, env_state, reward, term, trunc, info = step(jax.random.split(k_env, n_env),
-                                                       st.env_state, action)
-      buf = buffer_add(st.buffer, st.obs, action, reward, info["final_observation"],
-                       term.astype(jnp.float32))
-      acc = jax.tree.map(jnp.add, acc, core.episode_metrics(info))
-      st = st._replace(buffer=buf, env_state=env_state, obs=obs, key=key,
-                       env_steps=st.env_steps + n_env)
-      return (st, acc), None
+      return jnp.where(explore, rand, greedy)
 
-    zero = {"return_sum": jnp.zeros(()), "episodes": jnp.zeros((), jnp.int32)}
-    (state, metrics), _ = jax.lax.scan(env_step, (state, zero), None, cfg.train_interval)
+    state, metrics = collect(state, act, step, n_env, cfg.train_interval)
     # ONE AGGREGATED TD UPDATE (applied once the buffer is warm)
     key, k_batch = jax.random.split(state.key)
     batch = buffer_sample(state.buffer, k_batch, cfg.batch_size)
     loss, grads = jax.value_and_grad(loss_fn)(state.params, state.target, batch)
     new = aggregator.apply(tx, grads, state.params, state.opt_state, state.agg_state)
-    learn = state.buffer.size >= cfg.learning_starts
-    params, opt_state, agg_state = jax.tree.map(lambda a, b: jnp.where(learn, a, b), new,
-                                                (state.params, state.opt_state, state.agg_state))
+    (params, opt_state, agg_state), learn = when_warm(
+        state, cfg.learning_starts, new, (state.params, state.opt_state, state.agg_state))
     updates = state.updates + learn.astype(jnp.int32)
     # TARGET NETWORK
     sync = jnp.logical_and(learn, updates % cfg.target_every == 0)

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from omni_jax.registry import Registry
+from omni_jax.common.registry import Registry
 
 
 # ---------------------------------------------------------------- spaces

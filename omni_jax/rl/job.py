@@ -13,11 +13,12 @@ import numpy as np
 from absl import logging
 
 from omni_jax.collectives.methods import time_aggregation
-from omni_jax.config import ConfigError, to_dict
+from omni_jax.common.checkpoint import Checkpointer
+from omni_jax.common.config import ConfigError, to_dict
+from omni_jax.common.figures import pyplot, save_figure
+from omni_jax.common.metrics import MetricsLog, write_json_atomic
+from omni_jax.common.progress import Progress
 from omni_jax.rl import envs, predict, runner
-from omni_jax.train.checkpoint import Checkpointer
-from omni_jax.train.metrics import MetricsLog, save_figure, write_json_atomic
-from omni_jax.train.progress import Progress
 
 # config keys that must match a checkpoint to resume from it
 RESUME_KEYS = ("algo", "env", "seed", "seeds", "workers", "aggregation", "threshold",
@@ -129,9 +130,7 @@ def measure_or_reuse(run: runner.Run, workdir: str, trained: bool) -> dict:
 # ---------------------------------------------------------------- outputs
 def plot_returns(run: runner.Run, records: list[dict], path: str, title: str) -> None:
   """Mean episode return against env steps."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   rs = np.array([r["return_sum"] for r in records])[None]
   ep = np.array([r["episodes"] for r in records])[None]
   xs, ys = runner.return_curve(rs, ep)
@@ -175,8 +174,8 @@ def modelled_time_to_reward(run: runner.Run, records: list[dict]) -> dict:
 
 
 def summarize(run: runner.Run, records: list[dict], timing: dict, evaluation: dict) -> dict:
-  """The summary.json keys of issue 5, ``eval_return``, ``time_to_reward_modelled`` and (async
-  S >= 1) ``staleness_histogram`` (applied gradients per staleness 0..S; issue 21)."""
+  """The summary.json keys, ``eval_return``, ``time_to_reward_modelled`` and (async
+  S >= 1) ``staleness_histogram`` (applied gradients per staleness 0..S)."""
   cfg = run.cfg
   rs = np.array([r["return_sum"] for r in records])[None]
   ep = np.array([r["episodes"] for r in records])[None]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from typing import Any
 
 import jax
@@ -21,14 +20,15 @@ from jax.sharding import PartitionSpec as P
 
 from omni_jax.collectives import event_clock, timing
 from omni_jax.collectives.aggregate import CODECS, METHODS, Aggregator, make_aggregator
-from omni_jax.config import (
-    ConfigError,
-    check_keys,
-    nonneg_float,
-    one_of,
-    positive_int,
-    require,
+from omni_jax.common.config import (
+  ConfigError,
+  check_keys,
+  nonneg_float,
+  one_of,
+  positive_int,
+  require,
 )
+from omni_jax.common.timing import STATS, run_timed
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.parallel.workers import run_on_workers
 from omni_jax.rl import a2c, core, ddpg, dqn, envs, evaluate, ppo, predict
@@ -231,12 +231,9 @@ def train_fn(run: Run, n: int | None = None):
 
 
 def timed(fn, state, repeats: int = 1):
-  """(result, seconds per call) after one compile-and-warm-up call."""
-  out = jax.block_until_ready(fn(state))
-  t0 = time.perf_counter()
-  for _ in range(repeats):
-    out = jax.block_until_ready(fn(state))
-  return out, (time.perf_counter() - t0) / repeats
+  """(result, mean seconds per call) after one compile-and-warm-up call."""
+  out, ts = run_timed(fn, state, repeats=repeats)
+  return out, STATS["mean"](ts)
 
 
 def evaluate_greedy(run: Run, state) -> dict:

@@ -23,14 +23,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.tokenizers import fsq
+from omni_jax.tokenizers.codec_io import load_codec
 
 
 @functools.lru_cache(maxsize=8)
 def load(path: str):
   """(kind, codec, params) of the trained tokenizer in ``path`` (loaded once per process)."""
-  from omni_jax.tokenizers.train import load_codec
   return load_codec(path)
 
 

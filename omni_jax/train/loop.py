@@ -30,13 +30,13 @@ import numpy as np
 import optax
 from absl import logging
 
-from omni_jax.config import check_keys, positive_int, require
+from omni_jax.common.checkpoint import Checkpointer, abstract_like
+from omni_jax.common.config import check_keys, positive_int, require
+from omni_jax.common.metrics import MetricsLog
+from omni_jax.common.progress import Progress
+from omni_jax.common.timing import RateMeter
 from omni_jax.train import offload as offload_lib
-from omni_jax.train.checkpoint import Checkpointer, abstract_like
-from omni_jax.train.metrics import MetricsLog
-from omni_jax.train.perf import RateMeter
 from omni_jax.train.profiling import StepProfiler, parse_profile_steps
-from omni_jax.train.progress import Progress
 
 TRAIN_KEYS = ("steps", "seed", "log_every", "eval_every", "eval_batches", "checkpoint_every",
               "keep_checkpoints", "peak_flops")

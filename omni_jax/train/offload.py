@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 
 FIXED_MODES = ("none", "optimizer", "activations", "optimizer+activations")
 OFFLOAD_MODES = (*FIXED_MODES, "harmony")

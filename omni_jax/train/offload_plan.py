@@ -39,10 +39,14 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
+from omni_jax.common.timing import best_seconds, measure_matmul_flops
 from omni_jax.memory.costmodel import Hardware, TaskGraph, makespan, simulate
 from omni_jax.models.flops import dot_flops
+from omni_jax.models.omni import OmniModel
 from omni_jax.train import offload
+from omni_jax.train.loop import TrainState
+from omni_jax.train.optim import make_optimizer
 
 OPTIMIZER = ("device", "host")
 # activation choice -> (model.remat, offload_activations)
@@ -96,9 +100,9 @@ def measure_rates(peak_flops: float = 0.0, nbytes: int = 32 * 2**20, repeats: in
                   device: jax.Device | None = None) -> Rates:
   """This machine's rates, best of ``repeats``: host<->device copies of an ``nbytes`` float32
   array, the streaming rate of an elementwise update of it, and (unless ``peak_flops`` > 0,
-  e.g. ``train.peak_flops``) the matmul FLOP/s (:func:`~omni_jax.train.perf.measure_matmul_flops`).
+  e.g. ``train.peak_flops``) the matmul FLOP/s
+  (:func:`~omni_jax.common.timing.measure_matmul_flops`).
   """
-  from omni_jax.train.perf import best_seconds, measure_matmul_flops
   device = device or jax.devices()[0]
   dev = jax.sharding.SingleDeviceSharding(device)
   host = dev.with_memory_kind(offload.HOST)
@@ -268,16 +272,14 @@ def describe(p: OffloadPlan) -> str:
           f"{sum(x.fits for x in p.candidates)} fit)")
 
 
-def follow(config, spec, stream, loop, mesh, op_names=None, microbatches: int = 4):
+def follow(config, spec, stream, loop, loss_for: Callable):
   """For ``loop.offload == 'harmony'``: plans the omni step and returns ``(spec, loop)``
   following the plan (the backbone's checkpoint policy set, ``loop.offload`` the concrete
-  mode, ``loop.offload_plan`` the plan's record); otherwise ``(spec, loop)`` unchanged."""
+  mode, ``loop.offload_plan`` the plan's record); otherwise ``(spec, loop)`` unchanged.
+  ``loss_for(spec)`` builds the step's loss function for a candidate spec (the caller's
+  ``make_loss_fn`` with its mesh and parallel ops)."""
   if loop.offload != "harmony":
     return spec, loop
-  from omni_jax.models.omni import OmniModel
-  from omni_jax.train.loop import TrainState
-  from omni_jax.train.omni import make_loss_fn
-  from omni_jax.train.optim import make_optimizer
 
   example = stream.example_batch()
   k = loop.grad_accum   # the step runs (and keeps the residuals of) one microbatch at a time
@@ -292,7 +294,7 @@ def follow(config, spec, stream, loop, mesh, op_names=None, microbatches: int = 
   costs: dict[str, ActivationCost] = {}
   for act in ACTIVATIONS:
     s = dataclasses.replace(spec, backbone=Placement("device", act).apply(spec.backbone))
-    costs[act] = activation_cost(make_loss_fn(s, OmniModel(s), mesh, op_names, microbatches),
+    costs[act] = activation_cost(loss_for(s),
                                  params, batch, costs["save"].fwd_flops if costs else None)
   rates = measure_rates(loop.peak_flops)
   p = plan(state, costs, rates, loop.device_budget_bytes, spec.backbone.num_units, k)

@@ -18,19 +18,24 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from omni_jax.config import ConfigError, check_keys, require, to_dict
+from omni_jax.common import tensorboard
+from omni_jax.common.config import ConfigError, check_keys, require, to_dict
+from omni_jax.common.figures import plot_curves
+from omni_jax.common.metrics import write_json_atomic
+from omni_jax.common.timing import measure_matmul_flops
 from omni_jax.data.sequences import TASK_TEXT
 from omni_jax.data.stream import OmniStream, make_stream
+from omni_jax.hf.omni_init import load_into_omni
 from omni_jax.models import named_ops
 from omni_jax.models.flops import train_flops_per_step
-from omni_jax.models.omni import OmniModel, OmniSpec, build_spec, count_params, loss_norm, omni_loss
+from omni_jax.models.omni import OmniModel, count_params, loss_norm, omni_loss
+from omni_jax.models.spec import OmniSpec
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.train import offload, offload_plan, tensorboard
+from omni_jax.train import offload, offload_plan
 from omni_jax.train.loop import FitResult, LoopConfig, fit
-from omni_jax.train.metrics import plot_curves, write_json_atomic
 from omni_jax.train.optim import make_optimizer
-from omni_jax.train.perf import measure_matmul_flops
+from omni_jax.train.spec import build_spec
 
 TOP_KEYS = ("model", "data", "optim", "train", "mesh", "parallel")
 PARALLEL_KEYS = ("recipe", "sequence_attention", "pipeline", "pipeline_microbatches")
@@ -205,7 +210,6 @@ def pretrained_hook(spec: OmniSpec):
   """Loads ``config.model.init_from``'s backbone into fresh parameters (None: from scratch)."""
   if not spec.init_from:
     return None
-  from omni_jax.hf.omni_init import load_into_omni
   return lambda params: load_into_omni(spec, params)
 
 
@@ -216,8 +220,9 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   mesh = mesh or make_layout_mesh(config)
   micro = pipeline_microbatches(config)
   check_batch_fits_mesh(stream, mesh, micro, loop.grad_accum)
-  spec, loop = offload_plan.follow(config, spec, stream, loop, mesh,
-                                   parallel_op_names(config), micro)  # train.offload='harmony'
+  spec, loop = offload_plan.follow(  # train.offload='harmony'
+      config, spec, stream, loop,
+      lambda s: make_loss_fn(s, OmniModel(s), mesh, parallel_op_names(config), micro))
   model = OmniModel(spec)
   tx = make_optimizer(config.optim, loop.steps, spec.bias_rate)
   put_batch, data_iter = input_placement(stream, mesh)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from omni_jax.config import check_keys, nonneg_float, positive_int, require
+from omni_jax.common.config import check_keys, nonneg_float, positive_int, require
 
 OPTIM_KEYS = ("lr", "warmup_steps", "min_lr_ratio", "weight_decay", "b1", "b2", "eps",
               "clip_norm")

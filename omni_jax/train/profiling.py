@@ -13,7 +13,7 @@ import os
 import jax
 from absl import logging
 
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 
 PROFILE_DIR = "profile"
 

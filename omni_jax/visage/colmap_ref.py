@@ -11,7 +11,7 @@ seconds = a * n^b by least squares in log space, with n = the *registered* image
 are reconstructed), and ``extrapolate`` evaluates it at the survey's image count.
 
 Optional: without pycolmap ``run_reference`` returns a record naming the missing peer and the
-command that installs it (``omni_jax.peers``).
+command that installs it (``omni_jax.common.peers``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 from absl import logging
 
-from omni_jax import peers
-from omni_jax.config import ConfigError
+from omni_jax.common import peers
+from omni_jax.common.config import ConfigError
 
 MATCHERS = ("spatial", "exhaustive")
 PRACTITIONER = "spatial"   # the matcher whose extrapolation is the baseline

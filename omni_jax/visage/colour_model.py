@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from omni_jax.common.metrics import write_json_atomic
+
 ANNOTATIONS = "annotations.json"
 SCALE = 2                                   # detector resolution: 2x2 block means
 
@@ -83,7 +85,6 @@ class ColourModel:
                float(d["min_value"]), float(d["gate"]), d.get("source", {}))
 
   def save(self, path: Path) -> None:
-    from omni_jax.train.metrics import write_json_atomic
     write_json_atomic(path, self.to_dict())
 
   @classmethod

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from omni_jax.train.progress import timed
+from omni_jax.common.timing import timed
 from omni_jax.visage import geometry, gps_model, local3d, queries, scheduler
 from omni_jax.visage import graph as graph_lib
 from omni_jax.visage.colour_model import ColourModel

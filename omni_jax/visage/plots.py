@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from omni_jax.train.metrics import save_figure
+from omni_jax.common.figures import pyplot, save_figure
 
 QUERY_COLOURS = {"assets_taller_than": "tab:blue", "anomalous_colour": "tab:red",
                  "changed_since_last": "tab:purple"}
@@ -15,9 +15,7 @@ def survey_map(plot: dict, path: str, title: str) -> None:
   each chosen subgraph's views and edges, targets coloured by query (star: the queries it
   answers; hollow circle: built and measured, answers none, e.g. not taller than h), true
   assets."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   site = np.load(plot["root"] / "site.npz")
   alb, res = site["albedo"], float(site["res"])
   fig, ax = plt.subplots(figsize=(10, 8.5), dpi=110)

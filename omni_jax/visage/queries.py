@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 from scipy import ndimage
 
-from omni_jax.registry import Registry
+from omni_jax.common.registry import Registry
 from omni_jax.visage.colour_model import ColourModel, block_mean, chromaticity
 
 QUERIES: Registry = Registry("visage query")

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from omni_jax.train.progress import Progress
+from omni_jax.common.progress import Progress
 from omni_jax.visage import geometry, survey
 
 TAGS = "tags.json"

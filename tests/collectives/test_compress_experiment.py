@@ -10,7 +10,7 @@ import pytest
 from configs import compress as compress_configs
 from experiments import compress_table
 from omni_jax.collectives import study
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 
 KEYS = {"codec", "pipeline_width", "wire_bytes_per_step", "raw_bytes_per_step",
         "compression_ratio", "measured_wire_ratio", "hlo_collective_operand_bytes",
@@ -25,7 +25,7 @@ def _tiny(codec: str):
   return cfg
 
 
-@pytest.mark.slow  # an end-to-end run (default suite time, session 13)
+@pytest.mark.slow  # an end-to-end run (default suite time)
 def test_tiny_gradiveq_pipelined_run_writes_summary(tmp_path):
   cfg = _tiny("gradiveq")
   cfg.pipeline_width = 2

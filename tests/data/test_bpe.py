@@ -109,10 +109,10 @@ def test_factory_errors(tmp_path, bpe_path):
 
 def test_vocabulary_flows_into_the_model(bpe_path):
   from configs.omni_moe import get_config
-  from omni_jax.config import ConfigError
+  from omni_jax.common.config import ConfigError
   from omni_jax.data.sequences import RowBuilder
   from omni_jax.data.stream import OmniStream
-  from omni_jax.models.omni import build_spec
+  from omni_jax.train.spec import build_spec
 
   cfg = get_config("micro")
   byte_spec = build_spec(cfg.model)

@@ -207,7 +207,7 @@ def test_mixture_batches_follow_the_weights(tmp_path):
     ([dict(path="x", modalities=["smell"])], r"data.sources\[0\].modalities"),
 ])
 def test_bad_sources_name_the_key(tmp_path, sources, match):
-  from omni_jax.config import ConfigError
+  from omni_jax.common.config import ConfigError
   cfg = text_config("", sources=sources)
   with pytest.raises(ConfigError, match=match):
     make_stream(build_spec(cfg.model), cfg.data)
@@ -293,7 +293,7 @@ def test_a_text_only_corpus_of_long_documents_trains(tmp_path):
 
 
 def test_an_input_pass_by_record_count_reports_memory(tmp_path):
-  from omni_jax.train.input_bench import measure_records
+  from omni_jax.reports.input_bench import measure_records
   m = write_lines(tmp_path / "m.jsonl", [{"id": i, "text": f"t{i}"} for i in range(500)])
   cfg = text_config(m, pack_window=32, prefetch=0)
   s = make_stream(build_spec(cfg.model), cfg.data)

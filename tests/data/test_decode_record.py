@@ -7,10 +7,10 @@ import pytest
 from PIL import Image
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.data.decode import DecodeError, RecordError, decode_record, record_keys
 from omni_jax.data.encode import write_video, write_wav
-from omni_jax.models.omni import build_spec
+from omni_jax.train.spec import build_spec
 
 
 def micro_model(**extra):

@@ -14,7 +14,7 @@ from omni_jax.data import packing
 from omni_jax.data.pipeline import DataError, PipelineStream
 from omni_jax.data.records import is_eval, open_dataset, record_id
 from omni_jax.data.stream import DATA_KEYS, make_stream
-from omni_jax.models.omni import build_spec
+from omni_jax.train.spec import build_spec
 
 
 def text_config(manifest, **data):
@@ -358,7 +358,7 @@ def test_worker_processes_give_the_same_batches(tmp_path):
 @pytest.mark.parametrize("key,value", [("slots_per_row", 0), ("pack_window", -1),
                                        ("workers", 1.5), ("eval_fraction", 1.0)])
 def test_bad_pipeline_options_name_the_key(key, value):
-  from omni_jax.config import ConfigError
+  from omni_jax.common.config import ConfigError
   from omni_jax.data.pipeline import pipeline_options
   with pytest.raises(ConfigError, match=f"data.{key}"):
     pipeline_options({key: value})

@@ -11,10 +11,10 @@ from PIL import Image
 
 from configs.omni_moe import get_config
 from omni_jax.data.decode import decode_record, decode_video, decode_wav
-from omni_jax.data.packaged import VOWELS, make_manifest, voice
+from omni_jax.examples.packaged import VOWELS, make_manifest, voice
 from omni_jax.modalities.frames import NOTES
 from omni_jax.modalities.patch import RGB_COLOURS
-from omni_jax.models.omni import build_spec
+from omni_jax.train.spec import build_spec
 
 
 @pytest.fixture(name="made", scope="module")

@@ -52,7 +52,7 @@ def test_bad_resolution_range_is_one_clear_error(res):
     ("low", (0.3, 0.9), "sim.ss")])
 def test_validate_resolution_keys(key, value, msg):
   from configs.dpad import get_config
-  from omni_jax.config import ConfigError
+  from omni_jax.common.config import ConfigError
   cfg = get_config("default")
   cfg.sim[key].res = value
   with pytest.raises(ConfigError, match=msg):

@@ -139,7 +139,7 @@ def test_held_out_camera_ranges_are_disjoint_and_drawn_from():
   bad.sim.train.sigma = (0.3, 0.4)                     # meets the high channel's (0.33, 0.45)
   assert recapture.camera_overlaps(bad.sim) == [
       "sigma: train (0.3, 0.4) vs high (0.33, 0.45)"]
-  from omni_jax.config import ConfigError
+  from omni_jax.common.config import ConfigError
   with pytest.raises(ConfigError, match="held-out camera"):
     dpad_study.validate(bad)
 

@@ -116,7 +116,7 @@ def test_training_set_subset_keeps_first_documents_per_kind():
     ("sim.print_grain", (0.3, 0.1), "sim.print_grain")])
 def test_validate_new_keys_is_one_clear_error(key, value, msg):
   from configs.dpad import get_config
-  from omni_jax.config import ConfigError
+  from omni_jax.common.config import ConfigError
   cfg = get_config("default")
   *path, leaf = key.split(".")
   node = cfg

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.cli import child_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -24,8 +26,7 @@ def test_bench_input_writes_its_keys(tmp_path):
       rec["image"] = f"{i}.png"
     lines.append(json.dumps(rec))
   (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = child_env()
   r = subprocess.run(
       [sys.executable, "-m", "experiments.bench_input", "--config=configs/omni_moe.py:micro",
        f"--workdir={tmp_path / 'out'}", "--config.data.source=manifest",

@@ -2,19 +2,16 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.cli import run_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(*args, timeout=600):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=timeout)
+  return run_module(*args, timeout=timeout)
 
 
 def _train_omni_cli_writes_outputs(tmp_path):
@@ -110,4 +107,4 @@ def test_parallel_report_writes_layouts(tmp_path):
   mem = json.load(open(tmp_path / "summary.json"))["sequence_memory"]
   assert mem["seq_len"] == 1024 and mem["sequence_8_temp_bytes"] < mem["sequence_1_temp_bytes"]
   assert mem["ratio"] == pytest.approx(mem["sequence_8_temp_bytes"] / mem["sequence_1_temp_bytes"])
-  assert mem["ratio"] <= 0.2  # issue 3: sequence=8 needs at most 1/5 of the activation memory
+  assert mem["ratio"] <= 0.2  # sequence=8 needs at most 1/5 of the activation memory

@@ -2,19 +2,15 @@
 
 import json
 import os
-import subprocess
-import sys
 
 from omni_jax.data.bpe import heldout, make_tokenizer
+from tests.cli import run_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(*args, timeout=300):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=timeout)
+  return run_module(*args, timeout=timeout)
 
 
 def test_make_manifest_then_train_tokenizer(tmp_path):

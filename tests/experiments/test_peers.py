@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from omni_jax import peers
+from omni_jax.common import peers
 
 
 def test_missing_faiss_is_named_with_the_install_command(monkeypatch):

@@ -14,15 +14,16 @@ import pytest
 from PIL import Image
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.checkpoint import Checkpointer
+from omni_jax.common.config import ConfigError
 from omni_jax.generate import decode as dec
 from omni_jax.generate import job, outputs
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.models import sampling
-from omni_jax.models.omni import OmniModel, build_spec
-from omni_jax.train.checkpoint import Checkpointer
+from omni_jax.models.omni import OmniModel
 from omni_jax.train.loop import LoopConfig, TrainState
 from omni_jax.train.optim import make_optimizer
+from omni_jax.train.spec import build_spec
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +189,7 @@ def test_sampled_codes_always_decode(trained):
   assert len(np.unique(ids[:, 1:-1])) > 1  # really sampled, not collapsed
 
 
-@pytest.mark.slow  # an end-to-end run (default suite time, session 13)
+@pytest.mark.slow  # an end-to-end run (default suite time)
 def test_judge_writes_conditional_accuracy(trained, tmp_path, monkeypatch):
   """--judge: outputs of synthetic-caption prompts are judged (others not), the summary holds
   conditional_accuracy per modality and attribute, equal to the records' judged values."""
@@ -249,8 +250,8 @@ def test_missing_checkpoint_names_the_train_command(trained, tmp_path):
 
 
 def test_config_unlike_the_training_runs_is_refused(trained, tmp_path):
-  from omni_jax.config import to_dict
-  from omni_jax.train.metrics import write_json_atomic
+  from omni_jax.common.config import to_dict
+  from omni_jax.common.metrics import write_json_atomic
   cfg, _, _, _ = trained
   (tmp_path / "p.jsonl").write_text('{"text": "a", "output": "text"}\n')
   wd = tmp_path / "wd"

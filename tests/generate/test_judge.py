@@ -8,7 +8,7 @@ import pytest
 from configs.omni_moe import get_config
 from omni_jax.generate import judge as jd
 from omni_jax.modalities import MODALITY_KINDS
-from omni_jax.models.omni import build_spec
+from omni_jax.train.spec import build_spec
 
 
 @pytest.fixture(scope="module")

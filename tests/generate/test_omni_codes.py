@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
 from omni_jax.generate import job
-from omni_jax.models.omni import build_spec
 from omni_jax.tokenizers import omni_codes
+from omni_jax.tokenizers.codec_io import save_codec
 from omni_jax.tokenizers.image_codec import ImageCodec
-from omni_jax.tokenizers.train import _save_codec
+from omni_jax.train.spec import build_spec
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def codec_dir(tmp_path_factory):
   rng = np.random.default_rng(0)  # random weights of the codec's shapes: no init compile
   params = jax.tree.map(lambda a: np.asarray(0.3 * rng.standard_normal(a.shape), a.dtype),
                         shapes["params"])
-  _save_codec(out, "image", dict(levels=[8, 5, 5, 5], width=4), params)
+  save_codec(out, "image", dict(levels=[8, 5, 5, 5], width=4), params)
   return str(out)
 
 

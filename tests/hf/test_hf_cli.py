@@ -26,7 +26,7 @@ def _run(*args):
                          *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.slow  # an end-to-end run (default suite time, session 13)
+@pytest.mark.slow  # an end-to-end run (default suite time)
 def test_convert_then_export(tmp_path):
   src, work, out = (str(tmp_path / n) for n in ("src", "work", "out"))
   synthetic.write_random(src, "qwen3_moe", SPEC, vocab_size=64, max_shard_bytes=16 << 10)

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from configs import omni_moe
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.hf import reference
 from omni_jax.hf.load import flatten, load_params
 from omni_jax.hf.omni_init import load_into_omni
-from omni_jax.models.omni import OmniModel, build_spec
+from omni_jax.models.omni import OmniModel
+from omni_jax.train.spec import build_spec
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran"]
 

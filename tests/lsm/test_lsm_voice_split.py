@@ -140,7 +140,7 @@ def test_extra_model_leaves_the_folds_draws_unchanged():
 
 @pytest.mark.slow
 def test_adding_the_all_tuning_voices_model_leaves_the_folds_unchanged(tmp_path):
-  from omni_jax.train.metrics import MetricsLog
+  from omni_jax.common.metrics import MetricsLog
   cfg = lsm_cfg.get_config("tiny")
   cfg.folds, cfg.readout.epochs, cfg.readout.eval_every, cfg.readout.group = 2, 2, 2, 1
   rng = np.random.default_rng(0)

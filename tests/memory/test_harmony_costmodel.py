@@ -2,6 +2,7 @@
 
 import pytest
 
+from omni_jax.memory import graphs
 from omni_jax.memory import schedules as sch
 from omni_jax.memory.costmodel import Hardware, TaskGraph, makespan, simulate
 from omni_jax.memory.profiler import LayerProfile, ModelProfile
@@ -78,7 +79,7 @@ def test_single_loss_pack_iteration_time_by_hand():
   plan = sch.Plan("harmony", 1, 1, (), ((0, 2),))
   hw = Hardware(n_gpus=1, swap_bw_host=100.0, swap_bw_gpu=100.0,
                 host_update_params_per_s=10.0)
-  tasks = simulate(sch.harmony_graph(plan, prof, hw), hw)
+  tasks = simulate(graphs.harmony_graph(plan, prof, hw), hw)
   w_in, x_in = 200 / 100, (4 + 2) / 100
   compute = 2 * (1.0 + 2.0)
   g_out, update = 200 / 100, 50 / 10.0
@@ -92,7 +93,7 @@ def test_graph_bytes_equal_closed_forms(n_gpus):
   plans = [sch.Plan("harmony", 1, 4, ((0, 2), (2, 3)), ((0, 1), (1, 3), (3, 5))),
            sch.Plan("lms", 1, 4), sch.Plan("lms_prefetch", 1, 4), sch.Plan("zero_offload", 1, 4)]
   for plan in plans:
-    g = sch.build_graph(plan, prof, hw)
+    g = graphs.build_graph(plan, prof, hw)
     assert g.bytes_moved() == sch.swap_bytes(plan, prof, hw), plan.kind
   # Harmony by hand: W in = fwd packs (2 layers + 1) + every layer once; grads out = all;
   # activations: fwd in x0, x2; fwd out x2 (+ stash x1 inside pack (0, 2)), x3; bwd in
@@ -130,7 +131,7 @@ def test_pp_plan_bytes_by_hand():
       "acts_out": 3 * 4}
   assert sch.p2p_traffic(plan, prof) == 3 * (4 + 4 + 4 + 4)
   assert sch.swap_bytes(plan, prof, hw) == 600 + 400 + 42 + 12   # not times the GPUs
-  g = sch.build_graph(plan, prof, hw)
+  g = graphs.build_graph(plan, prof, hw)
   assert g.bytes_moved("in") + g.bytes_moved("out") == sch.swap_bytes(plan, prof, hw)
   assert g.bytes_moved("p2p") == sch.p2p_traffic(plan, prof)
   on = {t.label: t.gpu for t in g.tasks if t.label.startswith("W")}
@@ -145,11 +146,11 @@ def test_pp_packs_pipeline_across_gpus_by_hand():
   fast = dict(swap_bw_host=1e18, swap_bw_gpu=1e18, p2p_bw=1e18,
               host_update_params_per_s=1e18)
   pp = sch.Plan("harmony", 1, 4, ((0, 1),), ((0, 1), (1, 2)), "pp", 2)
-  assert makespan(simulate(sch.build_graph(pp, prof, _hw(**fast)), _hw(**fast))) == \
+  assert makespan(simulate(graphs.build_graph(pp, prof, _hw(**fast)), _hw(**fast))) == \
       pytest.approx(16.0)
   dp = sch.Plan("harmony", 1, 4, ((0, 1),), ((0, 1), (1, 2)))
   hw1 = _hw(n_gpus=1, **fast)
-  assert makespan(simulate(sch.build_graph(dp, prof, hw1), hw1)) == pytest.approx(28.0)
+  assert makespan(simulate(graphs.build_graph(dp, prof, hw1), hw1)) == pytest.approx(28.0)
 
 
 def test_bad_pp_plans_are_clear_errors():
@@ -161,7 +162,7 @@ def test_bad_pp_plans_are_clear_errors():
     sch.Plan("harmony", 1, 1, mode="tp")
   plan = sch.Plan("harmony", 1, 1, (), ((0, 2),), "pp", 4)
   with pytest.raises(ValueError, match="pp plan over 4 GPUs, the hardware has 2"):
-    sch.build_graph(plan, hand_profile(), _hw(n_gpus=2))
+    graphs.build_graph(plan, hand_profile(), _hw(n_gpus=2))
 
 
 def test_timeline_bins_sub_pixel_tasks_by_busy_fraction():
@@ -219,9 +220,9 @@ def test_budget_aware_lms_swaps_only_what_exceeds_the_budget():
     fit = sch.fit_lms(base, prof, sch.lms_peak(base, prof) + 40)
     assert fit.keep_resid == (2,) and fit.keep_grads
     for p in (base, fit):
-      assert sch.build_graph(p, prof, hw).bytes_moved() == sch.swap_bytes(p, prof, hw)
-    t_fit = makespan(simulate(sch.build_graph(fit, prof, hw), hw))
-    assert t_fit < makespan(simulate(sch.build_graph(base, prof, hw), hw))
+      assert graphs.build_graph(p, prof, hw).bytes_moved() == sch.swap_bytes(p, prof, hw)
+    t_fit = makespan(simulate(graphs.build_graph(fit, prof, hw), hw))
+    assert t_fit < makespan(simulate(graphs.build_graph(base, prof, hw), hw))
   with pytest.raises(ValueError, match="keep_resid / keep_grads are for kinds"):
     sch.Plan("zero_offload", 1, 1, keep_grads=True)
   with pytest.raises(ValueError, match="distinct layer indices"):
@@ -239,7 +240,7 @@ def test_zero_infinity_bytes_by_hand(n_gpus):
                                      "acts_in": n_gpus * m * (4 + 2), "acts_out": 0}
   assert sch.swap_bytes(plan, prof, _hw(n_gpus=n_gpus)) == 3 * m * 300 + n_gpus * m * 6
   assert sch.p2p_traffic(plan, prof) == 3 * m * (n_gpus - 1) * 300
-  g = sch.build_graph(plan, prof, _hw(n_gpus=n_gpus))
+  g = graphs.build_graph(plan, prof, _hw(n_gpus=n_gpus))
   assert g.bytes_moved("in") + g.bytes_moved("out") == sch.swap_bytes(plan, prof,
                                                                       _hw(n_gpus=n_gpus))
   assert g.bytes_moved("p2p") == sch.p2p_traffic(plan, prof)
@@ -254,10 +255,10 @@ def test_zero_infinity_prefetch_time_by_hand():
   prof = hand_profile(n=1)
   hw = Hardware(n_gpus=1, swap_bw_host=100.0, swap_bw_gpu=100.0,
                 host_update_params_per_s=10.0)
-  tasks = simulate(sch.build_graph(sch.Plan("zero_infinity", 1, 1), prof, hw), hw)
+  tasks = simulate(graphs.build_graph(sch.Plan("zero_infinity", 1, 1), prof, hw), hw)
   assert makespan(tasks) == pytest.approx(0.06 + 1 + 1 + 3 + 1 + 2.5)
   with pytest.raises(ValueError, match="zero_infinity plan over 1 GPUs, the hardware has 2"):
-    sch.build_graph(sch.Plan("zero_infinity", 1, 1), prof, _hw(n_gpus=2))
+    graphs.build_graph(sch.Plan("zero_infinity", 1, 1), prof, _hw(n_gpus=2))
 
 
 def test_shared_cores_run_swaps_compute_and_updates_one_at_a_time():
@@ -317,7 +318,7 @@ def test_fixed_costs_per_call_and_per_array_by_hand():
   hw = Hardware(n_gpus=1, swap_bw_host=100.0, swap_bw_gpu=100.0,
                 host_update_params_per_s=10.0, transfer_overhead_s=0.1, transfer_leaf_s=0.01,
                 program_overhead_s=0.2, program_leaf_s=0.001, out_bw_ratio=0.5)
-  tasks = simulate(sch.harmony_graph(plan, prof, hw), hw)
+  tasks = simulate(graphs.harmony_graph(plan, prof, hw), hw)
   assert makespan(tasks) == pytest.approx(2.16 + 0.28 + 6.215 + 4.16 + 5.0)
   for k in ("transfer_leaf_s", "program_overhead_s", "program_leaf_s"):
     with pytest.raises(ValueError, match=k):

@@ -7,9 +7,12 @@ import pytest
 
 from omni_jax.memory import executor as ex
 from omni_jax.memory import executor_lms as exl
+from omni_jax.memory import graphs
 from omni_jax.memory import profiler as pf
 from omni_jax.memory import schedules as sch
 from omni_jax.memory import seqmodel as sm
+from omni_jax.memory import timeline as tl
+from omni_jax.memory import transfers as tr
 
 V, T, D, B, U = 64, 16, 32, 4, 2
 
@@ -39,7 +42,7 @@ def _graph_calls_match_executor(plan, prof, mover):
   """The cost model's task graph issues as many transfers and programs, touching as many
   arrays, per stream as the executor did (the fixed costs it prices per call and array)."""
   from omni_jax.memory.costmodel import Hardware
-  g = sch.build_graph(plan, prof, Hardware(n_gpus=1))
+  g = graphs.build_graph(plan, prof, Hardware(n_gpus=1))
   for stream in ("in", "out", "compute"):
     tasks = [t for t in g.tasks if t.stream == stream]
     assert sum(t.calls for t in tasks) == mover.calls[stream], stream
@@ -47,7 +50,7 @@ def _graph_calls_match_executor(plan, prof, mover):
 
 
 def _run(executor, params, x, y, budget, blocking=False):
-  mover = ex.Mover(budget, blocking=blocking)
+  mover = tr.Mover(budget, blocking=blocking)
   state = ex.to_host_state(params, mover.host)
   xs, ys = ex.split_microbatches(x, U, mover.host), ex.split_microbatches(y, U, mover.host)
   state, grads, loss = executor.step(state, xs, ys, mover)
@@ -84,7 +87,7 @@ def test_harmony_executor_equals_plain_training_and_counts_closed_form_bytes(set
   kinds = [k for k, _, _, _ in ev]
   # in: 5 pack weights + 2 fwd packs x 2 mb + 3 bwd packs x 2 mb x (x, dy); compute: 5 packs x
   # 2 mb; out: 2 fwd outputs x 2 mb, 2 dx x 2 mb, 3 pack gradients; host: 3 pack updates.
-  assert {k: kinds.count(k) for k in ex.KINDS} == {"in": 21, "compute": 10, "out": 11,
+  assert {k: kinds.count(k) for k in tl.KINDS} == {"in": 21, "compute": 10, "out": 11,
                                                    "host": 3}
   assert all(t0 <= s <= e <= t1 for _, _, s, e in ev)
   # The same plan with every transfer, program and update waited for: same numbers, and
@@ -92,16 +95,16 @@ def test_harmony_executor_equals_plain_training_and_counts_closed_form_bytes(set
   mover_b, state_b, _, loss_b = _run(runner, params, x, y, budget, blocking=True)
   assert loss_b == pytest.approx(ref_loss, rel=1e-6)
   assert _rel_global(state_b.params, ref_p) < 1e-5
-  assert ex.overlap_fraction(mover_b.events, mover_b.steps[0]) == 0.0
+  assert tl.overlap_fraction(mover_b.events, mover_b.steps[0]) == 0.0
 
 
 def test_timeline_records_concurrent_work():
   """A long program and an independent swap-in dispatched behind it run at once; the
   timeline shows the two intervals overlapping (the swap is not queued behind the compute)."""
-  mover = ex.Mover(10**9)
+  mover = tr.Mover(10**9)
   a = jax.device_put(np.ones((768, 768), np.float32), mover.dev)
   mover.live += a.nbytes
-  prog = ex.Program(jax.jit(lambda a: jax.lax.fori_loop(0, 30, lambda i, b: b @ a / 768, a)),
+  prog = tr.Program(jax.jit(lambda a: jax.lax.fori_loop(0, 30, lambda i, b: b @ a / 768, a)),
                     a)
   y = mover.run(prog, "F", a)
   h = mover.to_device(jax.device_put(np.ones((256, 256), np.float32), mover.host), "acts_in")
@@ -109,7 +112,7 @@ def test_timeline_records_concurrent_work():
   mover.timeline.sync()
   (_, _, cs, ce), (_, _, s_in, e_in) = mover.events
   assert cs <= s_in < e_in < ce          # the swap-in ran while the program computed
-  assert ex.overlap_fraction(mover.events) == pytest.approx((e_in - s_in) / (ce - cs))
+  assert tl.overlap_fraction(mover.events) == pytest.approx((e_in - s_in) / (ce - cs))
 
 
 def test_timeline_serialises_work_per_lane_not_per_stream():
@@ -118,16 +121,16 @@ def test_timeline_serialises_work_per_lane_not_per_stream():
   from this thread, x (2-3) from another: x overlaps W, W2 starts when W ends."""
   import threading
   import time
-  tl = ex.Timeline(time.perf_counter())
-  tl.finish(tl.record("in", "W", None), 1.0, 5.0)
+  line = tl.Timeline(time.perf_counter())
+  line.finish(line.record("in", "W", None), 1.0, 5.0)
 
   def other():
-    tl.finish(tl.record("in", "x", None), 2.0, 3.0)
+    line.finish(line.record("in", "x", None), 2.0, 3.0)
   t = threading.Thread(target=other)
   t.start()
   t.join()
-  tl.finish(tl.record("in", "W2", None), 4.0, 6.0)
-  assert tl.events() == [("in", "W", 1.0, 5.0), ("in", "x", 2.0, 3.0), ("in", "W2", 5.0, 6.0)]
+  line.finish(line.record("in", "W2", None), 4.0, 6.0)
+  assert line.events() == [("in", "W", 1.0, 5.0), ("in", "x", 2.0, 3.0), ("in", "W2", 5.0, 6.0)]
 
 
 def test_overlap_fraction_closed_form():
@@ -135,21 +138,21 @@ def test_overlap_fraction_closed_form():
         ("out", "y", 7.2, 7.8), ("out", "G", 7.5, 7.9),      # one kind only: not counted
         ("compute", "B", 8.0, 9.0), ("host", "U", 8.5, 10.0)]
   # >= 2 kinds: [2, 4] in+compute, [5, 6] compute+out, [8.5, 9] compute+host = 3.5 s
-  assert ex.overlap_fraction(ev) == pytest.approx(3.5 / 10.0)
-  assert ex.overlap_fraction(ev, (0.0, 20.0)) == pytest.approx(3.5 / 20.0)
-  assert ex.overlap_fraction(ev, (3.0, 5.5)) == pytest.approx(1.5 / 2.5)   # clipped
-  assert ex.overlap_fraction([]) == 0.0
+  assert tl.overlap_fraction(ev) == pytest.approx(3.5 / 10.0)
+  assert tl.overlap_fraction(ev, (0.0, 20.0)) == pytest.approx(3.5 / 20.0)
+  assert tl.overlap_fraction(ev, (3.0, 5.5)) == pytest.approx(1.5 / 2.5)   # clipped
+  assert tl.overlap_fraction([]) == 0.0
   # non-compute work in flight: [0, 4], [5, 7], [7.2, 7.9], [8.5, 10] = 8.2 s; with compute 3.5 s
-  assert ex.hidden_fraction(ev) == pytest.approx(3.5 / 8.2)
-  assert ex.hidden_fraction([("compute", "F", 0.0, 1.0)]) is None
+  assert tl.hidden_fraction(ev) == pytest.approx(3.5 / 8.2)
+  assert tl.hidden_fraction([("compute", "F", 0.0, 1.0)]) is None
   with pytest.raises(ValueError, match="t1 > t0"):
-    ex.overlap_fraction(ev, (1.0, 1.0))
+    tl.overlap_fraction(ev, (1.0, 1.0))
 
 
 def test_budget_is_enforced(setup):
   model, params, x, y, _, _ = setup
   plan = sch.Plan("harmony", U, B // U, ((0, 2),), ((0, 2), (2, 4)))
-  with pytest.raises(ex.BudgetExceededError, match="over the budget of 50000"):
+  with pytest.raises(tr.BudgetExceededError, match="over the budget of 50000"):
     _run(ex.HarmonyExecutor(model, plan, B, 50_000), params, x, y, 50_000)
 
 

@@ -7,10 +7,10 @@ import os
 import pytest
 
 from configs import harmony as harmony_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
+from omni_jax.memory import hardware, study, study_config, sweep
 from omni_jax.memory import planner as pl
 from omni_jax.memory import profiler as pf
-from omni_jax.memory import study
 from omni_jax.memory.planner import NothingFitsError
 
 KEYS = {"device_budget_bytes", "model_bytes", "schedules", "swap_reduction_vs_baseline",
@@ -96,15 +96,15 @@ def test_settings_sweep_cells_on_a_tiny_model(tmp_path, monkeypatch):
   cfg.execute = False
   cfg.hardware.update(measure=False, flops_per_s=1e9, swap_bw_host=1e7, swap_bw_gpu=1e7)
   cfg.settings_sweep.update(n_gpus=(1, 2), num_layers=(2, 4), extra_k=3)
-  study.validate(cfg)
+  study_config.validate(cfg)
   prof = pf.profile_model(study.build_model(cfg), cfg.microbatch_sizes, measure=False,
                           flops_per_s=1e9)
   cfg2 = harmony_config.get_config("tiny")
   cfg2.model.num_layers = 2   # repeating the block's entry == profiling the shallower stack
-  assert study.deepen_profile(prof, 2) == pf.profile_model(
+  assert sweep.deepen_profile(prof, 2) == pf.profile_model(
       study.build_model(cfg2), cfg.microbatch_sizes, measure=False, flops_per_s=1e9)
-  hw, _ = study.hardware(cfg)
-  cells = study.settings_sweep(cfg, prof, hw, str(tmp_path))
+  hw, _ = hardware.hardware(cfg)
+  cells = sweep.settings_sweep(cfg, prof, hw, str(tmp_path))
   assert [(c["num_layers"], c["n_gpus"]) for c in cells] == [(2, 1), (2, 2), (4, 1), (4, 2)]
   block = 3 * next(lp.param_bytes for lp in prof.layers if lp.kind == "block")
   assert cells[2]["model_bytes"] - cells[0]["model_bytes"] == 2 * block
@@ -122,12 +122,12 @@ def test_settings_sweep_cells_on_a_tiny_model(tmp_path, monkeypatch):
   head = pl.plan_harmony(prof, hw, cfg.device_budget_bytes, cfg.batch, cfg.microbatch_sizes)
   assert (cells[2]["harmony"]["swap_bytes"], cells[2]["harmony"]["predicted_s"]) == (
       head.swap_bytes, head.predicted_s)
-  rng = study.paper_range(cells)
+  rng = sweep.paper_range(cells)
   best = max(cells, key=lambda c: c["speedup_vs_lms"])
   assert rng["max_predicted_speedup_vs_baseline"]["value"] == best["speedup_vs_lms"]
   assert rng["max_predicted_speedup_vs_baseline"]["n_gpus"] == best["n_gpus"]
-  monkeypatch.setattr(study, "plan_cell", lambda *a: pytest.fail("cache not reused"))
-  assert study.settings_sweep(cfg, prof, hw, str(tmp_path)) == cells
+  monkeypatch.setattr(sweep, "plan_cell", lambda *a: pytest.fail("cache not reused"))
+  assert sweep.settings_sweep(cfg, prof, hw, str(tmp_path)) == cells
   for key, value, match in (("n_gpus", (3,), "must divide batch = 4"),
                             ("num_layers", (), "both be empty"),
                             ("extra_k", -1, "integer >= 0"),
@@ -136,4 +136,4 @@ def test_settings_sweep_cells_on_a_tiny_model(tmp_path, monkeypatch):
     bad.settings_sweep.update(n_gpus=(1, 2), num_layers=(2, 4))
     bad.settings_sweep[key] = value
     with pytest.raises(ConfigError, match=match):
-      study.validate(bad)
+      study_config.validate(bad)

@@ -7,7 +7,8 @@ import pytest
 from configs import omni_moe
 from omni_jax.memory import profiler as pf
 from omni_jax.memory import seqmodel as sm
-from omni_jax.models.omni import OmniModel, build_spec
+from omni_jax.models.omni import OmniModel
+from omni_jax.train.spec import build_spec
 
 
 def test_gpt_stack_bytes_are_closed_forms():

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from configs import harmony as harmony_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.memory import validate as va
 
 

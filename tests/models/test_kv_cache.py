@@ -8,7 +8,8 @@ import pytest
 
 from configs.omni_moe import get_config
 from omni_jax.models import kv_cache, sampling
-from omni_jax.models.omni import OmniModel, build_spec
+from omni_jax.models.omni import OmniModel
+from omni_jax.train.spec import build_spec
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["moe_every_layer", "moe_every_2nd"])
@@ -77,7 +78,7 @@ def test_kv_cache_refuses_pretrained_switches():
 
   from configs import omni_moe
   from omni_jax.models import kv_cache
-  from omni_jax.models.omni import build_spec
+  from omni_jax.train.spec import build_spec
   spec = build_spec(omni_moe.get_config("micro").model)
   qk = dataclasses.replace(spec, backbone=dataclasses.replace(spec.backbone, qk_norm=True))
   with pytest.raises(NotImplementedError, match="qk_norm"):

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.models.moe import MoE, route
-from omni_jax.models.omni import build_spec
 from omni_jax.train.optim import balance_bias_update
+from omni_jax.train.spec import build_spec
 
 D, F, E = 8, 16, 4
 

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
 from omni_jax.models.flops import dot_flops, train_flops_per_step
-from omni_jax.models.omni import OmniModel, build_spec, count_params, omni_loss
+from omni_jax.models.omni import OmniModel, count_params, omni_loss
+from omni_jax.train.spec import build_spec
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs.omni_moe import get_config
-from omni_jax.models.omni import OmniModel, build_spec, omni_loss
+from omni_jax.models.omni import OmniModel, omni_loss
+from omni_jax.train.spec import build_spec
 
 
 def test_packed_row_equals_documents_alone_and_padding_carries_no_loss():

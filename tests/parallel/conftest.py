@@ -6,7 +6,8 @@ import pytest
 from configs.omni_moe import get_config
 from omni_jax.data.stream import OmniStream
 from omni_jax.models import named_ops
-from omni_jax.models.omni import OmniModel, build_spec, omni_loss
+from omni_jax.models.omni import OmniModel, omni_loss
+from omni_jax.train.spec import build_spec
 
 
 def build_micro(impl: str = "dropless", lb_coef: float | None = None,

@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.parallel.encoder_report import encoder_flops
+from omni_jax.reports.encoder_report import encoder_flops
 
 MESH = dict(expert=2, sequence=2, fsdp=2)
 

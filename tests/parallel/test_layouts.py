@@ -9,11 +9,12 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
-from omni_jax.models.omni import OmniModel, build_spec
+from omni_jax.models.omni import OmniModel
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.train.spec import build_spec
 
 LAYOUTS = {  # name -> (mesh, MoE impl, op overrides)
     "data": (dict(data=8), "dropless", {}),
@@ -48,7 +49,7 @@ def max_rel_err(a, b) -> float:
 # Every mesh axis is in a default-suite layout (in combination); the single-axis layouts that
 # those combinations cover run under `pytest -m slow` (each is a compile of the 8-device step).
 # The capacity path under an expert split is also checked op-level in test_ep_capacity.py.
-# data x fsdp on the capacity path moved there too (default-suite time, session 14): the
+# data x fsdp on the capacity path moved there too (default-suite time): the
 # shard-local capacity rule is the op-level test's `data=4` case, the experts' fsdp gather is
 # in fsdp_sequence_expert.
 COVERED_BY_COMBINATIONS = {"data", "data_capacity_path", "data_fsdp_capacity_path", "fsdp",

@@ -47,7 +47,7 @@ def test_experts_gradient_sums_only_its_fsdp_shard_over_sequence():
 @pytest.mark.parametrize("impl,capacity", [("dropless", None), ("capacity", 16)])
 def test_unsplit_experts_enter_the_backward_as_the_parameters_themselves(impl, capacity):
   """Without an fsdp split there is no gather, so no cast copy of the expert weights is made
-  for the checkpointed SwiGLU to keep (session 13's regression: one [E, D, F] copy per
+  for the checkpointed SwiGLU to keep (the regression this guards: one [E, D, F] copy per
   weight and unit among the saved residuals, 226 MB of the bench step's)."""
   rng = np.random.default_rng(1)
   b, t, d, e, f, k = 8, 4, 8, 4, 10, 2

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests.cli import child_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -25,8 +27,7 @@ def _cmd(workdir, *extra):
 
 @pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
 def test_two_processes_match_one(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = child_env()
   one = subprocess.run(_cmd(tmp_path / "one", "--cpu_devices=8"), cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
   assert one.returncode == 0, one.stderr[-3000:]
@@ -64,8 +65,7 @@ def test_two_processes_read_disjoint_halves_of_a_manifest(tmp_path):
   (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
   data = ["--config.data.source=manifest", f"--config.data.manifest={tmp_path / 'm.jsonl'}",
           "--config.data.pack_window=16", "--config.data.codebook_samples=8"]
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = child_env()
   one = subprocess.run(_cmd(tmp_path / "one", "--cpu_devices=8", "--config.data.shards=2", *data),
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert one.returncode == 0, one.stderr[-3000:]

@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
 from omni_jax.parallel import hlo_cost, layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.parallel.pipeline import SCHEDULES, schedule_1f1b, stage_specs
+from omni_jax.parallel.pipeline import SCHEDULES
+from omni_jax.parallel.pipeline_schedule import schedule_1f1b
+from omni_jax.parallel.pipeline_stages import stage_specs
 from omni_jax.train.omni import check_batch_fits_mesh, parallel_op_names
 
 
@@ -160,7 +162,7 @@ def test_stage_specs_follow_the_recipe(micro):
 
 @pytest.mark.slow  # the memory references of experiments/pipeline_memory.py: same values too
 def test_reference_variants_match_one_device(micro):
-  from omni_jax.parallel.pipeline_memory import VARIANTS
+  from omni_jax.reports.pipeline_memory import VARIANTS
   _, _, loss, params, batch = micro(lb_coef=1.0, num_layers=2)
   l1, g1 = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, {})))(params, batch)
   mesh = mesh_lib.make_mesh(dict(pipeline=2, fsdp=4))
@@ -224,8 +226,8 @@ def test_1f1b_holds_less_than_gpipe(micro):
   # The point of 1F1B, measured on the compiled executables (per-stage temp bytes of the
   # backbone's value_and_grad): GPipe keeps the residuals of M + P - 1 = 9 ticks, 1F1B a ring
   # of P + 1 = 3 microbatches' stage inputs plus one unit's recomputed residuals (0.31 of
-  # GPipe's on this config, 0.33 on the tiny one; 0.59 with the residual ring of session 11).
-  from omni_jax.parallel.pipeline_memory import schedule_memory
+  # GPipe's on this config, 0.33 on the tiny one; 0.59 with a residual ring).
+  from omni_jax.reports.pipeline_memory import schedule_memory
   spec, cfg, *_ = micro(num_layers=2)
   mem = schedule_memory(spec.backbone, cfg.data.batch_size, cfg.data.seq_len, 2, 8,
                         ("gpipe", "1f1b"))
@@ -236,7 +238,7 @@ def test_1f1b_aux_cotangent_is_the_gradient_of_the_whole_batch_aux():
   # The 1F1B backward feeds each microbatch's per-unit aux a hand-written cotangent; it must be
   # what autodiff of the exact whole-batch aux (GPipe's path) gives, lb_loss's E f_bar / M
   # included, for every microbatch.
-  from omni_jax.parallel.pipeline import _aux_cotangent, _finish_aux
+  from omni_jax.parallel.pipeline_stages import aux_cotangent, finish_aux
   m, units, e = 4, 3, 5
   rng = np.random.default_rng(0)
   probs = rng.dirichlet(np.ones(e), size=(m, units)).astype(np.float32)
@@ -250,13 +252,13 @@ def test_1f1b_aux_cotangent_is_the_gradient_of_the_whole_batch_aux():
            "load_imbalance": np.float32(0.3)}
 
   def total(a):
-    out = _finish_aux(jax.tree.map(lambda v: v.sum(0), a), m)
+    out = finish_aux(jax.tree.map(lambda v: v.sum(0), a), m)
     return sum(jax.numpy.sum(d_acc[k] * out[k]) for k in out)
   grad = jax.grad(total)(aux)
-  ct = _aux_cotangent(d_acc, loads.mean(0), m, units)
+  ct = aux_cotangent(d_acc, loads.mean(0), m, units)
   for k in aux:
     for j in range(m):
       np.testing.assert_allclose(ct[k], grad[k][j], rtol=1e-6, atol=1e-7, err_msg=k)
-  out = _finish_aux(jax.tree.map(lambda v: v.sum(0), aux), m)  # the whole batch's E sum f P
+  out = finish_aux(jax.tree.map(lambda v: v.sum(0), aux), m)  # the whole batch's E sum f P
   np.testing.assert_allclose(out["lb_loss"], e * np.sum(loads.mean(0) * probs.mean(0)),
                              rtol=1e-6)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.models.layers import attention, dense_mlp, self_attention
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.parallel.ring_attention import ring_attention, ring_block_counts, ring_block_imbalance

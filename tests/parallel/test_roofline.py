@@ -8,7 +8,7 @@ from jax.sharding import PartitionSpec as P
 
 from omni_jax.parallel import hlo_cost
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.parallel.scale_plan import H100, roofline
+from omni_jax.reports.scale_plan import H100, roofline
 
 
 def test_roofline_closed_form():
@@ -116,7 +116,7 @@ def test_attention_block_loop_counts_as_one_kernel():
 
 
 def test_layout_order_places_the_last_axes_in_a_node():
-  from omni_jax.parallel.scale_plan import node_axes, placed_mesh
+  from omni_jax.reports.scale_plan import node_axes, placed_mesh
   devices = jax.devices()[:8]
   mesh = placed_mesh({"fsdp": 2, "expert": 2, "sequence": 2}, devices)
   ids = np.vectorize(lambda d: d.id)(mesh.devices)         # MESH_AXES order
@@ -133,7 +133,7 @@ def test_layout_order_places_the_last_axes_in_a_node():
 
 
 def test_prediction_keys_and_arithmetic():
-  from omni_jax.parallel.scale_plan import prediction
+  from omni_jax.reports.scale_plan import prediction
   cost = {"flops": 989e12 * 4.0, "hbm_bytes": 3.35e12 * 2.0, "while_loops": 3,
           "loops_without_trip_count": 0,
           "network": [{"kind": "all-to-all", "inter_node": True, "wire_bytes": 40e9}]}
@@ -150,9 +150,10 @@ def test_prediction_keys_and_arithmetic():
 def test_plan_row_carries_the_roofline_and_its_prediction():
   """One compile of the micro model's train step on 8 devices, as the scale plan does."""
   from configs.omni_moe import get_config
-  from omni_jax.models.omni import OmniModel, build_spec
-  from omni_jax.parallel.scale_plan import plan_layout
+  from omni_jax.models.omni import OmniModel
+  from omni_jax.reports.scale_plan import plan_layout
   from omni_jax.train.optim import make_optimizer
+  from omni_jax.train.spec import build_spec
   cfg = get_config("micro")
   cfg.train.peak_flops = 989e12
   spec = build_spec(cfg.model)

@@ -18,7 +18,7 @@ def _run(workdir: Path, *extra: str) -> subprocess.CompletedProcess:
   return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
 
 
-@pytest.mark.slow  # an end-to-end run (default suite time, session 13)
+@pytest.mark.slow  # an end-to-end run (default suite time)
 def test_tiny_run_writes_summary_and_reuses_store(tmp_path):
   p = _run(tmp_path)
   assert p.returncode == 0, p.stderr[-3000:]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from configs import rl as rl_configs
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.rl import envs, job, runner
 
 
@@ -44,7 +44,7 @@ SHORT_RUNS = {
 }
 
 
-# DDPG's run (31 s cold on 2 cores) is `slow` for the default suite's time (session 14).
+# DDPG's run (31 s cold on 2 cores) is `slow` for the default suite's time.
 @pytest.mark.parametrize("algo", [pytest.param(a, marks=pytest.mark.slow) if a == "ddpg" else a
                                   for a in SHORT_RUNS])
 def test_algorithm_learns(algo):

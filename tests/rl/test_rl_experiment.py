@@ -2,10 +2,10 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.cli import run_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SUMMARY_KEYS = {"algo", "env", "workers", "aggregation", "staleness", "env_steps",
@@ -14,10 +14,7 @@ SUMMARY_KEYS = {"algo", "env", "workers", "aggregation", "staleness", "env_steps
 
 
 def _run(*args, timeout=600):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=timeout)
+  return run_module(*args, timeout=timeout)
 
 
 @pytest.mark.slow  # end-to-end run (~1 min on 2 cores); `pytest -m slow` runs it
@@ -61,7 +58,7 @@ def test_rl_tiny_writes_summary_and_resumes(tmp_path):
   s2 = json.load(open(os.path.join(wd, "summary.json")))
   assert (s2["final_return"], s2["eval_return"]) == (s["final_return"], s["eval_return"])
   from configs.rl import get_config
-  from omni_jax.config import ConfigError
+  from omni_jax.common.config import ConfigError
   from omni_jax.rl.job import check_workdir
   with pytest.raises(ConfigError, match=r"different \['aggregation', 'staleness'\]"):
     check_workdir(get_config("tiny"), wd)

@@ -1,4 +1,4 @@
-"""4 workers learn as one worker with 4x the environments (issue 21).
+"""4 workers learn as one worker with 4x the environments .
 
 Exact part (default suite): A2C's update is one gradient of a batch mean, so with equal
 per-worker batches the mean of the 4 workers' mean gradients IS the mean gradient of the
@@ -184,7 +184,7 @@ def test_four_workers_learn_as_one_worker_with_four_times_the_envs():
   within 2 pooled standard errors of the seed means + 25 (5 % of the 500 cap, for the seeds'
   bimodality: a seed either reaches 500 or stalls) of the single worker's, and the single
   worker must itself learn (mean >= 400), so a broken aggregation, not noise, fails it.
-  Measured (session 12): 554 s wall, 256 s CPU, at load average 11-14 on the shared 2-core
+  Measured: 554 s wall, 256 s CPU, at load average 11-14 on the shared 2-core
   machine (a quiet one should take about half); every seed of every mode gave 500
   (docs/iswitch_rl.md, "Workers vs environments")."""
   def eval_returns(cfg):

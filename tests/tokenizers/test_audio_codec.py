@@ -1,8 +1,6 @@
 """Audio tokenizer: STFT inversion, Griffin-Lim, mel inversion, codec shapes, CLI, bad input."""
 
 import json
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +10,7 @@ import pytest
 from omni_jax.modalities.logmel import log_mel_spectrogram
 from omni_jax.tokenizers import audio_codec, fsq, griffin_lim
 from omni_jax.tokenizers.audio_codec import AudioCodec
+from tests.cli import run_module
 
 RATE, N_FFT, HOP, N = 8000, 256, 64, 8128
 
@@ -66,18 +65,17 @@ def test_codec_shapes_and_bad_input():
                             hop=HOP, num_samples=N)
 
 
-@pytest.mark.slow  # an end-to-end run (default suite time, session 13)
+@pytest.mark.slow  # an end-to-end run (default suite time)
 def test_cli_audio_tiny(tmp_path):
-  r = subprocess.run([sys.executable, "-m", "experiments.train_tokenizer",
-                      "--config=configs/tokenizer.py:audio_tiny", f"--workdir={tmp_path}"],
-                     capture_output=True, text=True, timeout=900)
+  r = run_module("experiments.train_tokenizer", "--config=configs/tokenizer.py:audio_tiny",
+                 f"--workdir={tmp_path}", timeout=900)
   assert r.returncode == 0, r.stderr[-3000:]
   s = json.loads((tmp_path / "summary.json").read_text())
   assert s["steps"] == 4 and s["codes_per_clip"] == 62
   assert 0 <= s["spectral_convergence_griffin_lim_floor"] < s["spectral_convergence"]
   assert 1 <= s["codebook_perplexity"] and 0 < s["codebook_usage"] <= 1
   assert (tmp_path / "heldout-0-recon.wav").stat().st_size > 2 * N
-  from omni_jax.tokenizers.train import load_codec
+  from omni_jax.tokenizers.codec_io import load_codec
   kind, codec, params = load_codec(str(tmp_path))
   assert kind == "audio" and codec.clip_samples == N
   wave = audio_codec.decode_wave(codec, params, jnp.zeros((1, 62), jnp.int32))

@@ -2,8 +2,6 @@
 summary keys, saved codec), bad input."""
 
 import json
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -11,8 +9,10 @@ import numpy as np
 import optax
 import pytest
 
-from omni_jax.tokenizers import fsq, image_codec, image_data
+from omni_jax.examples import image_data
+from omni_jax.tokenizers import fsq, image_codec
 from omni_jax.tokenizers.image_codec import ImageCodec
+from tests.cli import run_module
 
 
 def _fixed_image():
@@ -77,10 +77,8 @@ def test_bad_input():
 
 
 def _run(workdir, *extra):
-  return subprocess.run(
-      [sys.executable, "-m", "experiments.train_tokenizer",
-       "--config=configs/tokenizer.py:image_tiny", f"--workdir={workdir}", *extra],
-      capture_output=True, text=True, timeout=600)
+  return run_module("experiments.train_tokenizer", "--config=configs/tokenizer.py:image_tiny",
+                    f"--workdir={workdir}", *extra)
 
 
 @pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
@@ -97,7 +95,7 @@ def test_cli_image_tiny_writes_summary_and_resumes(tmp_path):
   assert r.returncode == 0, r.stderr[-3000:]
   assert "resumed from checkpoint step 6" in r.stderr
   assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 8
-  from omni_jax.tokenizers.train import load_codec
+  from omni_jax.tokenizers.codec_io import load_codec
   kind, codec, params = load_codec(str(tmp_path))
   assert kind == "image" and codec.levels == (8, 5, 5, 5)
   ids = image_codec.encode(codec, params, image_data.heldout_crops(2, 32))
@@ -106,6 +104,6 @@ def test_cli_image_tiny_writes_summary_and_resumes(tmp_path):
 
 
 def test_load_codec_missing(tmp_path):
-  from omni_jax.tokenizers.train import load_codec
+  from omni_jax.tokenizers.codec_io import load_codec
   with pytest.raises(FileNotFoundError, match="no trained tokenizer"):
     load_codec(str(tmp_path))

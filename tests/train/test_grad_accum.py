@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
-from omni_jax.models.omni import OmniModel, build_spec, loss_norm, omni_loss
+from omni_jax.models.omni import OmniModel, loss_norm, omni_loss
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.train.loop import LoopConfig, accumulate_gradients, split_microbatches
 from omni_jax.train.omni import check_batch_fits_mesh
+from omni_jax.train.spec import build_spec
 
 
 def _setup(lb_coef=0.0, balance="aux_loss"):

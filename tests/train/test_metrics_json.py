@@ -9,7 +9,7 @@ import stat
 import numpy as np
 import pytest
 
-from omni_jax.train.metrics import atomic_path, write_json_atomic
+from omni_jax.common.metrics import atomic_path, write_json_atomic
 
 
 def test_write_json_atomic_is_readable_sorted_and_leaves_no_temporaries(tmp_path):

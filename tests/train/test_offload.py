@@ -13,11 +13,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
-from omni_jax.models.omni import build_spec
+from omni_jax.common.config import ConfigError
 from omni_jax.models.transformer import Backbone, BackboneSpec
 from omni_jax.train import loop as loop_lib
 from omni_jax.train import offload, offload_plan
+from omni_jax.train.spec import build_spec
 
 MODES = ("none", "optimizer", "activations")   # 'optimizer+activations': -m slow below
 B, T, D = 4, 8, 16
@@ -248,13 +248,16 @@ def test_unresolved_harmony_is_not_trained_as_none():
 
 @pytest.mark.slow  # four lowerings of the whole omni micro model; the parts are tested above
 def test_follow_plans_the_omni_step():
+  from omni_jax.models.omni import OmniModel
   from omni_jax.parallel.mesh import data_parallel_mesh
-  from omni_jax.train.omni import parallel_op_names, validate
+  from omni_jax.train.omni import make_loss_fn, parallel_op_names, validate
   cfg = get_config("micro")
   cfg.train.update(offload="harmony", device_budget_bytes=2_000_000)
   spec, stream, loop = validate(cfg)
-  spec2, loop2 = offload_plan.follow(cfg, spec, stream, loop, data_parallel_mesh(),
-                                     parallel_op_names(cfg))
+  mesh = data_parallel_mesh()
+  spec2, loop2 = offload_plan.follow(
+      cfg, spec, stream, loop, lambda s: make_loss_fn(s, OmniModel(s), mesh,
+                                                      parallel_op_names(cfg)))
   plan = loop2.offload_plan
   c = plan["chosen"]
   assert c["device_bytes"] <= 2_000_000 == plan["device_budget_bytes"]

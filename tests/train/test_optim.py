@@ -9,8 +9,9 @@ import pytest
 
 from configs.omni_moe import get_config
 from omni_jax.data.stream import OmniStream
-from omni_jax.models.omni import OmniModel, build_spec
+from omni_jax.models.omni import OmniModel
 from omni_jax.train.optim import decay_mask, make_optimizer, make_schedule
+from omni_jax.train.spec import build_spec
 
 
 def _params(balance="aux_loss"):

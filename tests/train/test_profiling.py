@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.train import profiling
 from omni_jax.train.profiling import StepProfiler, parse_profile_steps
 

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from omni_jax.train.progress import Progress, format_seconds, time_calls, timed
+from omni_jax.common.progress import Progress, format_seconds
+from omni_jax.common.timing import time_calls, timed
 
 
 class FakeClock:
@@ -93,3 +94,25 @@ def test_timed_and_time_calls_on_a_fake_clock():
   ts = time_calls(work, 1, repeats=3, warmup=2, clock=clock)
   assert len(calls) == 5                          # 2 warm-up calls are not timed
   assert ts == [0.75, 1.0, 1.25]
+
+
+def test_one_timer_policy_on_a_fake_clock():
+  """warm-up calls are not timed; the statistic is named; interleaved calls alternate."""
+  from omni_jax.common import timing
+  ticks = iter(range(100))
+  clock = lambda: float(next(ticks))
+  calls = []
+  f = lambda x: calls.append(x) or x
+  ts = timing.time_calls(f, "a", repeats=3, warmup=2, clock=clock)
+  assert calls == ["a"] * 5 and ts == [1.0, 1.0, 1.0]
+  calls.clear()
+  both = timing.time_interleaved([(f, ("a",)), (f, ("b",))], repeats=2, warmup=1, clock=clock)
+  assert calls == ["a", "b", "a", "b", "a", "b"] and both == [[1.0, 1.0], [1.0, 1.0]]
+  state, out, steps = timing.time_steps(lambda s, k: (s + k, s), 0, 2, steps=3, warmup=1,
+                                        clock=clock)
+  assert (state, out) == (8, 6) and steps == [1.0] * 3
+  assert timing.STATS["median"]([3.0, 1.0, 2.0]) == 2.0 and timing.STATS["min"]([3, 1]) == 1.0
+  with pytest.raises(ValueError, match="unknown statistic 'best'.*allowed"):
+    timing.measure(f, 1, stat="best")
+  with pytest.raises(ValueError, match="repeats >= 1"):
+    timing.time_calls(f, 1, repeats=0)

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import json
 
-import matplotlib
+import ml_collections
+import numpy as np
+import pytest
+from PIL import Image
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import ml_collections  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from PIL import Image  # noqa: E402
+from omni_jax.common import tensorboard
+from omni_jax.common.figures import pyplot, save_figure
+from omni_jax.common.metrics import MetricsLog
 
-from omni_jax.train import tensorboard  # noqa: E402
-from omni_jax.train.metrics import MetricsLog, save_figure  # noqa: E402
+plt = pyplot()
 
 
 @pytest.fixture(autouse=True)

@@ -17,13 +17,13 @@ import pytest
 from PIL import Image
 
 from configs.omni_moe import get_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
+from omni_jax.common.tensorboard import read_events
 from omni_jax.data.stream import OmniStream
 from omni_jax.modalities import ModalityKind, register_kind
 from omni_jax.modalities.base import MODALITY_KINDS, stack_for
 from omni_jax.train import loop as loop_lib
 from omni_jax.train.omni import train_omni
-from omni_jax.train.tensorboard import read_events
 
 SUMMARY_KEYS = {"steps", "initial_loss", "final_loss", "eval", "tokens_per_sec", "mfu",
                 "params_total", "params_active", "config"}
@@ -122,7 +122,7 @@ class SpectrumEncoder(nn.Module):
     return stack_for(self.spec, self.d_model, self.dtype, 4)(h)
 
 
-@pytest.mark.slow  # an end-to-end run (default suite time, session 13)
+@pytest.mark.slow  # an end-to-end run (default suite time)
 def test_new_modalities_by_config_and_by_registration_train(tmp_path):
   if "test_spectrum" not in MODALITY_KINDS:
     register_kind(ModalityKind(

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from configs import visage as visage_config
-from omni_jax.config import ConfigError
+from omni_jax.common.config import ConfigError
 from omni_jax.visage import colmap_ref, pipeline, scheduler
 from omni_jax.visage.geometry import intrinsics, rotation_from_attitude
 

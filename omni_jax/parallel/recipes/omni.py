@@ -31,7 +31,7 @@ dispatch over ``expert``, Megatron attention / MLP over ``tensor``, GPipe over
 from __future__ import annotations
 
 from omni_jax.parallel.mesh import MESH_AXES
-from omni_jax.parallel.recipes import FSDP, RECIPES, REPLICATE, Module, Recipe, Rule
+from omni_jax.parallel.recipes.rules import FSDP, RECIPES, REPLICATE, Module, Recipe, Rule
 
 UNIT = r"backbone/units/layer_\d+"
 

@@ -1,7 +1,7 @@
 """Run records: ``metrics.jsonl`` (one object per logged step), atomic JSON, loss plots.
 
 Records and figures also go to TensorBoard event files in the same folder
-(:mod:`omni_jax.train.tensorboard`), so every job that uses :class:`MetricsLog` or
+(:mod:`omni_jax.common.tensorboard`), so every job that uses :class:`MetricsLog` or
 :func:`save_figure` is viewable with ``tensorboard --logdir=WORKDIR``.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from omni_jax.train import tensorboard
+from omni_jax.common import tensorboard
 
 
 def to_jsonable(x: Any) -> Any:
@@ -76,7 +76,7 @@ class MetricsLog:
   run restarts from) are dropped so the file never holds a step twice. Only the writing
   process (process 0 of a multi-process job) touches the file; the others keep their
   records in memory. The writing process also sends each record's numbers to TensorBoard
-  (:func:`omni_jax.train.tensorboard.add_record`) unless ``OMNI_JAX_NO_TENSORBOARD`` is set;
+  (:func:`omni_jax.common.tensorboard.add_record`) unless ``OMNI_JAX_NO_TENSORBOARD`` is set;
   a resumed run hides the earlier run's events from step ``resume_step + 1`` on.
   """
 
@@ -116,40 +116,3 @@ class MetricsLog:
       tensorboard.add_record(self._tb_dir, record)
 
 
-def save_figure(fig, path: str | os.PathLike, **savefig_kw) -> None:
-  """Writes a matplotlib figure as PNG atomically (``atomic_path``) and closes it; the PNG
-  also goes to TensorBoard as an image (:func:`omni_jax.train.tensorboard.add_figure_file`;
-  PNG and JPEG only) unless ``OMNI_JAX_NO_TENSORBOARD`` is set."""
-  import matplotlib.pyplot as plt
-  fig.tight_layout()
-  with atomic_path(path) as tmp:
-    fig.savefig(tmp, **savefig_kw)
-  plt.close(fig)
-  if tensorboard.enabled() and os.fspath(path).lower().endswith(tensorboard.IMAGE_EXT):
-    tensorboard.add_figure_file(path)
-
-
-def plot_curves(records: list[dict], keys: list[str], path: str, title: str,
-                log_y: bool = True, hlines: dict[str, float] | None = None) -> None:
-  """Saves a PNG with one line per key present in ``records`` (x = step); ``hlines`` adds
-  dotted reference levels (e.g. chance accuracy)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-  for k in keys:
-    pts = [(r["step"], r[k]) for r in records if isinstance(r.get(k), int | float)]
-    if pts:
-      xs, ys = zip(*pts, strict=True)
-      ax.plot(xs, ys, label=k, lw=1.4)
-  for name, y in (hlines or {}).items():
-    ax.axhline(y, ls=":", lw=1, color="gray")
-    ax.annotate(name, (0, y), fontsize=7, color="gray", va="bottom")
-  ax.set_xlabel("step")
-  if log_y:
-    ax.set_yscale("log")
-  ax.set_title(title)
-  ax.grid(alpha=0.3, which="both")
-  ax.legend(fontsize=8)
-  save_figure(fig, path)

@@ -15,14 +15,21 @@ from __future__ import annotations
 import math
 import re
 import statistics
-import time
+
+from omni_jax.common.timing import time_steps
+from omni_jax.models.omni import OmniModel
+from omni_jax.parallel import hlo_cost, layout
+from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.parallel.recipes import path_str
+from omni_jax.train.loop import create_state, make_train_step
+from omni_jax.train.omni import make_loss_fn, state_sharding, validate
+from omni_jax.train.optim import make_optimizer
 
 ENCODER_SCOPE = "/enc_"
 
 
 def encoder_flops(hlo_text: str, scope: str = ENCODER_SCOPE) -> float:
   """Per-device FLOPs of the encoders' instructions (``op_name`` contains ``scope``)."""
-  from omni_jax.parallel import hlo_cost
   return hlo_cost.flops_in_scope(hlo_text, scope)
 
 
@@ -31,13 +38,6 @@ def compare(config, layout_text: str, recipe_names=("omni", "omni_enc_fsdp"),
   """``{recipe: figures}`` for the train step of ``config`` on ``layout_text``."""
   import jax
 
-  from omni_jax.models.omni import OmniModel
-  from omni_jax.parallel import hlo_cost, layout
-  from omni_jax.parallel import mesh as mesh_lib
-  from omni_jax.parallel.recipes import path_str
-  from omni_jax.train.loop import create_state, make_train_step
-  from omni_jax.train.omni import make_loss_fn, state_sharding, validate
-  from omni_jax.train.optim import make_optimizer
 
   spec, stream, loop = validate(config)
   model = OmniModel(spec)
@@ -60,13 +60,7 @@ def compare(config, layout_text: str, recipe_names=("omni", "omni_enc_fsdp"),
     held = sum(math.prod(x.addressable_shards[0].data.shape) * x.dtype.itemsize
                for p, x in jax.tree_util.tree_leaves_with_path((state.params, state.opt_state))
                if re.search(r"(^|/)enc_", path_str(p)))
-    times = []
-    for i in range(steps + 1):
-      t0 = time.perf_counter()
-      state, metrics = compiled(state, batch)
-      jax.block_until_ready(metrics)
-      if i:
-        times.append(time.perf_counter() - t0)
+    state, metrics, times = time_steps(compiled, state, batch, steps=steps, warmup=1)
     out[recipe] = {
         "per_device_bytes": int(mem.argument_size_in_bytes + mem.output_size_in_bytes
                                 + mem.temp_size_in_bytes - mem.alias_size_in_bytes),

@@ -1,11 +1,9 @@
-"""Progress lines and wall-clock timing for every long loop of every job.
+"""Progress lines for every long loop of every job.
 
 :class:`Progress` logs ``what: done/total (rate unit/s, ETA ...)`` at most every ``every_s``
-seconds (and always at the end), and a final line with the total time and mean rate.
-:func:`timed` times one call; :func:`time_calls` times repeated calls after warm-up (the
-best of them is a machine's capacity on a shared host, the median its typical speed). Both
-wait for JAX results (``jax.block_until_ready``) so asynchronous dispatch is not mistaken
-for speed. The clock is injectable so rates and ETAs are testable on a fake one.
+seconds (and always at the end), and a final line with the total time and mean rate. The
+clock is injectable so rates and ETAs are testable on a fake one. Timing of calls is
+:mod:`omni_jax.common.timing`.
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
 
 from absl import logging
 
@@ -110,31 +107,3 @@ class Progress:
     self._log(f"{self.what}: done {self.done - self.start}{unit} in "
               f"{format_seconds(el)} ({_rate_text(r, self.unit)}){' ' + note if note else ''}")
     return {"seconds": el, "rate": r}
-
-
-def timed(fn: Callable[..., Any], *args, clock: Clock = time.perf_counter,
-          **kwargs) -> tuple[Any, float]:
-  """``(fn(*args, **kwargs), seconds)`` for one call, JAX results waited for."""
-  import jax
-  t0 = clock()
-  out = jax.block_until_ready(fn(*args, **kwargs))
-  return out, clock() - t0
-
-
-def time_calls(fn: Callable[..., Any], *args, repeats: int = 5, warmup: int = 1,
-               clock: Clock = time.perf_counter) -> list[float]:
-  """Seconds of each of ``repeats`` calls of ``fn(*args)`` after ``warmup`` untimed ones
-  (compile, caches), JAX results waited for. Take ``min`` for capacity on a shared host,
-  the median for a typical call."""
-  if repeats < 1 or warmup < 0:
-    raise ValueError(f"time_calls: need repeats >= 1 and warmup >= 0, got repeats={repeats}, "
-                     f"warmup={warmup}")
-  import jax
-  for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
-  ts = []
-  for _ in range(repeats):
-    t0 = clock()
-    jax.block_until_ready(fn(*args))
-    ts.append(clock() - t0)
-  return ts

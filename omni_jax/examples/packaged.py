@@ -34,7 +34,7 @@ from PIL import Image
 
 from omni_jax.data.encode import write_video, write_wav
 from omni_jax.modalities.frames import NOTES
-from omni_jax.modalities.patch import RGB_COLOURS, shape_mask
+from omni_jax.modalities.patch import RGB_COLOURS, SHAPES, shape_mask
 from omni_jax.modalities.video import DIRECTIONS
 
 PHOTOS = {
@@ -203,7 +203,6 @@ def render_clip(shape: str, colour: str, direction: str, frames: int, side: int,
 
 
 def _clip_records(root: Path, n: int, rng: np.random.Generator) -> list[dict]:
-  from omni_jax.modalities.patch import SHAPES  # noqa: PLC0415
 
   records = []
   colours, directions, notes = list(RGB_COLOURS), list(DIRECTIONS), list(NOTES)

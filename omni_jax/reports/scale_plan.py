@@ -28,6 +28,14 @@ from __future__ import annotations
 
 import time
 
+from omni_jax.common.figures import pyplot, save_figure
+from omni_jax.data.sequences import batch_shapes
+from omni_jax.models.flops import train_flops_per_step
+from omni_jax.parallel import hlo_cost, layout
+from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.train.loop import TrainState, make_train_step
+from omni_jax.train.omni import make_loss_fn, parallel_op_names, recipe_name, state_sharding
+
 GB = 1e9
 SEED_TOKENS_PER_SEC_PER_GPU = 2800.0   # OmniScale / VeOmni: 30B omni MoE, 128 GPUs, 160K
 H100 = {
@@ -94,7 +102,6 @@ def placed_mesh(mesh_cfg: dict[str, int], devices):
   import numpy as np
   from jax.sharding import AxisType, Mesh
 
-  from omni_jax.parallel import mesh as mesh_lib
   sizes = mesh_lib.mesh_shape(mesh_cfg, len(devices))
   physical = [a for a in mesh_cfg] + [a for a in mesh_lib.MESH_AXES if a not in mesh_cfg]
   ids = np.arange(len(devices)).reshape([sizes[a] for a in physical])
@@ -110,12 +117,6 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | 
   import jax
   from jax.sharding import NamedSharding
 
-  from omni_jax.data.sequences import batch_shapes
-  from omni_jax.models.flops import train_flops_per_step
-  from omni_jax.parallel import layout
-  from omni_jax.parallel import mesh as mesh_lib
-  from omni_jax.train.loop import TrainState, make_train_step
-  from omni_jax.train.omni import make_loss_fn, parallel_op_names, recipe_name, state_sharding
 
   recipe, body = layout.split_recipe(text, recipe_name(config))
   mesh_cfg, op_override = layout.parse_layout(body)
@@ -144,7 +145,6 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | 
   if hlo_path:
     with open(hlo_path, "w") as f:
       f.write(compiled.as_text())
-  from omni_jax.parallel import hlo_cost
   cost = hlo_cost.analyze(compiled.as_text(), H100["gpus_per_node"], ATTENTION_LOOP_SCOPE,
                          [d.id for d in mesh.devices.flat])
   mem = compiled.memory_analysis()
@@ -179,19 +179,15 @@ def host_batch(spec, config):
   """The abstract global batch of ``config`` at batch 1 (shapes only)."""
   import jax
 
-  from omni_jax.data.sequences import batch_shapes
   return {k: jax.ShapeDtypeStruct(s, d)
           for k, (s, d) in batch_shapes(spec, 1, config.data.seq_len).items()}
 
 
 def plot_plan(rows, path, mfu: float):
   """GB per device and predicted tokens/s/GPU per layout, against the seed's figure."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   import numpy as np
 
-  from omni_jax.train.metrics import save_figure
   if not rows:
     return
   x = np.arange(len(rows))

@@ -1,30 +1,32 @@
 """Training the learned tokenizers with the stack's loop (:func:`omni_jax.train.loop.fit`).
 
 :func:`train_image_tokenizer` fits :class:`~omni_jax.tokenizers.image_codec.ImageCodec` to
-random crops of real pictures (:mod:`omni_jax.tokenizers.image_data`) with a pixel MSE loss,
+random crops of real pictures (:mod:`omni_jax.examples.image_data`) with a pixel MSE loss,
 resumable from orbax checkpoints in ``<workdir>/checkpoints``; it then measures on the
 held-out crops ``recon_psnr_db``, ``codebook_perplexity`` and ``codebook_usage``, writes
 ``summary.json``, ``recon.png`` (held-out originals above their reconstructions) and the codec
-itself (``codec.json`` + ``codec_params.msgpack``, read back by :func:`load_codec`).
+itself (``codec.json`` + ``codec_params.msgpack``, read back by
+:func:`omni_jax.tokenizers.codec_io.load_codec`).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from PIL import Image
 
-from omni_jax.config import check_keys, positive_int, require
-from omni_jax.tokenizers import fsq, image_data
+from omni_jax.common.config import check_keys, positive_int, require
+from omni_jax.common.metrics import atomic_path, write_json_atomic
+from omni_jax.data.encode import write_wav
+from omni_jax.examples import audio_data, image_data
+from omni_jax.tokenizers import fsq
+from omni_jax.tokenizers.codec_io import save_codec
 from omni_jax.tokenizers.image_codec import DOWNSAMPLE, ImageCodec, psnr_db
 from omni_jax.train.loop import LoopConfig, fit
-from omni_jax.train.metrics import atomic_path, write_json_atomic
 from omni_jax.train.optim import make_optimizer
 
 IMAGE_DATA_KEYS = ("crop", "batch_size", "photo_share", "heldout")
@@ -35,37 +37,6 @@ def _single_device():
   sharding = jax.sharding.SingleDeviceSharding(dev)
   return (lambda abstract: jax.tree.map(lambda _: sharding, abstract),
           lambda batch: jax.device_put(batch, dev))
-
-
-def _save_codec(out: Path, kind: str, codec_cfg: dict, params) -> None:
-  with atomic_path(out / "codec_params.msgpack") as tmp:
-    Path(tmp).write_bytes(flax.serialization.to_bytes(jax.device_get(params)))
-  write_json_atomic(out / "codec.json", dict(kind=kind, **codec_cfg))
-
-
-def load_codec(workdir: str):
-  """(kind, codec module, params) of a trained tokenizer in ``workdir``; a clear error when the
-  folder holds none."""
-  root = Path(workdir)
-  meta, blob = root / "codec.json", root / "codec_params.msgpack"
-  if not (meta.is_file() and blob.is_file()):
-    raise FileNotFoundError(f"{workdir}: no trained tokenizer (codec.json and "
-                            "codec_params.msgpack); run experiments.train_tokenizer first")
-  cfg = json.loads(meta.read_text())
-  kind = cfg.pop("kind")
-  if kind == "image":
-    codec = ImageCodec(levels=tuple(cfg["levels"]), width=cfg["width"])
-    size = 8 * DOWNSAMPLE
-    template = jax.eval_shape(codec.init, jax.random.PRNGKey(0),
-                              jnp.zeros((1, size, size, 3)))["params"]  # shapes only
-  elif kind == "audio":
-    from omni_jax.tokenizers.audio_codec import AudioCodec  # noqa: PLC0415
-    codec = AudioCodec(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()})
-    template = jax.eval_shape(codec.init_params, jax.random.PRNGKey(0))
-  else:
-    raise ValueError(f"{meta}: unknown tokenizer kind {kind!r}; known: image, audio")
-  params = flax.serialization.from_bytes(template, blob.read_bytes())  # shapes only: no init
-  return kind, codec, jax.tree.map(jnp.asarray, params)
 
 
 def _grid_png(rows: list[np.ndarray], path: Path) -> None:
@@ -152,7 +123,7 @@ def train_image_tokenizer(cfg, workdir: str) -> dict:
       if result.records else None,
       mean_step_time_s=result.mean_step_time, resumed_from=result.resumed_from,
       stats_on="held-out crops (pictures never trained on)")
-  _save_codec(out, "image", dict(levels=list(levels), width=width), params)
+  save_codec(out, "image", dict(levels=list(levels), width=width), params)
   _grid_png([held[:12], recon[:12]], out / "recon.png")
   write_json_atomic(out / "summary.json", summary)
   logging.info("image tokenizer: held-out PSNR %.2f dB, perplexity %.1f of %d codes, "
@@ -172,8 +143,7 @@ def train_audio_tokenizer(cfg, workdir: str) -> dict:
   clip's own log-mel: the inversion's floor), ``logmel_snr_db`` of the codec's log-mel,
   ``codebook_perplexity``, ``codebook_usage``; writes summary.json, example WAVs
   (``heldout-<i>-{orig,recon}.wav``) and the codec."""
-  from omni_jax.data.encode import write_wav  # noqa: PLC0415
-  from omni_jax.tokenizers import audio_codec, audio_data, griffin_lim  # noqa: PLC0415
+  from omni_jax.tokenizers import audio_codec, griffin_lim  # noqa: PLC0415
   from omni_jax.tokenizers.audio_codec import AudioCodec  # noqa: PLC0415
 
   check_keys(cfg, ("kind", "codec", "data", "optim", "train"), "",
@@ -228,7 +198,7 @@ def train_audio_tokenizer(cfg, workdir: str) -> dict:
       steps=int(jax.device_get(result.state.step)), mean_step_time_s=result.mean_step_time,
       resumed_from=result.resumed_from,
       stats_on="held-out clips (own seed stream; unseen sentences and voice)")
-  _save_codec(out, "audio", dict(levels=list(levels), **ints), params)
+  save_codec(out, "audio", dict(levels=list(levels), **ints), params)
   for i in range(min(3, len(held))):
     write_wav(out / f"heldout-{i}-orig.wav", held[i], rate)
     write_wav(out / f"heldout-{i}-recon.wav", wave[i], rate)

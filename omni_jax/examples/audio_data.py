@@ -13,7 +13,7 @@ import functools
 
 import numpy as np
 
-from omni_jax.data.packaged import VOWELS, tone, voice
+from omni_jax.examples.packaged import VOWELS, tone, voice
 from omni_jax.lsm import speech
 from omni_jax.modalities.frames import NOTES
 

@@ -1,7 +1,7 @@
 """TensorBoard event files beside every job's ``metrics.jsonl`` and figures (tensorboardX).
 
-Jobs do not call this module: :class:`omni_jax.train.metrics.MetricsLog` sends each record's
-numbers here as scalars and :func:`omni_jax.train.metrics.save_figure` sends each figure as
+Jobs do not call this module: :class:`omni_jax.common.metrics.MetricsLog` sends each record's
+numbers here as scalars and :func:`omni_jax.common.figures.save_figure` sends each figure as
 an image, so every job that writes records or figures gets ``events.out.tfevents.*`` in the
 same folder (``tensorboard --logdir=WORKDIR``). The job's resolved config, registered once by
 the experiment main (:func:`set_run_config`, done by ``experiments.common.setup_devices``), is

@@ -4,7 +4,10 @@ the step's shapes, and the breakdown plot."""
 
 from __future__ import annotations
 
-from omni_jax.train.progress import time_calls
+from omni_jax.common.figures import pyplot, save_figure
+from omni_jax.common.timing import time_calls
+from omni_jax.models.layers import Attention
+from omni_jax.models.moe import MoE
 
 
 def component_times(spec, batch_size: int, seq_len: int, n: int) -> dict[str, float]:
@@ -17,8 +20,6 @@ def component_times(spec, batch_size: int, seq_len: int, n: int) -> dict[str, fl
   import jax
   import jax.numpy as jnp
 
-  from omni_jax.models.layers import Attention
-  from omni_jax.models.moe import MoE
   bb = spec.backbone
   key = jax.random.PRNGKey(0)
   x = jax.random.normal(key, (batch_size, seq_len, bb.d_model), bb.dtype)
@@ -58,9 +59,7 @@ def component_times(spec, batch_size: int, seq_len: int, n: int) -> dict[str, fl
 
 
 def plot_breakdown(summary, path):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   parts = summary["breakdown"]
   fig, ax = plt.subplots(figsize=(7, 2.4), dpi=110)
   left = 0.0
@@ -72,5 +71,4 @@ def plot_breakdown(summary, path):
   ax.set_title(f"train step: MFU {summary['mfu_vs_measured_peak']:.2f} of the measured "
                f"{summary['peak_flops_per_sec'] / 1e9:.0f} GFLOP/s matmul peak")
   ax.legend(ncol=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.45))
-  from omni_jax.train.metrics import save_figure
   save_figure(fig, path)

@@ -14,7 +14,7 @@ import functools
 import numpy as np
 from PIL import Image
 
-from omni_jax.data.packaged import PHOTO_SIDE, PHOTOS, _photo
+from omni_jax.examples.packaged import PHOTO_SIDE, PHOTOS, _photo
 
 HELDOUT_PHOTOS = ("chelsea", "coins", "immunohistochemistry")
 DIGIT_SIDE = 32

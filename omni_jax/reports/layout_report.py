@@ -4,7 +4,21 @@ with the 1-device step, timed steps, the sequence-parallel memory check, and the
 from __future__ import annotations
 
 import math
-import time
+
+from omni_jax.common.checkpoint import abstract_like
+from omni_jax.common.figures import pyplot, save_figure
+from omni_jax.common.timing import STATS, time_steps
+from omni_jax.models.omni import OmniModel
+from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.train.loop import create_state, make_train_step
+from omni_jax.train.omni import (
+  make_loss_fn,
+  parallel_op_names,
+  recipe_name,
+  state_sharding,
+  validate,
+)
+from omni_jax.train.optim import make_optimizer
 
 
 def max_rel_err(a, b) -> float:
@@ -16,15 +30,7 @@ def max_rel_err(a, b) -> float:
 
 def step_seconds(compiled, state, batch, steps: int) -> float:
   """Mean seconds of one train step after two warm-up steps (state is donated)."""
-  import jax
-  for _ in range(2):
-    state, m = compiled(state, batch)
-  jax.block_until_ready(m)
-  t0 = time.perf_counter()
-  for _ in range(steps):
-    state, m = compiled(state, batch)
-  jax.block_until_ready(m)
-  return (time.perf_counter() - t0) / steps
+  return STATS["mean"](time_steps(compiled, state, batch, steps=steps, warmup=2)[2])
 
 
 def sequence_memory_check(config, seq_len: int, n: int = 8, block: int = 256) -> dict:
@@ -35,18 +41,6 @@ def sequence_memory_check(config, seq_len: int, n: int = 8, block: int = 256) ->
   dense attention and with blockwise attention over ``block``-key blocks."""
   import jax
 
-  from omni_jax.models.omni import OmniModel
-  from omni_jax.parallel import mesh as mesh_lib
-  from omni_jax.train.checkpoint import abstract_like
-  from omni_jax.train.loop import create_state, make_train_step
-  from omni_jax.train.omni import (
-    make_loss_fn,
-    parallel_op_names,
-    recipe_name,
-    state_sharding,
-    validate,
-  )
-  from omni_jax.train.optim import make_optimizer
 
   cfg = config.copy_and_resolve_references()
   with cfg.unlocked():
@@ -79,9 +73,7 @@ def sequence_memory_check(config, seq_len: int, n: int = 8, block: int = 256) ->
 
 
 def plot(rows, path):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   import numpy as np
   names = [r["name"] for r in rows]
   x = np.arange(len(rows))
@@ -95,5 +87,4 @@ def plot(rows, path):
     ax.set_xticks(x, names, rotation=25, ha="right", fontsize=7)
     ax.grid(alpha=0.3, axis="y")
   a.legend(fontsize=8)
-  from omni_jax.train.metrics import save_figure
   save_figure(fig, path)

@@ -25,13 +25,14 @@ from omni_jax.models import named_ops
 from omni_jax.models.transformer import Backbone, BackboneSpec
 from omni_jax.parallel import hlo_cost
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.parallel.pipeline import PIPE, gpipe, one_f_one_b
+from omni_jax.parallel.pipeline import gpipe, one_f_one_b
+from omni_jax.parallel.pipeline_stages import PIPE
 
 # What is compiled: the two schedules the recipe ships, and two references. ``gpipe_remat``:
 # GPipe with the same per-stage rematerialisation as 1F1B (it keeps each tick's stage input
 # and recomputes the stage in the backward), the fair reference for 1F1B's memory;
 # ``1f1b_residual_ring``: 1F1B keeping each in-flight microbatch's stage residuals instead
-# (one stage forward fewer per microbatch, the design before session 12).
+# (one stage forward fewer per microbatch, more memory).
 VARIANTS = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
@@ -46,10 +47,9 @@ def schedule_memory(spec: BackboneSpec, batch: int, seq_len: int, n_stages: int,
   ``value_and_grad`` with ``n_stages`` stages and ``microbatches`` microbatches of ``batch``
   rows of ``seq_len``. The loss stands in for the heads: the mean square of a fixed
   projection of the hidden states, plus the MoE aux. Its gradient depends on the hidden
-  states, as any head's does; with a linear one (before session 12) the backward did not
-  need the forward's output, and XLA merged the forward's output all-reduce with the
-  backward's, keeping a batch-sized buffer live through the whole backward (1 MiB more on
-  every schedule of the tiny config)."""
+  states, as any head's does; with a linear one the backward would not need the forward's
+  output, and XLA could merge the forward's output all-reduce with the backward's, keeping a
+  batch-sized buffer live through the whole backward."""
   if len(jax.devices()) < n_stages:
     raise ValueError(f"{n_stages} stages need {n_stages} devices; {len(jax.devices())} present")
   mesh = mesh_lib.make_mesh({PIPE: n_stages}, devices=jax.devices()[:n_stages])

@@ -1,0 +1,125 @@
+"""The omni model's validated description: :class:`OmniSpec`, the ``config.model`` keys it is
+built from, and :func:`backbone_spec` (the backbone part of the validation). Data and models
+both read it; :func:`omni_jax.train.spec.build_spec` builds the whole spec (modalities,
+tokenizer, a pretrained backbone)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from omni_jax.common.config import check_keys, nonneg_float, one_of, positive_int, require
+from omni_jax.models.transformer import REMAT_POLICIES, BackboneSpec
+
+MODEL_KEYS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "rope_theta", "moe",
+              "remat", "dtype", "text_loss_weight", "modalities", "attention_block", "init_from")
+OPTIONAL_MODEL_KEYS = ("init_from",)
+MOE_KEYS = ("num_experts", "top_k", "d_ff", "every", "renormalize", "impl", "capacity_factor",
+            "shared_experts", "lb_coef", "z_coef")
+# Optional: 'aux_loss' (default) | 'bias' | 'both', and the bias step (DeepSeek-V3: 1e-3).
+MOE_BALANCE_KEYS = ("balance", "bias_rate")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+  name: str      # "text" or a generated modality's name
+  size: int      # number of classes
+  weight: float  # loss weight
+
+
+@dataclasses.dataclass(frozen=True)
+class OmniSpec:
+  """Validated, immutable description of an omni model (built by
+  :func:`omni_jax.train.spec.build_spec`)."""
+  backbone: BackboneSpec
+  modalities: tuple[tuple[str, Any], ...]   # (name, resolved modality spec), sorted by name
+  text_vocab: int
+  code_offsets: tuple[tuple[str, int], ...]  # generated modality -> first input id
+  input_vocab: int                           # padded to a multiple of 128
+  heads: tuple[Head, ...]                    # heads[0] is text; head id = index + 1
+  lb_coef: float
+  z_coef: float
+  tokenizer_source: str = "bytes"            # config.data.tokenizer
+  init_from: str = ""                        # "hf:DIR": backbone from a pretrained checkpoint
+  # the text tokenizer build_spec made (the checkpoint's with init_from, else tokenizer_source's);
+  # not compared: it follows from the fields above
+  text_tokenizer: Any = dataclasses.field(default=None, compare=False)
+  bias_rate: float = 0.0                     # aux-loss-free balance step (0: balance off)
+
+  @property
+  def tokenizer(self):
+    """The text tokenizer: the pretrained checkpoint's when ``init_from`` is set, else
+    ``config.data.tokenizer``'s (ByteTokenizer or SubwordTokenizer)."""
+    if self.text_tokenizer is None:
+      raise ValueError("this OmniSpec was built without a tokenizer; build it with "
+                       "omni_jax.train.spec.build_spec")
+    return self.text_tokenizer
+
+  def modality(self, name: str) -> Any:
+    return dict(self.modalities)[name]
+
+  def head_id(self, name: str) -> int:
+    return [h.name for h in self.heads].index(name) + 1
+
+
+def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
+  """Validates ``config.model`` apart from its modalities and tokenizer; returns the
+  :class:`BackboneSpec` and the checked ``moe`` settings (errors name the key)."""
+  check_keys(model_cfg, MODEL_KEYS, "model.",
+             required=[k for k in MODEL_KEYS if k not in OPTIONAL_MODEL_KEYS])
+  p = "model."
+  for k in ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff"):
+    positive_int(model_cfg, k, p)
+  d, nh, nkv = model_cfg["d_model"], model_cfg["num_heads"], model_cfg["num_kv_heads"]
+  require(d % nh == 0, p + "d_model", d, f"must be divisible by num_heads={nh}")
+  require((d // nh) % 2 == 0, p + "num_heads", nh,
+          f"head_dim = d_model / num_heads = {d // nh} must be even for rotary embeddings")
+  require(nh % nkv == 0, p + "num_kv_heads", nkv, f"must divide num_heads={nh}")
+  one_of(model_cfg, "remat", REMAT_POLICIES, p)
+  ab = model_cfg["attention_block"]
+  require(isinstance(ab, int) and ab >= 0, p + "attention_block", ab,
+          "must be an integer >= 0 (0 = dense attention, n = blockwise over n-key blocks)")
+  one_of(model_cfg, "dtype", DTYPES, p)
+  nonneg_float(model_cfg, "text_loss_weight", p)
+  require(float(model_cfg["rope_theta"]) > 0, p + "rope_theta", model_cfg["rope_theta"],
+          "must be > 0")
+
+  moe = model_cfg["moe"]
+  q = p + "moe."
+  check_keys(moe, MOE_KEYS + MOE_BALANCE_KEYS, q, required=MOE_KEYS)
+  balance, bias_rate = moe.get("balance", "aux_loss"), moe.get("bias_rate", 1e-3)
+  one_of({"balance": balance}, "balance", ("aux_loss", "bias", "both"), q)
+  require(isinstance(bias_rate, int | float) and not isinstance(bias_rate, bool)
+          and bias_rate > 0, q + "bias_rate", bias_rate, "must be a number > 0")
+  e = moe["num_experts"]
+  require(isinstance(e, int) and e >= 0, q + "num_experts", e, "must be an integer >= 0 "
+          "(0 = dense model)")
+  require(isinstance(moe["every"], int) and moe["every"] >= 0, q + "every", moe["every"],
+          "must be an integer >= 0 (0 = no MoE layers, k = every k-th layer)")
+  if e and moe["every"]:
+    positive_int(moe, "top_k", q)
+    positive_int(moe, "d_ff", q)
+    require(moe["top_k"] <= e, q + "top_k", moe["top_k"], f"must be <= num_experts={e}")
+    one_of(moe, "impl", ("dropless", "capacity"), q)
+    require(float(moe["capacity_factor"]) > 0, q + "capacity_factor", moe["capacity_factor"],
+            "must be > 0")
+    require(isinstance(moe["shared_experts"], int) and moe["shared_experts"] >= 0,
+            q + "shared_experts", moe["shared_experts"], "must be an integer >= 0")
+    require(model_cfg["num_layers"] % moe["every"] == 0, p + "num_layers",
+            model_cfg["num_layers"], f"must be a multiple of moe.every={moe['every']}")
+  nonneg_float(moe, "lb_coef", q)
+  nonneg_float(moe, "z_coef", q)
+
+  backbone = BackboneSpec(
+      d_model=d, num_layers=model_cfg["num_layers"], num_heads=nh, num_kv_heads=nkv,
+      head_dim=d // nh, d_ff=model_cfg["d_ff"], rope_theta=float(model_cfg["rope_theta"]),
+      num_experts=e if moe["every"] else 0, top_k=moe["top_k"], moe_d_ff=moe["d_ff"],
+      moe_every=moe["every"], renormalize=bool(moe["renormalize"]), moe_impl=moe["impl"],
+      capacity_factor=float(moe["capacity_factor"]), shared_experts=moe["shared_experts"],
+      remat=model_cfg["remat"], dtype=DTYPES[model_cfg["dtype"]],
+      attention_block=model_cfg["attention_block"], moe_balance=balance)
+  return backbone, dict(lb_coef=float(moe["lb_coef"]), z_coef=float(moe["z_coef"]),
+                        balance=balance, bias_rate=float(bias_rate))
