@@ -15,7 +15,7 @@ from omni_jax.data.documents import DocMaker
 from omni_jax.data.pipeline import DataError
 from omni_jax.data.records import Item, open_dataset
 from omni_jax.data.stream import make_stream
-from omni_jax.models.omni import build_spec
+from omni_jax.train.spec import build_spec
 from tests.cli import run_module
 from tests.data.test_input_pipeline import text_config, texts_of, write_lines
 
@@ -170,7 +170,8 @@ def test_unknown_keys_are_metadata_unless_strict(tmp_path):
     s.batch(0)
 
 
-def test_mixture_batches_follow_the_weights(tmp_path):
+@pytest.mark.parametrize("n", [2_000, pytest.param(10_000, marks=pytest.mark.slow)])
+def test_mixture_batches_follow_the_weights(tmp_path, n):
   a = write_lines(tmp_path / "a.jsonl", [{"id": f"a{i}", "text": f"a{i}"} for i in range(300)])
   b_in = write_lines(tmp_path / "b_in.jsonl", [{"id": f"b{i}", "text": f"b{i}"}
                                                 for i in range(200)])
@@ -186,12 +187,12 @@ def test_mixture_batches_follow_the_weights(tmp_path):
   s = make_stream(spec, cfg.data)
   docs = []
   step = 0
-  while len(docs) < 10_000:
+  while len(docs) < n:
     batch = s.batch(step)
     assert not batch["image_mask"].any()
     docs += texts_of(spec, batch)
     step += 1
-  got = {k: sum(d[0] == k for d in docs[:10_000]) / 10_000 for k in weights}
+  got = {k: sum(d[0] == k for d in docs[:n]) / n for k in weights}
   for k, w in weights.items():
     assert abs(got[k] - w) < 0.02, (k, got)
   summary = s.summary()
@@ -216,6 +217,7 @@ def test_bad_sources_name_the_key(tmp_path, sources, match):
     make_stream(build_spec(cfg.model), cfg.data)
 
 
+@pytest.mark.slow  # a train_omni process (~30 s on 2 shared cores)
 def test_a_run_over_bad_data_stops_with_a_message_not_a_traceback(tmp_path):
   """26 records, 2 bad files: the run stops at the end of the first pass (fewer records than
   the minimum count), naming each bad file once, with a non-zero exit code."""
