@@ -6,9 +6,10 @@ In one run: the Grain pipeline's records/s and tokens/s (decode, resample, token
 with --workers worker processes) and the train step's tokens/s on a batch from it (see
 omni_jax/reports/input_bench.py). Writes summary.json with ``input_tokens_per_sec``,
 ``step_tokens_per_sec``, ``input_over_step``, ``packing_efficiency`` and ``startup_s`` /
-``startup_cpu_s`` (wall / CPU seconds building the spec and the stream: opening the datasets' indexes, fitting codebooks, binding
-the readers); with ``--records=N`` the input pass reads N records and adds ``rss_growth_mb``
-(resident memory of the process and its workers, peak over the pass minus its start). Any
+``startup_cpu_s`` (wall / CPU seconds building the spec and the stream: opening the
+datasets' indexes, fitting codebooks, binding the readers); with ``--records=N`` the input
+pass reads N records and adds ``rss_growth_mb`` (resident memory of the process and its
+workers, peak over the pass minus its start). Any
 config whose ``data.source`` is 'manifest' works, e.g. ``--config=configs/omni_moe.py:tiny
 --config.data.source=manifest --config.data.manifest=/path/m.jsonl``.
 """
