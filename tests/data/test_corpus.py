@@ -303,3 +303,4 @@ def test_an_input_pass_by_record_count_reports_memory(tmp_path):
   # It stops at the first batch that brings the count to 300: within one window of it.
   assert 300 <= out["records"] < 300 + 32 * 8
   assert out["rss_start_mb"] > 10 and np.isfinite(out["rss_growth_mb"])
+  assert out["rss_growth_after_first_tenth_mb"] <= out["rss_growth_mb"] + 1e-9
