@@ -172,14 +172,14 @@ def test_unknown_keys_are_metadata_unless_strict(tmp_path):
 
 @pytest.mark.parametrize("n", [2_000, pytest.param(10_000, marks=pytest.mark.slow)])
 def test_mixture_batches_follow_the_weights(tmp_path, n):
-  a = write_lines(tmp_path / "a.jsonl", [{"id": f"a{i}", "text": f"a{i}"} for i in range(300)])
-  b_in = write_lines(tmp_path / "b_in.jsonl", [{"id": f"b{i}", "text": f"b{i}"}
+  a = write_lines(tmp_path / "a.jsonl", [{"id": f"a{i}", "text": f"a{i:03d}"} for i in range(300)])
+  b_in = write_lines(tmp_path / "b_in.jsonl", [{"id": f"b{i}", "text": f"b{i:03d}"}
                                                 for i in range(200)])
   convert(b_in, tmp_path / "b", "arrayrecord", shards=2)
   Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "x.png")
-  c = write_lines(tmp_path / "c.jsonl", [{"id": f"c{i}", "text": f"c{i}", "image": "x.png"}
+  c = write_lines(tmp_path / "c.jsonl", [{"id": f"c{i}", "text": f"c{i:03d}", "image": "x.png"}
                                          for i in range(100)])
-  weights = {"a": 0.5, "b": 0.3, "c": 0.2}
+  weights = {"a": 0.5, "b": 0.3, "c": 0.2}  # documents of one length: packing is neutral
   cfg = text_config("", eval_fraction=0.0, pack_window=64, prefetch=0, shards=2, sources=[
       dict(path=str(a), weight=5), dict(path=str(tmp_path / "b"), weight=3.0),
       dict(path=str(c), weight=2.0, modalities=[])])  # c feeds text only: its image ignored
