@@ -6,7 +6,9 @@ row of ``seq_len`` tokens and marks them:
 
 * ``segment_ids`` int32 [B, T]: 0 on padding, 1..n for the row's documents in order — the
   attention mask allows a token to see only its own document;
-* ``positions`` int32 [B, T]: restart at 0 at each document (0 on padding);
+* ``positions`` int32 [B, T]: restart at 0 at each document (0 on padding), or at
+  ``Doc.start`` for a later window of a long document cut by :func:`chunk_document` with
+  continued positions;
 * ``targets`` / ``target_head``: a document's last token predicts nothing (head 0), so no
   loss crosses a boundary and padding carries no loss.
 
