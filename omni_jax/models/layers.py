@@ -209,6 +209,10 @@ class Attention(nn.Module):
   projections itself and calls the ``attention`` core op, so sequence parallelism still
   applies; tensor parallelism then comes from the parameter shardings (the compiler
   partitions the projections) instead of the explicit Megatron ``self_attention`` op.
+
+  ``cache`` (a :class:`~omni_jax.models.kv_cache.KVCache`, decoding): the same projections,
+  then ``cache.attend`` writes this call's keys / values and attends over the cached ones;
+  returns ``(out, cache)`` instead of ``out``.
   """
   num_heads: int
   num_kv_heads: int
@@ -222,13 +226,13 @@ class Attention(nn.Module):
   norm_eps: float = 1e-6
 
   @nn.compact
-  def __call__(self, x, positions, segment_ids=None):
+  def __call__(self, x, positions, segment_ids=None, cache=None):
     d, dh = x.shape[-1], self.head_dim
     w = lambda name, shape, fan_in=1: Kernel(shape, fan_in, self.dtype, name=name)()
     wq, wk = w("q", (d, self.num_heads, dh)), w("k", (d, self.num_kv_heads, dh))
     wv, wo = w("v", (d, self.num_kv_heads, dh)), w("o", (self.num_heads, dh, d), 2)
     x = x.astype(self.dtype)
-    if not (self.qk_norm or self.qkv_bias or self.rope_scaling):
+    if cache is None and not (self.qk_norm or self.qkv_bias or self.rope_scaling):
       return self_attention(x, positions, wq, wk, wv, wo, rope_theta=self.rope_theta,
                             block=self.block, segment_ids=segment_ids)
     proj = lambda w: jnp.einsum("btd,dhk->bthk", x, w)
@@ -244,6 +248,9 @@ class Attention(nn.Module):
       k = RMSNorm(self.norm_eps, self.dtype, name="k_norm")(k)
     q = rope(q, positions, self.rope_theta, self.rope_scaling)
     k = rope(k, positions, self.rope_theta, self.rope_scaling)
+    if cache is not None:
+      out, cache = cache.attend(q, k, v)
+      return jnp.einsum("bthk,hkd->btd", out, wo), cache
     out = attention(q, k, v, causal=True, block=self.block, segment_ids=segment_ids)
     return jnp.einsum("bthk,hkd->btd", out, wo)
 

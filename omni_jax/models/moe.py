@@ -215,6 +215,8 @@ def _dispatch_dropless(x, expert_ids, wi_gate, wi_up, wo, *, impl: str | None = 
   """
   n, k = expert_ids.shape
   num_experts = wi_gate.shape[0]
+  if n * k <= num_experts:
+    return _dispatch_gathered(x, expert_ids, wi_gate, wi_up, wo)
   flat_ids = expert_ids.reshape(-1)                      # token-major: index n*k + j
   order, group_sizes, _ = _sort_by_expert(flat_ids, num_experts)
   inverse = jnp.zeros_like(order).at[order].set(
@@ -231,6 +233,18 @@ def _dispatch_dropless(x, expert_ids, wi_gate, wi_up, wo, *, impl: str | None = 
   xp = jnp.asarray(x).at[token].get(mode="fill", fill_value=0)
   out_p = swiglu(xp, wi_gate, wi_up, wo, matmul=plan.matmul)
   return out_p[layout.dest[inverse]].reshape(n, k, -1)
+
+
+def _dispatch_gathered(x, expert_ids, wi_gate, wi_up, wo) -> jax.Array:
+  """Per-assignment expert outputs ``[N, k, D]`` from each assignment's own expert weights,
+  gathered: the dropless result when there are no more assignments than experts (a decode
+  step's few tokens). It reads ``N*k`` experts' weights instead of all ``E`` (a grouped
+  matmul over E experts reads every expert's weights, which made a one-token step of a
+  16-expert layer copy the whole layer's experts)."""
+  mm = lambda a, w: jnp.einsum("nki,nkio->nko", a, w)
+  xs = jnp.broadcast_to(x[:, None, :], (*expert_ids.shape, x.shape[-1]))
+  return swiglu(xs, wi_gate[expert_ids], wi_up[expert_ids], wo[expert_ids], matmul=mm,
+                lean=False)
 
 
 def capacity_positions(expert_ids: jax.Array, num_experts: int) -> jax.Array:
