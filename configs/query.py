@@ -1,4 +1,4 @@
-"""DeepStore-style intelligent queries over an SSD-resident feature store (issue 9).
+"""DeepStore-style intelligent queries over an SSD-resident feature store.
 
 Run:
   python -m experiments.query --config=configs/query.py:tiny --workdir=/tmp/query_tiny
@@ -34,10 +34,12 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
   c.real = ml_collections.ConfigDict(dict(
       enabled=True,              # add CNN features of scikit-image sample images (if installed)
       crops_per_image=100, image_size=64, queries_per_image=2))
-  c.engines = ("host", "host_parallel", "near_storage", "near_storage_int8")
+  c.engines = ("host", "host_parallel", "host_int8", "host_int8_parallel", "near_storage",
+               "near_storage_int8")
   c.channels = 8                 # simulated SSD channels (one worker thread each)
   c.block_rows = 16384           # rows per streamed block
-  c.shortlist = 64               # int8 path: rows re-ranked exactly per channel
+  c.shortlist = 64               # int8 engines: rows re-ranked exactly per channel (the int8
+                                 # hosts re-rank channels x shortlist rows, as many in all)
   c.k = 10
   c.queries = 40                 # timed cold queries per engine
   c.warmup = 2

@@ -41,6 +41,9 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       seed=1000, dir="", lines=4, images_per_line=10, tanks=3, piles=3, buildings=1,
       kinds=("tank", "pile"), annotated_images=6, min_sigma=0.008, prototypes=32,
       quantile=0.999, margin=1.5, min_radius=0.02))
+  # the build-cost model the scheduler orders by (cost_model.py): fitted on measured builds
+  # of the calibration survey's asset sites, each built with every view count listed here
+  c.cost_model = ml_collections.ConfigDict(dict(view_counts=(3, 5, 8)))
   c.queries = (dict(name="anomalous_colour", priority=3.0),     # a tuple: overridable
                dict(name="changed_since_last", priority=2.0),   # as a string on the CLI
                dict(name="assets_taller_than", h=8.0, priority=1.0))
@@ -86,6 +89,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
                          front_overlap=0.75, side_overlap=0.6))
     c.calibration.update(dict(lines=4, images_per_line=8))
     c.keypoints = 256
+    c.cost_model.view_counts = (3, 6)
     c.local3d.max_views = 6
     c.cover_margin_px = 20
     c.baseline_sample_images = 0

@@ -32,7 +32,8 @@ def main(argv) -> None:
   summary = study.run(cfg, _WORKDIR.value)
   logging.info("summary: %s", json.dumps({k: summary[k] for k in (
       "items", "io_fraction_baseline", "cache_hit_rate", "faiss_latency_ms",
-      "speedup_p50_vs_best_host", "missing_peers")}))
+      "speedup_p50_vs_best_host", "quantisation_speedup", "placement_speedup",
+      "missing_peers")}))
 
 
 if __name__ == "__main__":

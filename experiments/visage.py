@@ -4,13 +4,15 @@
 
 Renders (or reuses) a synthetic drone survey in <workdir>/survey and a calibration survey
 (another site and seed, no defects) in <workdir>/calibration, learns the queries' colour
-model from the calibration survey's example patches (saved as colour_model.json), runs the
-registered queries' 2D detectors on the survey, builds the GPS overlap graph, confirms the edges a
-subgraph needs with feature matches, reconstructs each target's subgraph locally (relative
-poses, triangulation, bundle adjustment), measures its height, and schedules builds and
-uploads over the configured link; finally scores the run against the simulator's truth
-(apart from the pipeline). Writes summary.json (the issue's keys), details.json (timings,
-baseline method, per-target records, scores, bad images, warnings) and map.png.
+model from the calibration survey's example patches (saved as colour_model.json) and the
+build-cost model from measured builds of its asset sites (cost_model.json), runs the
+registered queries' 2D detectors on the survey, plans a subgraph per site, orders the builds
+and uploads over the configured link from the predicted costs, then builds each subgraph
+locally (relative poses, triangulation, bundle adjustment) and measures its height, charging
+the measured costs to the timeline; finally scores the run against the simulator's truth
+(apart from the pipeline). Writes summary.json, details.json (timings, baseline method,
+per-target records with predicted and measured costs, scores, bad images, warnings) and
+map.png.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def validate(cfg) -> None:
   """One clear error for a bad config value, before any work."""
   from omni_jax.visage import colmap_ref, queries
   check_keys(cfg, ("variant", "seed", "survey_dir", "site", "flight", "calibration",
-                   "keypoints", "queries",
+                   "keypoints", "queries", "cost_model",
                    "target_radius", "graph", "local3d", "link", "exact_max_jobs",
                    "detect_on_cover", "cover_margin_px", "baseline_sample_images",
                    "baseline_sample_edges", "colmap_images", "colmap"))
@@ -66,6 +68,10 @@ def validate(cfg) -> None:
                       f"(config.seed = {cfg.seed})")
   for key in ("lines", "images_per_line", "annotated_images", "prototypes"):
     positive_int(cfg.calibration, key, "calibration.")
+  counts = tuple(cfg.cost_model.view_counts)
+  if not counts or any(not isinstance(n, int) or n < 2 for n in counts):
+    raise ConfigError(f"config.cost_model.view_counts = {counts!r} is not allowed: one or "
+                      "more integers >= 2 (views per calibration build)")
   if cfg.local3d.min_views < 2 or cfg.local3d.max_views < cfg.local3d.min_views:
     raise ConfigError(f"config.local3d.min_views/max_views = {cfg.local3d.min_views}/"
                       f"{cfg.local3d.max_views} is not allowed: 2 <= min_views <= max_views")
@@ -76,7 +82,7 @@ def main(argv) -> None:
   common.setup_devices()
   cfg = _CONFIG.value
   validate(cfg)
-  from omni_jax.visage import colour_model, pipeline, plots, scoring, simulate
+  from omni_jax.visage import colour_model, cost_model, pipeline, plots, scoring, simulate, sites
   workdir = Path(_WORKDIR.value)
   workdir.mkdir(parents=True, exist_ok=True)
   root = Path(cfg.survey_dir) if cfg.survey_dir else workdir / "survey"
@@ -97,11 +103,21 @@ def main(argv) -> None:
                              margin=cal.margin, min_radius=cal.min_radius, seed=cal.seed)
   fit_s = time.perf_counter() - t0
   colours.save(workdir / "colour_model.json")
-  summary, details = pipeline.run(cfg, root, colours)
+  t0 = time.perf_counter()
+  samples = sites.cost_samples(cfg, cal_root, colours,
+                               lambda tags: pipeline.gps_error_model(cfg, tags))
+  costs = cost_model.fit(samples, source=f"{len(samples)} builds of the calibration survey "
+                                         f"{cal_root}")
+  costs.save(workdir / "cost_model.json")
+  logging.info("cost model from %d calibration builds (%.0f s): build_s %s, points %s, %s",
+               len(samples), time.perf_counter() - t0, costs.build_coef, costs.points_coef,
+               costs.fit)
+  summary, details = pipeline.run(cfg, root, colours, costs)
   plot = details.pop("_plot")
   details["scores"] = scoring.score(summary, details, truth, cfg.queries)   # truth: scoring only
   details["colour_model"] = {"path": str(workdir / "colour_model.json"), "fit_s": fit_s,
                              "calibration_survey": str(cal_root)} | colours.to_dict()
+  details["cost_samples"] = samples
   write_json_atomic(workdir / "summary.json", summary)
   write_json_atomic(workdir / "details.json", details | {"config": to_dict(cfg)})
   plots.survey_map(plot | {"truth": truth}, str(workdir / "map.png"),

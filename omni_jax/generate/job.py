@@ -63,9 +63,8 @@ from omni_jax.models import sampling
 from omni_jax.models.omni import OmniModel
 from omni_jax.models.spec import OmniSpec
 from omni_jax.tokenizers import omni_codes
-from omni_jax.train.loop import LoopConfig, TrainState
+from omni_jax.train import finetune
 from omni_jax.train.omni import recipe_name, state_sharding
-from omni_jax.train.optim import make_optimizer
 from omni_jax.train.spec import build_spec
 
 TEXT = "text"
@@ -189,14 +188,9 @@ def read_prompts(path: str, spec: OmniSpec, context: int, max_new_tokens: int
 
 
 def abstract_train_state(config, spec: OmniSpec):
-  """ShapeDtypeStructs of the train job's :class:`TrainState` for ``config`` (no compute)."""
-  loop = LoopConfig.from_config(config.train)
-  tx = make_optimizer(config.optim, loop.steps, spec.bias_rate)
-
-  def init(key):
-    params = OmniModel(spec).init(key, {"tokens": jnp.zeros((1, 8), jnp.int32)})["params"]
-    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-  return jax.eval_shape(init, jax.random.PRNGKey(0))
+  """ShapeDtypeStructs of the train job's :class:`TrainState` for ``config`` (no compute;
+  parameter groups and LoRA adapters included)."""
+  return finetune.abstract_train_state(config, spec, OmniModel(spec))
 
 
 # What the decoders are rebuilt from: the model, and the data settings the k-means codebooks
@@ -262,7 +256,8 @@ def load_params(config, spec: OmniSpec, workdir: str, mesh=None):
   except (ValueError, KeyError) as e:
     raise ConfigError(f"the checkpoint {ckpt_dir / str(steps[-1])} does not match --config "
                       f"(another model size or modality set?): {e}") from None
-  return state.params, steps[-1]
+  # a LoRA run's adapters are folded into the base (plain model parameters)
+  return finetune.FineTune.from_config(config).model_params(state.params)[0], steps[-1]
 
 
 def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = None, *,

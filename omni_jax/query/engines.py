@@ -1,4 +1,4 @@
-"""Query engines over a feature store: host baseline, near-storage, int8 coarse + re-rank.
+"""Query engines over a feature store: host baselines, near-storage, int8 coarse + re-rank.
 
 All engines answer "top-k items by inner product with a query" (cosine for unit vectors)
 and count the bytes they read from disk and the bytes that cross to the host, both summed
@@ -10,6 +10,12 @@ from the arrays and read calls where the crossing happens (not computed from siz
   copy); every byte read crosses to the host.
 * ``host_parallel`` -- the same with one reader thread per channel (that many block reads in
   flight): the strongest host design here.
+* ``host_int8`` / ``host_int8_parallel`` -- the same host designs scanning the int8 coarse
+  copy the near-storage int8 engine reads (every byte of it crosses to the host), keeping
+  the global top ``channels x shortlist`` rows (as many as the near-storage int8 engine
+  re-ranks in all) and re-ranking them with the same exact float re-rank (:func:`rerank`).
+  Against ``host`` it measures quantisation alone; against ``near_storage_int8``, placement
+  alone.
 * ``near_storage`` -- DeepStore's channel-level accelerators: one worker per simulated SSD
   channel streams its shards block by block, scores each block with a jitted kernel and
   keeps a running top-k; only k (id, score) pairs per channel cross to the host.
@@ -160,23 +166,31 @@ class HostEngine(Engine):
   crosses to the host: ``bytes_returned`` is the sum of what the read calls returned.
   ``io_seconds`` is the time the scorer stalled waiting for a read, ``score_seconds`` the
   time spent scoring and merging.
+
+  ``int8=True`` scans the int8 coarse copy (of a float store; an int8 store's vectors are
+  that copy) instead, keeps the top ``shortlist`` rows by dequantised score and re-ranks
+  them exactly with :func:`rerank`, as the near-storage int8 engine does per channel.
   """
 
   name = "host"
 
   def __init__(self, reader: StoreReader, verify: bool = False, read_threads: int = 1,
-               block_rows: int = 16384):
+               block_rows: int = 16384, int8: bool = False, shortlist: int = 512):
     super().__init__(reader, verify)
-    if read_threads < 1 or block_rows < 1:
-      raise ValueError(f"read_threads and block_rows must be >= 1; got {read_threads}, "
-                       f"{block_rows}")
-    if read_threads > 1:
-      self.name = "host_parallel"
+    if read_threads < 1 or block_rows < 1 or shortlist < 1:
+      raise ValueError(f"read_threads, block_rows and shortlist must be >= 1; got "
+                       f"{read_threads}, {block_rows}, {shortlist}")
+    if int8 and reader.dtype != "int8" and not reader.coarse_int8:
+      raise ValueError(f"store {reader.root} has no int8 coarse copy for the int8 engine")
+    self.int8, self.shortlist = int8, shortlist
+    self.name = "host" + ("_int8" if int8 else "") + ("_parallel" if read_threads > 1 else "")
     self.blocks = [(sh, lo, min(block_rows, sh.rows - lo)) for sh in self.shards
                    for lo in range(0, sh.rows, block_rows)]
     self.pool = ThreadPoolExecutor(read_threads, thread_name_prefix="host-read")
-    quant = reader.dtype == "int8"
-    self.ring = [(aligned_empty((block_rows, reader.dim), DTYPES[reader.dtype]),
+    quant = int8 or reader.dtype == "int8"
+    self.kind = "i8" if int8 and reader.dtype != "int8" else "vec"
+    dtype = np.int8 if quant else DTYPES[reader.dtype]
+    self.ring = [(aligned_empty((block_rows, reader.dim), dtype),
                   aligned_empty(block_rows, np.float32) if quant else None)
                  for _ in range(read_threads + 1)]
 
@@ -187,7 +201,7 @@ class HostEngine(Engine):
     vec, scales = bufs
     row = r.dim * vec.itemsize
     got = 0
-    fd = os.open(sh.path(r.root, "vec"), os.O_RDONLY)
+    fd = os.open(sh.path(r.root, self.kind), os.O_RDONLY)
     try:
       got += _pread_full(fd, vec, lo * row, n * row)
     finally:
@@ -212,6 +226,7 @@ class HostEngine(Engine):
 
     for bufs in self.ring:
       submit(bufs)
+    keep = max(k, self.shortlist) if self.int8 else k
     best_i, best_s = np.zeros(0, np.int64), np.zeros(0, np.float32)
     nread, wait, score = 0, 0.0, 0.0
     while pending:
@@ -220,7 +235,7 @@ class HostEngine(Engine):
       nread += fut.result()
       t1 = time.perf_counter()
       vec, scales = bufs
-      kk = min(k, len(vec))
+      kk = min(keep, len(vec))
       if scales is None:
         v, i = score_topk(qj, vec, n, k=kk)
       else:
@@ -228,9 +243,14 @@ class HostEngine(Engine):
       v, i = np.asarray(v), np.asarray(i)          # blocks until scored: buffer reusable
       submit(bufs)
       best_i, best_s = merge_topk(np.concatenate([best_i, i + sh.start + lo]),
-                                  np.concatenate([best_s, v]), k)
+                                  np.concatenate([best_s, v]), keep)
       wait += t1 - t0
       score += time.perf_counter() - t1
+    if self.int8:                                  # exact float re-rank of the shortlist
+      t0 = time.perf_counter()
+      best_i, best_s, n = rerank(self.reader, best_i, q, k)
+      nread += n
+      wait += time.perf_counter() - t0             # random reads of the shortlisted rows
     return SearchResult(best_i, best_s, bytes_read=nread, bytes_returned=nread,
                         io_seconds=wait, score_seconds=score)
 
@@ -316,17 +336,18 @@ class NearStorageEngine(Engine):
         if fs is not None:
           os.close(fs)
     if self.int8:
-      best_i, best_s, n = self._rerank(best_i, q, k)
+      best_i, best_s, n = rerank(r, best_i, q, k)
       nread += n
     return best_i[:k], best_s[:k], nread
 
-  def _rerank(self, cand: np.ndarray, q: np.ndarray, k: int):
-    """Exact scores of ``cand`` from the stored vectors (random reads, sorted by offset)."""
-    r = self.reader
-    rows = gather_rows(r, np.sort(cand))
-    exact = rows[1] @ q
-    i, s = merge_topk(rows[0], exact.astype(np.float32), k)
-    return i, s, rows[2]
+
+def rerank(reader: StoreReader, cand: np.ndarray, q: np.ndarray, k: int
+           ) -> tuple[np.ndarray, np.ndarray, int]:
+  """(ids, scores, bytes read): the top ``k`` of ``cand`` by exact scores from the stored
+  vectors (random reads, sorted by offset); the re-rank of both int8 engines."""
+  ids, rows, nread = gather_rows(reader, np.sort(cand))
+  i, s = merge_topk(ids, (rows @ q).astype(np.float32), k)
+  return i, s, nread
 
 
 def gather_rows(reader: StoreReader, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -377,16 +398,22 @@ class MemoryEngine(Engine):
     return SearchResult(ids, s, bytes_read=0, bytes_returned=v.nbytes + i.nbytes)
 
 
-ENGINES = ("host", "host_parallel", "near_storage", "near_storage_int8", "memory")
+ENGINES = ("host", "host_parallel", "host_int8", "host_int8_parallel", "near_storage",
+           "near_storage_int8", "memory")
+FLOAT_HOSTS = ("host", "host_parallel")
+INT8_HOSTS = ("host_int8", "host_int8_parallel")
 
 
 def make_engine(name: str, reader: StoreReader, channels: int = 8, block_rows: int = 16384,
                 shortlist: int = 64, verify: bool = False) -> Engine:
-  """Build the engine called ``name`` (one of :data:`ENGINES`) over ``reader``."""
-  if name == "host":
-    return HostEngine(reader, verify, block_rows=block_rows)
-  if name == "host_parallel":
-    return HostEngine(reader, verify, read_threads=channels, block_rows=block_rows)
+  """Build the engine called ``name`` (one of :data:`ENGINES`) over ``reader``.
+
+  ``shortlist`` is per channel for ``near_storage_int8``; the int8 host engines keep
+  ``channels x shortlist`` rows, so both re-rank the same number of rows."""
+  if name in FLOAT_HOSTS + INT8_HOSTS:
+    return HostEngine(reader, verify, read_threads=channels if name.endswith("_parallel")
+                      else 1, block_rows=block_rows, int8=name in INT8_HOSTS,
+                      shortlist=channels * shortlist)
   if name == "near_storage":
     return NearStorageEngine(reader, channels, block_rows, verify=verify)
   if name == "near_storage_int8":

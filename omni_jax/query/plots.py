@@ -23,7 +23,7 @@ def latency_by_engine(engines: list[dict], faiss_ms: float | None, path: Path) -
   if faiss_ms is not None:
     a.axhline(faiss_ms, color="k", ls="--", lw=1, label=f"faiss exact (in memory) {faiss_ms:.1f}")
   a.set_yscale("log")
-  a.set_xticks(list(x), names, rotation=20)
+  a.set_xticks(list(x), names, rotation=30, ha="right")
   a.set_ylabel("latency per query (ms)")
   a.set_title("query latency (disk engines: cold reads)")
   a.legend(fontsize=8)
@@ -31,7 +31,7 @@ def latency_by_engine(engines: list[dict], faiss_ms: float | None, path: Path) -
   b.bar(list(x), [max(e["bytes_returned_per_query"], 1) for e in engines], 0.25,
         label="crossed to host")
   b.set_yscale("log")
-  b.set_xticks(list(x), names, rotation=20)
+  b.set_xticks(list(x), names, rotation=30, ha="right")
   b.set_ylabel("bytes per query")
   b.set_title("bytes read vs bytes returned")
   b.legend(fontsize=8)

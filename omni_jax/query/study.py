@@ -198,6 +198,23 @@ def summarize(name: str, v: dict) -> dict:
   return out
 
 
+def speedup_split(results: list[dict]) -> dict:
+  """The int8 near-storage engine's cold-p50 gain over the best float host, split into
+  quantisation (best float host -> best int8 host: the same host design reading the int8
+  copy) and placement (best int8 host -> near_storage_int8: the same bytes scanned in the
+  channels); the two multiply to the whole. None where an engine was not run."""
+  p50 = {e["name"]: e["latency_ms_p50"] for e in results}
+  best = {kind: min((n for n in names if n in p50), key=p50.get, default=None)
+          for kind, names in (("float", engines.FLOAT_HOSTS), ("int8", engines.INT8_HOSTS))}
+  near = p50.get("near_storage_int8")
+  q = p50[best["float"]] / p50[best["int8"]] if best["float"] and best["int8"] else None
+  pl = p50[best["int8"]] / near if best["int8"] and near else None
+  return {"quantisation_speedup": q, "placement_speedup": pl, "best_host_int8": best["int8"],
+          "speedup_split_means": "cold p50 ratios measured in one run, queries interleaved: "
+                                 "quantisation = best float host / best int8 host; placement "
+                                 "= best int8 host / near_storage_int8"}
+
+
 def time_memory(cfg, reader, qs, truth) -> dict:
   """In-memory jitted engine latency and recall (warm, device-resident vectors)."""
   e = engines.make_engine("memory", reader)
@@ -387,8 +404,9 @@ def run(cfg, workdir: str | Path) -> dict:
   item_bytes = reader.dim * reader.itemsize
   w = model.Workload(reader.count, item_bytes, cfg.block_rows, blk, cfg.k)
   host = by["host"]
-  best_host = min((e for e in results if e["name"].startswith("host")),
+  best_host = min((e for e in results if e["name"] in engines.FLOAT_HOSTS),
                   key=lambda e: e["latency_ms_p50"])
+  split = speedup_split(results)
   cold = cold_read_check(reader)
   disk_bw = cold["after_fadvise_gbps"] * 1e9
   real_prec = None
@@ -422,6 +440,13 @@ def run(cfg, workdir: str | Path) -> dict:
       "best_host": best_host["name"],
       "speedup_p50_vs_best_host": {e["name"]: best_host["latency_ms_p50"] / e["latency_ms_p50"]
                                    for e in results},
+      **split,
+      "by_engine": {e["name"]: {"recall_at_10": e["recall_at_10"], "cold": e["cold"],
+                                "warm": e["warm"],
+                                "mb_read_per_query": e["bytes_read_per_query"] / 1e6,
+                                "bytes_to_host_per_query": e["bytes_returned_per_query"]}
+                    for e in results},
+      "memory": memory,
       "cache": {"threshold": cfg.cache.threshold, "recall_at_10": chosen["recall_at_10"],
                 "curve": curve},
       "cold_reads": cold,

@@ -2,21 +2,24 @@
 
 Every stage is timed on the machine it runs on, with kernels already compiled (an edge box
 runs pre-compiled code; compile time is reported apart). Time to first insight counts
-loading and detecting on all images, the GPS graph, then each subgraph's build (features,
-edge confirmation, reconstruction, measurement) and upload in the scheduled order. The
-baseline builds one model from all images (features, matching every GPS edge, measured;
-triangulation + bundle adjustment extrapolated linearly from the measured per-view cost of
-the local builds) and uploads it whole before any insight.
+loading and detecting on the cover images, planning every site (one 2D detection each),
+then each site's build (features, edge confirmation, reconstruction, measurement) and
+upload in the scheduled order. The order is chosen before any build from *predicted* costs
+(:mod:`omni_jax.visage.cost_model`, fitted on another survey); the builds then run in that
+order and their *measured* seconds and bytes make the timeline: a build that fails or
+answers nothing still spends its edge time and uploads nothing. The baseline builds one
+model from all images (features, matching every GPS edge, measured; triangulation + bundle
+adjustment extrapolated linearly from the measured per-view cost of the local builds) and
+uploads it whole before any insight.
 
 What the pipeline sees: the survey's images, tags and the last survey's inventory on disk,
-and a colour model learned from a separate calibration survey. It never reads the
-renderer's palette or the ground truth: scoring against ``truth.json`` is done afterwards
-by :mod:`omni_jax.visage.scoring`.
+a colour model learned from a separate calibration survey and a cost model fitted on it. It
+never reads the renderer's palette or the ground truth: scoring against ``truth.json`` is
+done afterwards by :mod:`omni_jax.visage.scoring`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -26,16 +29,13 @@ import numpy as np
 from absl import logging
 
 from omni_jax.common.timing import timed
-from omni_jax.visage import geometry, gps_model, local3d, queries, scheduler
+from omni_jax.visage import gps_model, local3d, queries, scheduler, sites
 from omni_jax.visage import graph as graph_lib
 from omni_jax.visage.colour_model import ColourModel
-from omni_jax.visage.geometry import intrinsics, rotation_from_attitude
+from omni_jax.visage.cost_model import CostModel
+from omni_jax.visage.sites import load_images, refine_seed  # noqa: F401 - public names
 
-_COMPILES: list[str] = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda name, *_, **__: _COMPILES.append(name) if "backend_compile" in name else None)
-
-TAGS = "tags.json"
+TAGS = sites.TAGS
 INVENTORY = "inventory.json"
 OWN_BASELINE_METHOD = (
     "measured: load of all images; per-image feature cost and per-edge matching cost (on "
@@ -45,68 +45,34 @@ OWN_BASELINE_METHOD = (
     "density over the whole site")
 
 
-# ---------------------------------------------------------------- survey on disk
-def load_images(root: Path, tags: list[dict], size: tuple[int, int]):
-  """Decodes every tagged image; returns (images, bad) where ``bad`` maps a file name to
-  why it was left out (missing, corrupt, wrong size)."""
-  from skimage import io
-  images, bad = {}, {}
-  for i, t in enumerate(tags):
-    p = root / "images" / t["name"]
-    if not p.exists():
-      bad[t["name"]] = "missing"
-      continue
-    try:
-      img = np.asarray(io.imread(p))
-    except Exception as e:  # noqa: BLE001 - any decoder failure means a corrupt file
-      bad[t["name"]] = f"corrupt ({type(e).__name__}: {str(e)[:80]})"
-      continue
-    if img.shape[:2] != (size[1], size[0]) or img.ndim != 3:
-      bad[t["name"]] = f"unexpected shape {img.shape}, expected ({size[1]}, {size[0]}, 3)"
-      continue
-    images[i] = img[..., :3]
-  for name, why in bad.items():
-    logging.warning("image %s left out: %s", name, why)
-  return images, bad
+def gps_error_model(cfg, tags: list[dict]) -> dict:
+  """The receiver's error model from the tags (absolute accuracy: the datasheet's)."""
+  out = gps_model.estimate(tags, float(cfg.local3d.gps_abs_sigma),
+                           float(cfg.local3d.alt_abs_sigma), float(cfg.local3d.gps_min_white))
+  out["source_abs_sigma"] = str(cfg.local3d.gps_abs_source)
+  return out
 
 
 # ---------------------------------------------------------------- pipeline
-def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
-  """Runs Visage on the survey in ``root`` with the learned colour model; returns (summary,
-  details). Insights carry no truth: :func:`omni_jax.visage.scoring.score` adds it."""
-  meta = json.loads((root / TAGS).read_text())
-  tags = meta["images"]
-  size = (int(meta["width"]), int(meta["height"]))
-  focal = float(meta["focal_px"])
-  k = intrinsics(size[0], size[1], focal)
-  cams_all = [None if t["gps"] is None else (k, rotation_from_attitude(*t["attitude"]),
-                                             np.asarray(t["gps"])) for t in tags]
-  yaws = {i: t["attitude"][0] for i, t in enumerate(tags)}
-  times = {i: float(t["time_s"]) for i, t in enumerate(tags)}
-  names = [t["name"] for t in tags]
+def run(cfg, root: Path, colours: ColourModel, costs: CostModel) -> tuple[dict, dict]:
+  """Runs Visage on the survey in ``root`` with the learned colour model and the fitted
+  cost model; returns (summary, details). Insights carry no truth:
+  :func:`omni_jax.visage.scoring.score` adds it."""
+  sv = sites.Survey(root)
+  tags, size, k, cams_all, names = sv.tags, sv.size, sv.k, sv.cams_all, sv.names
+  focal, images, bad, load = sv.focal, sv.images, sv.bad, sv.load
   qs = [queries.make_query(q, colours) for q in cfg.queries]
   inv_path = root / INVENTORY
   ctx = {"inventory": json.loads(inv_path.read_text())["assets_xy"] if inv_path.exists()
          else []}
   if not inv_path.exists() and any(q.name == "changed_since_last" for q in qs):
     logging.warning("no %s: changed_since_last treats every asset as new", inv_path)
-  images: dict[int, np.ndarray] = {}
-  bad: dict[str, str] = {}
-
-  def load(ids) -> float:
-    """Loads the listed images not loaded yet; returns the seconds it took."""
-    ids = [i for i in ids if i not in images and names[i] not in bad]
-    t0 = time.perf_counter()
-    got, why = load_images(root, [tags[i] for i in ids], size)
-    images.update({ids[j]: im for j, im in got.items()})
-    bad.update(why)
-    return time.perf_counter() - t0
 
   # 1. the detection cover from the tags (no pixels touched); the full GPS overlap graph
   # is not needed before the first insight (views come from footprints), so it is built
   # after the insights and charged to the baseline (its spatial matching uses it)
   t0 = time.perf_counter()
-  gps_cams = {i: c for i, c in enumerate(cams_all) if c is not None}
+  gps_cams = sv.gps_cams
   cover = graph_lib.detection_cover(gps_cams, k, size, cfg.cover_margin_px) \
       if cfg.detect_on_cover else sorted(gps_cams)
   cover += [i for i, c in enumerate(cams_all) if c is None]
@@ -114,13 +80,7 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
   t0 = time.perf_counter()
   g = graph_lib.gps_graph(cams_all, size[0], size[1], cfg.graph.min_overlap)
   t_graph = time.perf_counter() - t0
-  # the receiver's error model from the tags themselves (absolute accuracy: datasheet)
-  t0 = time.perf_counter()
-  gps_error = gps_model.estimate(tags, float(cfg.local3d.gps_abs_sigma),
-                                 float(cfg.local3d.alt_abs_sigma),
-                                 float(cfg.local3d.gps_min_white))
-  gps_error["source_abs_sigma"] = str(cfg.local3d.gps_abs_source)
-  t_gps_model = time.perf_counter() - t0
+  gps_error, t_gps_model = timed(gps_error_model, cfg, tags)
   logging.info("GPS error model from %d lines: horizontal %s, vertical %s (%.2f s)",
                gps_error["lines"], {kk: round(v, 3) for kk, v in gps_error["horizontal"].items()},
                {kk: round(v, 3) for kk, v in gps_error["vertical"].items()}, t_gps_model)
@@ -138,21 +98,13 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
   # 2. detection (cheap 2D) on the cover
   t_load += load(cover)
   cams = {i: c for i, c in gps_cams.items() if names[i] not in bad}
-  t0 = time.perf_counter()
-  dets: dict[str, list] = {q.name: [] for q in qs}
-  for i in cover:
-    if i in images:
-      view = queries.ImageView(images[i])
-      view.keep_partial = cfg.detect_on_cover
-      for q in qs:
-        dets[q.name] += q.detect(view, i)
-  t_detect = time.perf_counter() - t0
+  dets, t_detect = timed(sites.detect, sv, qs, cover, cfg.detect_on_cover)
   n_det = sum(i in images for i in cover)
   logging.info("detection on %d of %d images (cover): %.2f s", n_det, len(tags), t_detect)
   # warm-up compile of the feature kernels (reported apart)
   tc = time.perf_counter()
   first = next(iter(images))
-  jax.block_until_ready(graph_lib.extract_features({first: images[first]}, yaws,
+  jax.block_until_ready(graph_lib.extract_features({first: images[first]}, sv.yaws,
                                                    cfg.keypoints)[first])
   compile_s = time.perf_counter() - tc
   # 3. targets per query
@@ -165,109 +117,77 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
       empty.append(q.describe())
       logging.warning("query %s found nothing in %d images", q.describe(), n_det)
     targets += [(q, t) for t in tg]
-  # 4. one site per structure (targets of several queries at one place share one build)
-  sites: list[list] = []
-  for q, tgt in targets:
-    home = next((st for st in sites if np.linalg.norm(st[0][1].xy - tgt.xy)
-                 < cfg.target_radius), None)
-    if home is None:
-      sites.append([(q, tgt)])
-    else:
-      home.append((q, tgt))
-  # 5. subgraphs and local 3D per site
-  feats: dict = {}
-  jobs, records, models = [], [], []
-  lc = cfg.local3d
-  for ti, site in enumerate(sites):
+  # 4. one site per structure (targets of several queries at one place share one build),
+  # each planned before any 3D: its views, crop and the cost model's features
+  records, plans = [], []
+  t_plan = 0.0
+  for ti, site in enumerate(sites.group_sites(targets, cfg.target_radius)):
     q, tgt = site[0]
-    names_q = [qq.describe() for qq, _ in site]
-    cand = [v for v in local3d.views_of(tgt.xy, cams, k, size, lc.border_px)
-            if v != tgt.seed.image]
-    # the view seeing the target nearest its centre gives the complete region to measure
-    best = min(cand + [tgt.seed.image], key=lambda v: np.linalg.norm(
-        np.asarray(geometry.project(k, *cams[v][1:], np.array([*tgt.xy, 0.0])))
-        - (np.asarray(size) - 1) / 2))
-    t_view_load = load([best])
+    rec = {"target": ti, "queries": [qq.describe() for qq, _ in site], "query_name": q.name,
+           "xy": tgt.xy.tolist(), "views": [],
+           "detections": sum(len(t.detections) for _, t in site)}
     t0 = time.perf_counter()
-    seed_det = refine_seed(q, tgt, best, images, cams, k, size)
-    t_view_load += time.perf_counter() - t0
-    rec = {"target": ti, "queries": names_q, "query_name": q.name, "xy": tgt.xy.tolist(),
-           "detections": sum(len(t.detections) for _, t in site), "views": []}
-    if seed_det is None:
-      rec["skipped"] = "no complete view of the target"
-      logging.warning("target %d (%s): no complete view of the target", ti, names_q)
-      records.append(rec)
+    plan = sites.plan_site(sv, ti, site, cams, cfg.local3d)
+    t_plan += time.perf_counter() - t0
+    records.append(rec)
+    if isinstance(plan, str):
+      rec["skipped"] = plan
+      logging.warning("target %d (%s): %s", ti, rec["queries"], plan)
       continue
-    tgt = dataclasses.replace(tgt, seed=seed_det)
-    cand = [v for v in cand if v != seed_det.image]
-    views = local3d.spread_views([seed_det.image] + cand, seed_det.image, cams, lc.max_views)
-    t_view_load += load(views)
-    views = [v for v in views if v in images]
-    need = [v for v in views if v not in feats]
-    new, t_feat = timed(graph_lib.extract_features, {v: images[v] for v in need}, yaws,
-                         cfg.keypoints)
-    feats.update(new)
-    # charge every view it uses, as if built alone (features shared between targets)
-    t_feat_cost = t_feat / max(len(need), 1) * len(views) + t_view_load
-    crop_m = (lc.crop_factor * tgt.seed.radius_px * cams[tgt.seed.image][2][2] / focal
-              + lc.crop_pad_m)
-
-    def build(views=views, tgt=tgt, crop_m=crop_m, ti=ti):
-      m = local3d.reconstruct(views, feats, cams, k, images, tgt.xy, crop_m, lc, seed=ti,
-                              min_inliers=cfg.graph.min_inliers, times=times,
-                              gps_error=gps_error)
-      if "failed" not in m.info:
-        m.height = local3d.measure_height(m, tgt.seed, k, lc)
-      return m
-
-    n_compiles = len(_COMPILES)
-    model, t_build = timed(build)
+    rec.update(planned_views=plan.views, crop_m=plan.crop_m, features=plan.features,
+               value=sum(qq.priority for qq, _ in site),
+               predicted_build_s=costs.build_s(plan.features),
+               predicted_bytes=costs.nbytes(plan.features))
+    plans.append((len(records) - 1, plan))
+  # 5. the order, from predicted costs and the queries' priorities only
+  link = scheduler.Link(cfg.link.bandwidth_bps, cfg.link.latency_s, cfg.link.loss,
+                        int(cfg.link.mss_bytes))
+  logging.info("uplink: %s", link.describe())
+  predicted = [scheduler.Job(f"t{p.index}", records[r]["predicted_build_s"],
+                             records[r]["predicted_bytes"], records[r]["value"])
+               for r, p in plans]
+  order = scheduler.schedule(predicted, link, cfg.exact_max_jobs) if plans else []
+  # 6. the builds, in that order, measured
+  feats = sites.FeatureCache()
+  models, measured = {}, {}
+  for pos in order:
+    r, plan = plans[pos]
+    rec = records[r]
+    model, build_s, c_s, t_view_load = sites.build_site(sv, plan, cams, feats, cfg, gps_error)
+    compile_s += c_s
     for (a, b), cnt in model.info["pair_inliers"].items():   # subgraph edges, confirmed
       e = g.edges.setdefault((min(a, b), max(a, b)), {"overlap": None, "source": "target"})
       e["inliers"] = max(e.get("inliers", 0), cnt)
     comp = model.images
     base = max((np.linalg.norm(cams[a][2][:2] - cams[b][2][:2]) for a in comp for b in comp),
                default=0.0)
-    rec.update(views=comp, baseline_m=float(base), load_s=t_view_load)
-    need_base = lc.min_baseline_ratio * float(np.median([cams[v][2][2] for v in comp]))
-    if "failed" in model.info or base < need_base:
-      rec["skipped"] = model.info.get("failed") or (
-          f"baseline {base:.1f} m < {need_base:.1f} m")
-      logging.warning("target %d (%s): no local 3D: %s", ti, names_q, rec["skipped"])
-      records.append(rec)
-      continue
-    if len(_COMPILES) > n_compiles:                          # time it again, compiled
-      t_cold = t_build
-      model, t_build = timed(build)
-      compile_s += max(t_cold - t_build, 0.0)
-    build_s = t_feat_cost + t_build
-    # after the measurement: which of the site's queries does it answer (e.g. taller than h)?
-    answered = [qq.answers(model.height) for qq, _ in site]
-    nbytes = model.payload_bytes() if any(answered) else 0   # nothing to say: no upload
-    rec.update(crop_m=crop_m, build_s=build_s, bytes=nbytes, height=model.height,
-               answered=answered, target_xy=[tt.xy.tolist() for _, tt in site],
+    rec.update(views=comp, baseline_m=float(base), load_s=t_view_load, build_s=build_s,
                info={kk: v for kk, v in model.info.items() if kk != "pair_inliers"})
-    records.append(rec)
-    models.append(model)
-    # the order is chosen before any build, so from candidate values and the model's size
-    value = sum(qq.priority for qq, _ in site)
-    jobs.append((len(records) - 1, scheduler.Job(f"t{ti}", build_s, model.payload_bytes(),
-                                                 value)))
-    logging.info("target %d %s: %d views, height %s, answers %s, build %.2f s, %d bytes", ti,
-                 names_q, len(comp), model.height, answered, build_s, nbytes)
-  # 6. schedule
-  link = scheduler.Link(cfg.link.bandwidth_bps, cfg.link.latency_s, cfg.link.loss,
-                        int(cfg.link.mss_bytes))
-  logging.info("uplink: %s", link.describe())
-  start = t_load + t_cover + t_match_only + t_detect + t_gps_model
-  js = [j for _, j in jobs]
-  order = scheduler.schedule(js, link, cfg.exact_max_jobs) if js else []
-  # run in that order: a build that answers nothing occupies the edge box, uploads nothing
-  ran = [dataclasses.replace(j, nbytes=records[r]["bytes"]) for r, j in jobs]
-  done = scheduler.simulate(ran, order, link, start_s=start) if js else []
+    why = sites.baseline_failure(model, cams, cfg.local3d)
+    if why is not None:                 # the edge box spent the build; nothing to upload
+      rec.update(skipped=why, bytes=0, answered=[False] * len(plan.site))
+      measured[pos] = 0
+      logging.warning("target %d (%s): no local 3D after %.2f s: %s", plan.index,
+                      rec["queries"], build_s, why)
+      continue
+    # after the measurement: which of the site's queries does it answer (e.g. taller than h)?
+    answered = [qq.answers(model.height) for qq, _ in plan.site]
+    nbytes = model.payload_bytes() if any(answered) else 0   # nothing to say: no upload
+    rec.update(bytes=nbytes, payload_bytes=model.payload_bytes(), height=model.height,
+               answered=answered, target_xy=[tt.xy.tolist() for _, tt in plan.site])
+    models[pos] = model
+    measured[pos] = nbytes
+    logging.info("target %d %s: %d views, height %s, answers %s, build %.2f s (predicted "
+                 "%.2f), %d bytes", plan.index, rec["queries"], len(comp), model.height,
+                 answered, build_s, rec["predicted_build_s"], nbytes)
+  # 7. the timeline from the measured costs, in the chosen order
+  start = t_load + t_cover + t_match_only + t_detect + t_gps_model + t_plan
+  ran = [scheduler.Job(j.name, records[r]["build_s"], measured[pos], j.value)
+         for pos, ((r, _), j) in enumerate(zip(plans, predicted, strict=True))]
+  done = scheduler.simulate(ran, order, link, start_s=start) if plans else []
   insights, landing = [], []
   for pos in order:
-    r = records[jobs[pos][0]]
+    r = records[plans[pos][0]]
     r["done_s"] = done[pos]
     if not any(r["answered"]):
       continue
@@ -276,15 +196,17 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
     for qn, ok in zip(r["queries"], r["answered"], strict=True):
       if ok:
         insights.append({"query": qn, "value": r["height"], "target": r["target"]})
+  hindsight = hindsight_order(ran, link, start, cfg.exact_max_jobs)
+  models = list(models.values())
   # 7. baseline: one model from every image, then upload it whole
-  t_load_rest = load(range(len(tags)))
+  load(range(len(tags)))
   n_ok = len(images)
-  t_load_all = t_load + t_load_rest + sum(r.get("load_s", 0.0) for r in records)
+  t_load_all = sv.load_seconds
   rng = np.random.default_rng(cfg.seed)
   rest = [i for i in images if i not in feats]
   if cfg.baseline_sample_images:                # per-image cost measured on a sample
     rest = sorted(rng.choice(rest, min(len(rest), cfg.baseline_sample_images), replace=False))
-  new, t_feat_rest = timed(graph_lib.extract_features, {i: images[i] for i in rest}, yaws,
+  new, t_feat_rest = timed(graph_lib.extract_features, {i: images[i] for i in rest}, sv.yaws,
                             cfg.keypoints)
   feats.update(new)
   feat_per_img = t_feat_rest / max(len(rest), 1)
@@ -295,7 +217,7 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
     all_pairs = [all_pairs[i] for i in sorted(pick)]
   _, t_conf_rest = timed(graph_lib.confirm_edges, g, feats, k, all_pairs, seed=cfg.seed)
   conf_per_edge = t_conf_rest / max(len(all_pairs), 1)
-  built = [r for r in records if "build_s" in r]
+  built = [r for r in records if "height" in r]
   rec_per_view = (sum(r["build_s"] for r in built) / max(sum(len(r["views"]) for r in built), 1)
                   if built else 0.0)
   crop_area = sum(np.pi * r["crop_m"] ** 2 for r in built)
@@ -315,12 +237,17 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
   baseline, base_bytes = used["total_s"], int(used["bytes"])
   ttfi = min(landing) if landing else None
   summary = {
-      "images": len(tags), "subgraphs": len(jobs), "insights": insights,
+      "images": len(tags), "subgraphs": len(plans), "insights": insights,
       "time_to_first_insight_s": ttfi,
       "time_to_all_insights_s": max(landing) if landing else None,
       "baseline_time_s": baseline,
       "speedup": baseline / ttfi if ttfi else None,
       "uploaded_bytes": int(sum(j.nbytes for j in ran)),
+      "failed_builds": sum(1 for r, _ in plans if "skipped" in records[r]),
+      "failed_build_s": float(sum(records[r]["build_s"] for r, _ in plans
+                                  if "skipped" in records[r])),
+      "hindsight_time_to_first_insight_s": hindsight["time_to_first_insight_s"],
+      "cost_model_build_s_median_rel_error": predicted_error(records),
       "baseline_uploaded_bytes": base_bytes,
       "baseline_colmap_points": ref.get("baseline_colmap_points", []),
       "baseline_colmap_fit": ref.get("baseline_colmap_fit"),
@@ -337,14 +264,18 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
       "timing_s": {"load_before_detection": t_load, "load_all": t_load_all,
                    "detect": t_detect, "cover": t_cover, "gps_graph": t_graph,
                    "gps_error_model": t_gps_model,
-                   "match_only_candidates": t_match_only,
+                   "match_only_candidates": t_match_only, "planning": t_plan,
                    "compile_excluded": compile_s, "features_per_image": feat_per_img,
                    "confirm_per_edge": conf_per_edge, "local_build_per_view": rec_per_view},
       "baseline_used": "colmap_reference" if used is ref else "own_kernels",
       "colmap_reference": ref,
       "speedup_vs_own_kernels": own["total_s"] / ttfi if ttfi else None,
       "baseline_own_kernels": own | {"method": OWN_BASELINE_METHOD},
-      "order": [records[jobs[p][0]]["target"] for p in order],
+      "order": [records[plans[p][0]]["target"] for p in order],
+      "planning_s": t_plan, "timeline_start_s": start,
+      "cost_model": costs.to_dict(),
+      "hindsight": hindsight | {"order": [records[plans[p][0]]["target"]
+                                          for p in hindsight["order"]]},
       "targets": records,
       "candidates": {q.describe(): [t.xy.tolist() for qq, t in targets if qq is q] for q in qs},
   }
@@ -353,17 +284,23 @@ def run(cfg, root: Path, colours: ColourModel) -> tuple[dict, dict]:
   return summary, details | {"_plot": plot_data}
 
 
-def refine_seed(q, tgt, view: int, images, cams, k, size):
-  """The query's complete (not border-cut) detection of ``tgt`` in image ``view``, or the
-  target's own seed if it is complete; None when neither exists."""
-  if view in images:
-    p = np.asarray(geometry.project(k, *cams[view][1:], np.array([*tgt.xy, 0.0])))
-    dets = [d for d in q.detect(queries.ImageView(images[view]), view) if not d.partial]
-    if dets:
-      d = min(dets, key=lambda d: np.linalg.norm(np.asarray(d.xy) - p))
-      if np.linalg.norm(np.asarray(d.xy) - p) < 2 * d.radius_px + 20:
-        return d
-  return None if tgt.seed.partial else tgt.seed
+def predicted_error(records: list[dict]) -> float | None:
+  """Median relative error of the predicted build seconds over the sites built."""
+  err = [abs(r["predicted_build_s"] - r["build_s"]) / r["build_s"] for r in records
+         if r.get("build_s")]
+  return float(np.median(err)) if err else None
+
+
+def hindsight_order(ran: list, link, start: float, exact_max: int) -> dict:
+  """For comparison only: the order the measured costs would have chosen, and its first and
+  last landing (what perfect cost prediction would give)."""
+  if not ran:
+    return {"order": [], "time_to_first_insight_s": None, "time_to_all_insights_s": None}
+  order = scheduler.schedule(ran, link, exact_max)
+  done = scheduler.simulate(ran, order, link, start_s=start)
+  land = [done[i] for i in order if ran[i].nbytes > 0]
+  return {"order": order, "time_to_first_insight_s": min(land) if land else None,
+          "time_to_all_insights_s": max(land) if land else None}
 
 
 def colmap_reference(cfg, root, tags, images, cams, link, n_ok, t_load_all, t_graph,

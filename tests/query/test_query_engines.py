@@ -1,4 +1,5 @@
-"""Engines: top-k equals exact brute force; int8 recall; byte accounting; bad engine name."""
+"""Engines: top-k equals exact brute force; int8 recall; the int8 host against the float host
+and a numpy reference; byte accounting; bad engine name."""
 
 from __future__ import annotations
 
@@ -41,13 +42,70 @@ def test_float_engines_equal_brute_force(built, name):
   e.close()
 
 
-def test_int8_engine_with_full_shortlist_is_exact(built):
+@pytest.mark.parametrize("name", ["near_storage_int8", "host_int8", "host_int8_parallel"])
+def test_int8_engine_with_full_shortlist_is_exact(built, name):
   r, x = built
-  e = engines.make_engine("near_storage_int8", r, channels=2, block_rows=256, shortlist=2000)
+  e = engines.make_engine(name, r, channels=2, block_rows=256, shortlist=1000)
   q = _queries(x, 1, 2)[0]
-  np.testing.assert_array_equal(e.search(q, 10).ids, engines.exact_topk(np.arange(2000), x, q,
-                                                                         10)[0])
+  want_i, want_s = engines.exact_topk(np.arange(2000), x, q, 10)
+  got = e.search(q, 10)
   e.close()
+  np.testing.assert_array_equal(got.ids, want_i)
+  np.testing.assert_allclose(got.scores, want_s, rtol=1e-5, atol=1e-6)
+
+
+def test_host_int8_equals_the_float_host_when_the_int8_order_keeps_the_top_k(tmp_path):
+  """Ten rows planted near the query score above every other row by more than twice the int8
+  error bound (per row |x.q - deq(x).q| <= |q|_1 * scale / 2), so the int8 top 10 is the
+  exact top-10 set and a shortlist of 10 re-ranked exactly gives the float host's answer."""
+  rng = np.random.default_rng(11)
+  d, n, k = 32, 3000, 10
+  x = rng.standard_normal((n, d))
+  q = rng.standard_normal(d)
+  q /= np.linalg.norm(q)
+  planted = rng.choice(n, k, replace=False)
+  x[planted] = q + 0.15 * rng.standard_normal((k, d)) / np.sqrt(d)
+  x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+  q = q.astype(np.float32)
+  _, scale = store.quantize_int8(x)
+  bound = np.abs(q).sum() * scale / 2
+  exact = x @ q
+  rest = np.setdiff1d(np.arange(n), planted)
+  assert (exact[planted] - bound[planted]).min() > (exact[rest] + bound[rest]).max()
+  root = store.create(tmp_path / "s", d, "float32")
+  store.append(root, x, rows_per_shard=700)
+  r = store.StoreReader(root)
+  host = engines.make_engine("host", r, block_rows=256)
+  want = host.search(q, k)
+  for name in ("host_int8", "host_int8_parallel"):
+    e = engines.make_engine(name, r, channels=1 if name == "host_int8" else 3,
+                            block_rows=256, shortlist=k if name == "host_int8" else 4)
+    got = e.search(q, k)
+    e.close()
+    assert e.shortlist == (k if name == "host_int8" else 12)
+    assert sorted(got.ids) == sorted(planted)
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_allclose(got.scores, want.scores, rtol=1e-6, atol=1e-7)
+  host.close()
+
+
+def test_int8_hosts_equal_a_numpy_reference_and_the_one_channel_near_engine(built):
+  """Shortlist = top 40 by dequantised int8 score over every row, then exact scores from the
+  float rows; the near-storage int8 engine with one channel keeps the same shortlist."""
+  r, x = built
+  q8, scale = store.quantize_int8(x)
+  ids = np.arange(len(x))
+  for q in _queries(x, 6, 8):
+    cand, _ = engines.merge_topk(ids, ((q8.astype(np.float32) @ q) * scale).astype(
+        np.float32), 40)
+    want = engines.exact_topk(cand, x[cand], q, 10)
+    for name, ch, sl in (("host_int8", 1, 40), ("host_int8_parallel", 4, 10),
+                         ("near_storage_int8", 1, 40)):
+      e = engines.make_engine(name, r, channels=ch, block_rows=128, shortlist=sl)
+      got = e.search(q, 10)
+      e.close()
+      np.testing.assert_array_equal(got.ids, want[0], err_msg=name)
+      np.testing.assert_allclose(got.scores, want[1], rtol=1e-5, atol=1e-6)
 
 
 def test_int8_engine_recall_with_short_list(built):
@@ -85,6 +143,12 @@ def test_byte_accounting(built):
   # int8 copy + float32 scales + 25 exact rows per channel for the re-rank
   assert i8.bytes_read == 2000 * 32 + 2000 * 4 + 4 * 25 * 32 * 4
   assert i8.bytes_returned == 4 * 10 * engines.RESULT_BYTES
+  # the int8 host reads the same int8 copy and scales, re-ranks 4 x 25 rows, and every byte
+  # it reads crosses to the host
+  e = engines.make_engine("host_int8", r, channels=4, block_rows=100, shortlist=25)
+  h8 = e.search(q, 10)
+  e.close()
+  assert h8.bytes_read == h8.bytes_returned == 2000 * 32 + 2000 * 4 + 100 * 32 * 4
 
 
 def test_read_buffers_are_aligned_and_taken_without_a_copy(built):

@@ -4,21 +4,31 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from omni_jax.query import study
+from tests.cli import run_module
 
 
 def _run(workdir: Path, *extra: str) -> subprocess.CompletedProcess:
-  cmd = [sys.executable, "-m", "experiments.query", "--config=configs/query.py:tiny",
-         f"--workdir={workdir}", *extra]
-  return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+  return run_module("experiments.query", "--config=configs/query.py:tiny",
+                    f"--workdir={workdir}", *extra, timeout=240)
 
 
-@pytest.mark.slow  # an end-to-end run (default suite time)
+def test_speedup_split_multiplies_to_the_whole_and_picks_each_best_host():
+  p50 = {"host": 300.0, "host_parallel": 240.0, "host_int8": 90.0, "host_int8_parallel": 80.0,
+         "near_storage": 250.0, "near_storage_int8": 100.0}
+  out = study.speedup_split([{"name": n, "latency_ms_p50": v} for n, v in p50.items()])
+  assert out["best_host_int8"] == "host_int8_parallel"
+  assert out["quantisation_speedup"] == 240.0 / 80.0 and out["placement_speedup"] == 0.8
+  assert out["quantisation_speedup"] * out["placement_speedup"] == pytest.approx(2.4)
+  none = study.speedup_split([{"name": "host", "latency_ms_p50": 1.0}])
+  assert none["quantisation_speedup"] is None and none["placement_speedup"] is None
+
+
+@pytest.mark.slow  # an end-to-end run
 def test_tiny_run_writes_summary_and_reuses_store(tmp_path):
   p = _run(tmp_path)
   assert p.returncode == 0, p.stderr[-3000:]
@@ -28,10 +38,19 @@ def test_tiny_run_writes_summary_and_reuses_store(tmp_path):
     assert key in s
   assert s["items"] == 20_000
   names = [e["name"] for e in s["engines"]]
-  assert names == ["host", "host_parallel", "near_storage", "near_storage_int8", "memory"]
+  assert names == ["host", "host_parallel", "host_int8", "host_int8_parallel", "near_storage",
+                   "near_storage_int8", "memory"]
   by = {e["name"]: e for e in s["engines"]}
   assert by["host"]["recall_at_10"] == 1.0 and by["near_storage"]["recall_at_10"] == 1.0
   assert by["host"]["bytes_read_per_query"] == 20_000 * 32 * 4
+  # int8 copy + scales + 2 channels x 64 shortlisted float rows, all of it to the host
+  assert by["host_int8"]["bytes_read_per_query"] == by["host_int8"][
+      "bytes_returned_per_query"] == 20_000 * (32 + 4) + 2 * 64 * 32 * 4
+  assert s["quantisation_speedup"] * s["placement_speedup"] == pytest.approx(
+      s["speedup_p50_vs_best_host"]["near_storage_int8"])
+  assert s["best_host_int8"] in ("host_int8", "host_int8_parallel")
+  assert set(s["by_engine"]) == set(names) - {"memory"} and s["by_engine"]["host_int8"]["cold"][
+      "recall_at_10"] == by["host_int8"]["recall_at_10"]
   assert by["near_storage"]["bytes_returned_per_query"] == 2 * 10 * 12
   assert (s["faiss_latency_ms"] is not None and "faiss-cpu" not in s["missing_peers"]) or (
       "faiss-cpu" in s["missing_peers"] and "pip install -e '.[peers]'" in s["faiss_note"])

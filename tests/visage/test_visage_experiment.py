@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from configs import visage as visage_config
-from omni_jax.visage import simulate
+from omni_jax.visage import scheduler, simulate
+from tests.cli import run_module
 
-ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"images", "subgraphs", "insights", "time_to_first_insight_s", "time_to_all_insights_s",
         "baseline_time_s", "speedup", "uploaded_bytes", "baseline_uploaded_bytes",
-        "baseline_colmap_points", "baseline_colmap_fit"}
+        "baseline_colmap_points", "baseline_colmap_fit", "failed_builds", "failed_build_s",
+        "hindsight_time_to_first_insight_s", "cost_model_build_s_median_rel_error"}
 
 
 @pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
@@ -30,12 +28,11 @@ def test_tiny_run_with_bad_input(tmp_path):
   assert len(truth["assets"]) == 4 and len(list((survey / "images").iterdir())) == 24
   simulate.corrupt_for_test(survey, "IMG_0003.png", "missing")
   simulate.corrupt_for_test(survey, "IMG_0011.png", "corrupt")
-  cmd = [sys.executable, "-m", "experiments.visage", "--config=configs/visage.py:tiny",
-         f"--workdir={tmp_path / 'run'}", f"--config.survey_dir={survey}",
-         "--config.flight.no_gps_fraction=0.12",
-         "--config.queries=({'name': 'assets_taller_than', 'h': 5.0},"
-         "{'name': 'changed_since_last', 'radius': 500.0})"]
-  p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  p = run_module("experiments.visage", "--config=configs/visage.py:tiny",
+                 f"--workdir={tmp_path / 'run'}", f"--config.survey_dir={survey}",
+                 "--config.flight.no_gps_fraction=0.12",
+                 "--config.queries=({'name': 'assets_taller_than', 'h': 5.0},"
+                 "{'name': 'changed_since_last', 'radius': 500.0})", timeout=1200)
   assert p.returncode == 0, p.stderr[-3000:]
   assert "reusing survey" in p.stderr
   assert "image IMG_0003.png left out: missing" in p.stderr
@@ -65,10 +62,28 @@ def test_tiny_run_with_bad_input(tmp_path):
   assert sc["relevant"] == 4 and sc["answers"] == len(s["insights"])
   assert sc["answer_hits"] + sc["answer_false"] == sc["answers"]
   assert (tmp_path / "run" / "map.png").stat().st_size > 10_000
+  # the order is the schedule of the predicted costs; the timeline charges the measured ones,
+  # failed builds included
+  cost = json.loads((tmp_path / "run" / "cost_model.json").read_text())
+  assert cost["samples"] == len(d["cost_samples"]) >= 3
+  planned = [r for r in d["targets"] if "predicted_build_s" in r]
+  assert s["subgraphs"] == len(planned) and all("build_s" in r for r in planned)
+  link = scheduler.Link(1e6, 0.3, 0.01)
+  pred = [scheduler.Job(str(r["target"]), r["predicted_build_s"], r["predicted_bytes"],
+                        r["value"]) for r in planned]
+  order = scheduler.schedule(pred, link)
+  assert [planned[i]["target"] for i in order] == d["order"]
+  ran = [scheduler.Job(str(r["target"]), r["build_s"], r["bytes"], 1.0) for r in planned]
+  done = scheduler.simulate(ran, order, link, start_s=d["timeline_start_s"])
+  assert [r["done_s"] for r in planned] == pytest.approx(done)
+  assert s["failed_builds"] == sum("skipped" in r for r in planned)
 
 
 def test_bad_config_is_one_clear_error(tmp_path):
-  cmd = [sys.executable, "-m", "experiments.visage", "--config=configs/visage.py:tiny",
-         f"--workdir={tmp_path}", "--config.flight.front_overlap=1.2"]
-  p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+  p = run_module("experiments.visage", "--config=configs/visage.py:tiny",
+                 f"--workdir={tmp_path}", "--config.flight.front_overlap=1.2", timeout=120)
   assert p.returncode != 0 and "config.flight.front_overlap = 1.2 is not allowed" in p.stderr
+  p = run_module("experiments.visage", "--config=configs/visage.py:tiny",
+                 f"--workdir={tmp_path}", "--config.cost_model.view_counts=(1,)", timeout=120)
+  assert p.returncode != 0 and "config.cost_model.view_counts = (1,) is not allowed" in (
+      p.stderr)

@@ -82,3 +82,24 @@ def test_brute_force_matches_a_plain_reference_on_five_jobs():
 def test_bad_link_is_one_clear_error(kw, msg):
   with pytest.raises(ValueError, match=msg):
     s.Link(**kw)
+
+
+def test_order_from_predicted_costs_timeline_from_measured_with_a_failed_build():
+  """Hand-worked: the scheduler sees only the predictions (JOBS: the optimum is a, b, c).
+  Measured, a took 6 s and failed (nothing to upload), b 2 s and 250 000 B, c 0.5 s and
+  125 000 B. In the chosen order: a holds the edge box 0-6 (charged, lands nothing); b is
+  built 6-8 and sent 8-10; c is built 8-8.5 and waits for the link: sent 10-11."""
+  from omni_jax.visage import pipeline
+  measured = [s.Job("a", 6.0, 0, 1.0), s.Job("b", 2.0, 250_000, 3.0),
+              s.Job("c", 0.5, 125_000, 1.0)]
+  order = s.schedule(JOBS, LINK)
+  assert order == [0, 1, 2]
+  assert s.simulate(measured, order, LINK) == [6.0, 10.0, 11.0]
+  assert s.simulate(measured, order, LINK, start_s=2.0) == [8.0, 12.0, 13.0]
+  # dropping the failed build would have landed b at 4 s: its 6 s are on the timeline
+  assert s.simulate(measured[1:], [0, 1], LINK) == [4.0, 5.0]
+  # hindsight (for comparison only): the measured costs' optimum is c, b, a (hand-checked:
+  # 47, 45, 29.5, 25.5, 39.5, 23.5 for abc, acb, bac, bca, cab, cba); c lands at 1.5 s
+  h = pipeline.hindsight_order(measured, LINK, 0.0, 7)
+  assert h["order"] == [2, 1, 0] and h["time_to_first_insight_s"] == 1.5
+  assert h["time_to_all_insights_s"] == 4.5
