@@ -42,6 +42,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                balance="aux_loss", bias_rate=1e-3),  # or 'bias' | 'both' (aux-loss-free)
       remat="none", dtype="float32", text_loss_weight=1.0,
       attention_block=0,  # > 0: blockwise attention over key blocks (long context)
+      attention_impl="xla",  # or 'cudnn' | 'pallas_gpu' | 'pallas_tpu' (docs/attention.md)
       init_from="",  # "hf:DIR": backbone + text tokenizer from a Hugging Face checkpoint
       modalities=modalities(),
   )

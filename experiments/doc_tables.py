@@ -8,9 +8,12 @@ A doc marks a table with two comments; everything between them is generated:
     <!-- /results-table -->
 
 Each field after the path is a dotted key of the JSON; ``*`` expands over a dict's children
-(one row each). Floats print with 4 significant digits. ``python -m experiments.doc_tables``
-rewrites every table in docs/ (and README.md); ``--check`` only reports the ones that differ
-(``tests/test_doc_tables.py`` runs the check, so a doc's table always equals its JSON).
+(one row each). Floats print with 4 significant digits. A single field
+``rows=PATH: col, col.sub, ...`` makes a wide table instead: one row per element of the list
+(or per child of the dict, its key first) at PATH, one column per named key.
+``python -m experiments.doc_tables`` rewrites every table in docs/ (and README.md);
+``--check`` only reports the ones that differ (``tests/test_doc_tables.py`` runs the check, so
+a doc's table always equals its JSON).
 """
 
 from __future__ import annotations
@@ -58,6 +61,28 @@ def rows(tree, dotted: str, where: str) -> list[tuple[str, object]]:
   return out
 
 
+def wide(tree, spec: str, where: str) -> str:
+  """``rows=PATH: col, ...``: one row per list element / dict child at PATH."""
+  path, sep, cols = spec.removeprefix("rows=").partition(":")
+  cols = [c.strip() for c in cols.split(",") if c.strip()]
+  if not sep or not cols:
+    raise TableError(f"{where}: write rows=PATH: col, col, ... (got {spec!r})")
+  (_, node), = rows(tree, path.strip(), where)
+  if isinstance(node, dict):
+    items, head = list(node.items()), ["", *cols]
+  elif isinstance(node, list):
+    items, head = [(None, x) for x in node], cols
+  else:
+    raise TableError(f"{where}: {path.strip()!r} is neither a list nor a mapping")
+  lines = ["| " + " | ".join(f"`{h}`" if h else "" for h in head) + " |",
+           "|" + "---|" * len(head)]
+  for key, item in items:
+    cells = [] if key is None else [f"`{key}`"]
+    cells += [_fmt(rows(item, c, where)[0][1]) for c in cols]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
 def table(spec: str, where: str) -> str:
   """The markdown table a marker's spec stands for."""
   path, *keys = [s.strip() for s in spec.split("|")]
@@ -67,6 +92,8 @@ def table(spec: str, where: str) -> str:
   if not keys:
     raise TableError(f"{where}: name at least one key after {path}")
   tree = json.loads(file.read_text())
+  if len(keys) == 1 and keys[0].startswith("rows="):
+    return wide(tree, keys[0], where)
   lines = ["| key | value |", "|---|---|"]
   for k in keys:
     lines += [f"| `{key}` | {_fmt(v)} |" for key, v in rows(tree, k, where)]

@@ -4,7 +4,7 @@ r"""Trains a tokenizer: byte-level BPE on a manifest's text, or an FSQ image / a
       --config.data.manifest=DIR/manifest.jsonl --workdir=DIR/tok
   python -m experiments.train_tokenizer --config=configs/tokenizer.py:image --workdir=DIR/im
 
-The image variant (logic in omni_jax/tokenizers/train.py) resumes from the workdir's orbax
+The image variant (logic in omni_jax/train/codec_fit.py) resumes from the workdir's orbax
 checkpoints and writes summary.json (``recon_psnr_db`` held-out, ``codebook_perplexity``,
 ``codebook_usage``), recon.png, codec.json + codec_params.msgpack. ``...:audio`` likewise
 (``spectral_convergence`` held-out, example WAVs).
@@ -25,7 +25,7 @@ from experiments import common
 from omni_jax.common.config import ConfigError, check_keys, positive_int, require
 from omni_jax.common.metrics import write_json_atomic
 from omni_jax.data import bpe
-from omni_jax.tokenizers import train as codec_train
+from omni_jax.train import codec_fit as codec_train
 
 _CONFIG = common.define_config("configs/tokenizer.py:<variant>")
 _WORKDIR = common.define_workdir()

@@ -28,3 +28,17 @@ def test_missing_key_names_what_is_present(tmp_path, monkeypatch):
   monkeypatch.setattr(doc_tables, "ROOT", tmp_path)
   with pytest.raises(doc_tables.TableError, match=r"'zz' not found.*present: \['a'\]"):
     doc_tables.render("<!-- results-table: r.json | zz -->\n<!-- /results-table -->")
+
+
+def test_wide_tables_from_a_list_or_a_dict(tmp_path, monkeypatch):
+  (tmp_path / "r.json").write_text(json.dumps({
+      "runs": [{"name": "a", "t": {"s": 1.5}}, {"name": "b", "t": {"s": 2.0}}],
+      "by": {"x": {"n": 1}, "y": {"n": 2}}}))
+  monkeypatch.setattr(doc_tables, "ROOT", tmp_path)
+  out = doc_tables.render("<!-- results-table: r.json | rows=runs: name, t.s -->\n"
+                          "<!-- /results-table -->")
+  assert "| `name` | `t.s` |\n|---|---|\n| a | 1.5 |\n| b | 2 |\n" in out
+  out = doc_tables.render("<!-- results-table: r.json | rows=by: n -->\n<!-- /results-table -->")
+  assert "|  | `n` |\n|---|---|\n| `x` | 1 |\n| `y` | 2 |\n" in out
+  with pytest.raises(doc_tables.TableError, match="rows=PATH"):
+    doc_tables.render("<!-- results-table: r.json | rows=runs -->\n<!-- /results-table -->")

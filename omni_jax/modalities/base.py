@@ -36,7 +36,6 @@ from omni_jax.common.config import ConfigError, check_keys, nonneg_float, positi
 from omni_jax.common.registry import Registry
 from omni_jax.modalities.sources import SOURCE_DEFAULTS, resolve_source
 from omni_jax.models.layers import RMSNorm, SwiGLU, encoder_attention
-from omni_jax.tokenizers import omni_codes
 
 # Fields every modality has, whatever its kind.
 COMMON_DEFAULTS: dict[str, Any] = dict(
@@ -98,8 +97,6 @@ def resolve_spec(name: str, raw: Mapping[str, Any]) -> dict[str, Any]:
   if kind.validate is not None:
     kind.validate(spec, prefix)
   resolve_source(spec, kind, prefix)
-  if spec["tokenizer"]:  # sets codebook_size and gen_codes from the trained codec
-    omni_codes.resolve(spec, prefix)
   return spec
 
 

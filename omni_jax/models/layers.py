@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from omni_jax.models.attention_kernels import attend
 from omni_jax.models.blockwise import (  # noqa: F401  (re-exported kernel pieces)
   NEG_INF,
   attend_blocks,
@@ -99,22 +100,18 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True,
   """Grouped-query softmax attention; q [B, T, H, Dh], k/v [B, S, KV, Dh] -> [B, T, H, Dh].
 
   H must be a multiple of KV: each group of H/KV query heads shares one key/value head.
-  ``block == 0``: ``jax.nn.dot_product_attention`` (XLA picks the backend's fused kernel
-  where one exists; on CPU it measured 26% faster than a plain einsum formulation, fwd+bwd
-  at 16 x 256 tokens, 8 heads). ``block > 0``: :func:`blockwise_attention` (flash-style:
-  custom VJP that keeps only the output and log-sum-exp), whose memory grows with
-  T * block instead of T * S (long context).
+  Runs the kernel selected by ``model.attention_impl``
+  (:func:`omni_jax.models.attention_kernels.attend`). The default ``xla``: ``block == 0``
+  is ``jax.nn.dot_product_attention`` (on CPU it measured 26% faster than a plain einsum
+  formulation, fwd+bwd at 16 x 256 tokens, 8 heads); ``block > 0`` is
+  :func:`blockwise_attention` (flash-style: custom VJP that keeps only the output and
+  log-sum-exp), whose memory grows with T * block instead of T * S (long context).
 
   ``segment_ids`` int32 [B, T] (self-attention, T == S): a query sees only keys of its own
   segment (packed documents; 0 = padding, which sees only padding, so no row is ever fully
   masked). ``None``: one segment, exactly the unmasked computation.
   """
-  if block:
-    return blockwise_attention(q, k, v, causal=causal, block=block, segment_ids=segment_ids)
-  if segment_ids is None:
-    return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
-  return jax.nn.dot_product_attention(q, k, v, mask=same_segment(segment_ids, segment_ids),
-                                      is_causal=causal)
+  return attend(q, k, v, causal=causal, block=block, segment_ids=segment_ids)
 
 
 @named_op("encoder_attention")

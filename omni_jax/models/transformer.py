@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from omni_jax.models.attention_kernels import use_kernel
 from omni_jax.models.layers import Attention, RMSNorm, SwiGLU
 from omni_jax.models.moe import MoE
 from omni_jax.models.named_ops import named_op
@@ -64,6 +65,7 @@ class BackboneSpec:
   remat: str = "none"
   dtype: Any = jnp.float32
   attention_block: int = 0    # > 0: blockwise attention (long context)
+  attention_impl: str = "xla"  # the attention kernel (omni_jax.models.attention_kernels)
   # Switches for pretrained checkpoints (omni_jax.hf); the defaults are the native model.
   norm_eps: float = 1e-6      # every RMSNorm's epsilon
   qk_norm: bool = False       # RMSNorm on each head's q and k before RoPE (Qwen3)
@@ -106,10 +108,11 @@ class Block(nn.Module):
     s = self.spec
     x = checkpoint_name(x, OFFLOADED_NAMES[0])
     h = RMSNorm(s.norm_eps, dtype=s.dtype, name="ln_attn")(x)
-    x = x + Attention(s.num_heads, s.num_kv_heads, s.head_dim, s.rope_theta, s.dtype,
-                      s.attention_block, qk_norm=s.qk_norm, qkv_bias=s.qkv_bias,
-                      rope_scaling=s.rope_scaling, norm_eps=s.norm_eps,
-                      name="attn")(h, positions, segment_ids)
+    with use_kernel(s.attention_impl):  # the softmax core's kernel, for every parallel path
+      x = x + Attention(s.num_heads, s.num_kv_heads, s.head_dim, s.rope_theta, s.dtype,
+                        s.attention_block, qk_norm=s.qk_norm, qkv_bias=s.qkv_bias,
+                        rope_scaling=s.rope_scaling, norm_eps=s.norm_eps,
+                        name="attn")(h, positions, segment_ids)
     x = checkpoint_name(x, OFFLOADED_NAMES[1])
     h = RMSNorm(s.norm_eps, dtype=s.dtype, name="ln_mlp")(x)
     if self.use_moe:

@@ -11,6 +11,16 @@ from omni_jax.hf.omni_init import pretrained_backbone
 from omni_jax.modalities import resolve_spec
 from omni_jax.modalities.sources import check_sources
 from omni_jax.models.spec import Head, OmniSpec, backbone_spec
+from omni_jax.tokenizers import omni_codes
+
+
+def resolve_modality(name: str, raw) -> dict:
+  """A modality's config merged over its kind's defaults and validated; with ``tokenizer``
+  set, its codebook size and code vectors come from that trained codec."""
+  spec = resolve_spec(name, raw)
+  if spec["tokenizer"]:
+    omni_codes.resolve(spec, f"model.modalities.{name}.")
+  return spec
 
 
 def build_spec(model_cfg, tokenizer: str = "bytes") -> OmniSpec:
@@ -22,7 +32,7 @@ def build_spec(model_cfg, tokenizer: str = "bytes") -> OmniSpec:
   """
   backbone, moe = backbone_spec(model_cfg)
   raw_mods = model_cfg["modalities"]
-  mods = tuple((name, resolve_spec(name, raw_mods[name])) for name in sorted(raw_mods))
+  mods = tuple((name, resolve_modality(name, raw_mods[name])) for name in sorted(raw_mods))
   check_sources(mods)
   init_from = model_cfg.get("init_from", "") or ""
   if init_from:
