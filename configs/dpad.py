@@ -10,19 +10,17 @@ Run:
   python -m experiments.dpad --config=configs/dpad.py:blurry_low --workdir=/tmp/dpad_blurry
   python -m experiments.dpad --config=configs/dpad.py:sharp_low --workdir=/tmp/dpad_sharp_low
 Variants: ``tiny`` (a few documents, a few training steps, 2 seeds: seconds, for tests),
-``default`` (the CPU-sized run reported in docs/dpad.md: ResNet, 3 training seeds, 48
-training documents per kind through the training camera, 180 held-out images per quality
-through the held-out test cameras; screen period 1.5-3 sensor px, test lens MTF at 0.7
-cycles/px 0.14-0.35 (high) / 0.05-0.14 (low), the low-end camera at 0.7-0.9x the
-resolution; the print at the screen's resolution with a dot texture (issue 23's shortcut
-fix); ~15 min on 2 loaded cores incl. rendering),
-``half_data`` / ``quarter_data`` (the first 24 / 12 training documents per kind of the same
-captures: the data-scaling points; ``captures_from`` reuses the default's rendered captures
-instead of rendering them again), ``blurry_low`` (the first report's test channel and FMAG
-form: periods 1.2-1.7 px, PSF sigma 0.6-0.9 px at low quality, rescale x0.75-0.9, JPEG
-50-75 — it leaves no moiré at low quality) and ``sharp_low`` (blurry_low with the
-high-quality optics at low quality). Every variant trains through the same held-out
-training camera and M2FM's generic mask family.
+``default`` (the run of record, results/dpad/default.json: ResNet, 3 training seeds, 32
+training and 12 validation documents per training kind through the training camera, 144
+held-out images per quality through the held-out test cameras; screen period 1.5-3 sensor
+px, test lens MTF at 0.7 cycles/px 0.14-0.35 (high) / 0.05-0.14 (low), the low-end camera at
+0.7-0.9x the resolution; genuine prints through the printer model, omni_jax/dpad/halftone.py),
+``half_data`` / ``quarter_data`` (the first 16 / 8 training documents per kind of the same
+captures: data scaling; ``captures_from`` reuses the default's rendered captures),
+``blurry_low`` (a blurrier low-quality channel: periods 1.2-1.7 px, PSF sigma 0.6-0.9 px,
+rescale x0.75-0.9, JPEG 50-75 — it leaves no moiré at low quality) and ``sharp_low``
+(blurry_low with the high-quality optics at low quality). Every variant trains through the
+same held-out training camera and M2FM's generic mask family.
 Rerunning with the same --workdir reuses the rendered captures (captures.npz).
 """
 
@@ -66,8 +64,10 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       canvas=512,                          # print page side (px); the screen shows it at 1/2
       train_kinds=("id_card", "certificate"),
       test_kinds=("invoice", "form", "letter"),
-      train_docs=48,                       # documents per training kind (rendered)
-      test_docs=30))                       # documents per held-out kind: 180 images/quality
+      train_docs=32,                       # documents per training kind (rendered)
+      val_docs=12,                         # further documents per training kind, never
+                                           # trained on: the APCER/BPCER thresholds
+      test_docs=24))                       # documents per held-out kind: 144 images/quality
   c.train_subset = 0                       # use the first k training docs per kind (0: all);
                                            # outside `data`, so the captures cache is shared
   c.captures_from = ""                     # a captures.npz to reuse if its data/sim match
@@ -79,12 +79,16 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
                                            # a document-filling phone shot of a monitor/phone
       max_roll=0.08, max_persp=0.06, max_k1=0.04,
       print_match=True,                    # the print shows the page at the screen's resolution
-      # print dot texture (recapture._print_grain), calibrated so the trivial sharpness / noise
-      # / Immerkaer classifiers sit nearest chance at both qualities on 15 calibration
-      # documents per test kind disjoint from the study's (study.calibrate_print_grain, doc
-      # seed 1; docs/dpad.md); was (0.15, 0.25) from an 18-document probe, which over-shot
-      # the noise floor at high quality
+      # paper texture of the print (recapture._print_grain), calibrated on continuous-tone
+      # prints (before the printer model) so the trivial sharpness / noise / Immerkaer
+      # classifiers sat nearest chance, on documents disjoint from the study's
+      # (calibration.calibrate_print_grain, document seed 1; docs/dpad.md)
       print_grain=_range(0.1, 0.2),
+      # the printer (omni_jax/dpad/halftone.py): an office colour laser printer, 600-dpi
+      # engine, clustered-dot CMYK screens at 100-150 lines per inch (C 15, M 75, Y 0, K 45
+      # degrees); the paper framed like the screen, a document filling 70-100 % of a 12-MP
+      # frame's short side (3024 px over 210 mm: 14.4 sensor px per mm at 100 %)
+      halftone=dict(lpi=_range(100, 150), dpi=600.0, px_per_mm=_range(10.0, 14.4)),
       # The training camera, held out from both test channels (every CAMERA_KEYS range
       # disjoint, recapture.camera_overlaps): a sharp binned-flagship lens (MTF(0.7)
       # 0.47-0.36), large pixels (full well 1100-2500 e-), fine JPEG, 0.92-0.98x resolution.
@@ -125,9 +129,9 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       masked_weight=4.0, ce_weight=0.2, width=48, depth=2, patch=8))
   c.models = ("resnet",)                   # ("resnet", "vit") for both; main keys use the first
   c.seeds = (0, 1, 2)                      # training seeds per method (data: c.seed)
-  c.shortcut_docs = 15                     # test docs per kind also captured without the
-                                           # shortcut fix (print_match off, no grain): the
-                                           # trivial classifiers' "before"
+  c.shortcut_docs = 12                     # test docs per kind whose prints are also captured
+                                           # continuous-tone (no printer): the trivial
+                                           # classifiers' "before"
   c.methods = ("baseline_aug", "fmag", "fmag_m2fm")
   if arg == "tiny":
     c.data.canvas = 256
@@ -135,6 +139,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
     c.data.test_kinds = ("invoice",)
     c.data.train_docs = 3
     c.data.test_docs = 2
+    c.data.val_docs = 2
     c.sim.sensor = 128
     c.patch = 32
     c.train.steps = 6
@@ -146,7 +151,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
     c.seeds = (0, 1)
     c.shortcut_docs = 2
   elif arg in ("half_data", "quarter_data"):      # data scaling on the default's captures
-    c.train_subset = 24 if arg == "half_data" else 12
+    c.train_subset = 16 if arg == "half_data" else 8
   elif arg in ("blurry_low", "sharp_low"):      # the first report's test channel
     _first_report(c)
     if arg == "sharp_low":      # sensitivity: low quality made only after the lens

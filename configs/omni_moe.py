@@ -8,7 +8,10 @@ generation quality of ``experiments.generate``), ``small`` (a longer CPU run), `
 (32K-token rows, sequence split 8 ways by ring attention), ``omni30b`` (compile-only scale plan of
 ``experiments.scale_plan``), ``bench`` (the step benchmarked by
 ``experiments.bench_step``), ``files`` (the tiny model on real files: first
-``python -m experiments.make_manifest --workdir=/tmp/omni_files``). Override any field on
+``python -m experiments.make_manifest --workdir=/tmp/omni_files``), ``from_hf`` and
+``from_hf_lora`` (the two-stage fine-tune of a pretrained LLM, docs/hf.md: stage 1 trains the
+encoders, projectors and new token rows on a frozen backbone, stage 2 adds LoRA adapters to
+the backbone starting from stage 1's weights). Override any field on
 the command line, e.g. ``--config.model.moe.num_experts=8 --config.train.steps=50``. Add a
 modality with ``--modality=thermal='{"kind": "patch", "size": [16, 16], "channels": 1}'``
 (repeatable; ``--modality=video=none`` removes one)
@@ -16,6 +19,11 @@ or in a copy of this file (see WORKSPACE.md, "Adding a modality").
 """
 
 import ml_collections
+
+# LoRA targets (the same as omni_jax.train.lora.TARGET_ATTENTION / TARGET_ALL).
+LORA_ATTENTION = r"^backbone/.*attn/(q|k|v|o)/kernel$"
+LORA_ALL = (r"^backbone/.*(attn/(q|k|v|o)/kernel|mlp/(wi_gate|wi_up|wo)/kernel"
+            r"|moe/(shared_)?(wi_gate|wi_up|wo))$")
 
 
 def modalities(image_size=32, audio_samples=4096, video_size=16, codebook=32,
@@ -42,7 +50,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                balance="aux_loss", bias_rate=1e-3),  # or 'bias' | 'both' (aux-loss-free)
       remat="none", dtype="float32", text_loss_weight=1.0,
       attention_block=0,  # > 0: blockwise attention over key blocks (long context)
+      attention_impl="xla",  # or 'cudnn' | 'pallas_gpu' | 'pallas_tpu' (docs/attention.md)
       init_from="",  # "hf:DIR": backbone + text tokenizer from a Hugging Face checkpoint
+      # LoRA adapters (omni_jax/train/lora.py; rank 0 = off): target is a regex over parameter
+      # paths (attention q/k/v/o, dense / expert MLP projections); the base then stays frozen.
+      lora=dict(rank=0, alpha=16.0, dropout=0.0, target=LORA_ATTENTION),
       modalities=modalities(),
   )
   c.data = dict(source="synthetic", seq_len=64, batch_size=32, seed=0, text_weight=1.0,
@@ -52,10 +64,19 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # The Grain pipeline of data.source = 'manifest' (docs/data.md): stop past this fraction of
   # bad records; worker processes and prefetched windows; epochs (0 = endless); reader shards
   # (0 = one per process); held-out fraction (by record-id hash); records packed per window.
+  # The cap applies once min_records_before_cap distinct records were read (or at an epoch's
+  # end); unknown record keys are metadata unless strict_keys; a document longer than seq_len
+  # is cut into seq_len windows whose positions restart (or 'continue'). sources: several
+  # datasets mixed by weight, [dict(path=..., weight=..., modalities=[...])] (data.manifest '').
   c.data.update(max_bad_fraction=0.001, workers=0, prefetch=2, epochs=0, shards=0,
-                eval_fraction=0.1, pack_window=256)
+                eval_fraction=0.1, pack_window=256, min_records_before_cap=1000,
+                strict_keys=False, chunk_positions="restart", sources=(),
+                allow_changed_data=False)  # True: resume over changed data (from its start)
   c.optim = dict(lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.01, b1=0.9, b2=0.95,
-                 eps=1e-8, clip_norm=1.0)
+                 eps=1e-8, clip_norm=1.0,
+                 # parameter groups (omni_jax/train/param_groups.py): a list of {name, regex,
+                 # lr | frozen, weight_decay, warmup_steps, ...}; first match wins
+                 groups=())
   # Device layout (omni_jax/parallel/mesh.py); -1 takes the devices the others leave.
   c.mesh = dict(data=-1, fsdp=1, expert=1, sequence=1, tensor=1, pipeline=1)
   # Parallel ops of the model's recipe (omni_jax/parallel/recipes/); '' keeps its default.
@@ -67,7 +88,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                  profile_steps="",                     # "a:b": jax.profiler trace of steps a..b
                  grad_accum=1,  # microbatches per optimizer step (lax.scan in the step)
                  offload="none",  # or optimizer | activations | optimizer+activations | harmony
-                 device_budget_bytes=0)  # harmony: device bytes its plan must fit (state+residuals)
+                 device_budget_bytes=0,  # harmony: device bytes its plan must fit (state+residuals)
+                 init_from_workdir="")  # start from another run's weights (a previous stage)
 
   if arg == "tiny":
     pass
@@ -156,7 +178,30 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     # batches (docs/data.md; 512-record windows: 94.6 %).
     c.data.update(source="manifest", manifest="/tmp/omni_files/manifest.jsonl",
                   on_error="skip", seq_len=128, slots_per_row=2, pack_window=1024)
+  elif arg in ("from_hf", "from_hf_lora"):
+    # Two-stage fine-tune of a pretrained LLM (docs/hf.md, "fine-tuning"). Point init_from at
+    # a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json).
+    c.model.init_from = "hf:/tmp/omni_hf"
+    c.optim.update(warmup_steps=10)
+    c.train.update(steps=200, eval_every=100)
+    if arg == "from_hf":
+      # Stage 1: the backbone and its final norm frozen; the encoders, projectors and code
+      # heads train at the default rate; the embedding and text head (whose new rows are the
+      # omni specials and codes) at a tenth of it.
+      c.optim.groups = (
+          dict(name="backbone", regex=r"^(backbone|final_norm)/", frozen=True),
+          dict(name="text_rows", regex=r"^(embed|head_text)/", lr=3e-4, weight_decay=0.0))
+    else:
+      # Stage 2: stage 1's weights (its workdir), rank-8 LoRA on every projection of the
+      # backbone (one adapter per expert); the base stays frozen except the encoders and code
+      # heads, which keep training at a lower rate.
+      c.train.init_from_workdir = "/tmp/omni_hf_stage1"
+      c.model.lora = dict(rank=8, alpha=16.0, dropout=0.05, target=LORA_ALL)
+      c.optim.update(lr=1e-3)
+      c.optim.groups = (
+          dict(name="modalities", regex=r"^base/(enc_|head_(?!text/))", lr=3e-4),)
   else:
     raise ValueError(f"unknown variant {arg!r} of configs/omni_moe.py; choose tiny, micro, "
-                     "generate, small, long, omni30b, bench or files")
+                     "generate, small, long, omni30b, bench, files, from_hf or "
+                     "from_hf_lora")
   return c

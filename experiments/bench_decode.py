@@ -8,11 +8,24 @@ parameters), and writes summary.json: ``kv_speedup_512`` (and ``kv_speedup_64``)
 of each path, ``outputs_match_<n>`` (fraction of greedy tokens the two paths agree on).
 The model is ``--config`` (default configs/omni_moe.py:tiny, untrained parameters: speed
 does not depend on the weights). Runs on one device (--cpu_devices=1).
+
+With ``--hf_dir=DIR`` it instead times greedy decoding of that Hugging Face checkpoint
+against ``transformers`` ``generate(do_sample=False)`` on the same weights (the two
+alternated ``--rounds`` times; ``--batch``, ``--prompt_len``, one ``--new_tokens`` value;
+``--torch_threads``), writing ``decode_over_transformers`` (median transformers time / median
+ours) and ``tokens_equal`` (omni_jax/generate/peer_decode.py):
+
+  python -m experiments.bench_decode --hf_dir=DIR --workdir=W --batch=1 --prompt_len=64 \
+      --new_tokens=64
 """
 
 from __future__ import annotations
 
 import os
+import sys
+
+# transformers' OpenMP threads must not spin while JAX computes: set before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from absl import app, flags, logging
 
@@ -26,6 +39,10 @@ _BATCH = flags.DEFINE_integer("batch", 4, "prompts decoded together")
 _PROMPT = flags.DEFINE_integer("prompt_len", 16, "prompt tokens")
 _BUCKET = flags.DEFINE_integer("bucket", 64, "recompute path: prefix padded to a multiple")
 _REPEATS = flags.DEFINE_integer("repeats", 2, "timed runs per measurement (fastest kept)")
+_HF_DIR = flags.DEFINE_string("hf_dir", None, "time this Hugging Face checkpoint against "
+                              "transformers instead (see the module doc)")
+_ROUNDS = flags.DEFINE_integer("rounds", 5, "--hf_dir: alternated timed runs per side")
+_TORCH_THREADS = flags.DEFINE_integer("torch_threads", 2, "--hf_dir: transformers' threads")
 flags.mark_flags_as_required(["workdir"])
 
 
@@ -34,6 +51,8 @@ def main(argv):
   flags.FLAGS.cpu_devices = 1 if flags.FLAGS["cpu_devices"].using_default_value \
       else flags.FLAGS.cpu_devices
   common.setup_devices()
+  if _HF_DIR.value:
+    return main_hf()
   from configs.omni_moe import get_config
   from omni_jax.common.metrics import write_json_atomic
   from omni_jax.generate.bench import bench_decode
@@ -47,6 +66,24 @@ def main(argv):
   write_json_atomic(os.path.join(_WORKDIR.value, "summary.json"), summary)
   logging.info("kv speedup: %s", {k: round(v, 2) for k, v in summary.items()
                                   if k.startswith("kv_speedup")})
+
+
+def main_hf():
+  from omni_jax.common.metrics import write_json_atomic
+  from omni_jax.generate.peer_decode import decode_vs_transformers
+  if len(_NEW.value) != 1:
+    raise app.UsageError(f"--hf_dir takes one --new_tokens value, got {_NEW.value}")
+  summary = decode_vs_transformers(
+      _HF_DIR.value, batch=_BATCH.value, prompt_len=_PROMPT.value,
+      new_tokens=int(_NEW.value[0]), rounds=_ROUNDS.value, torch_threads=_TORCH_THREADS.value,
+      log=logging.info)
+  summary["command"] = "python -m experiments.bench_decode " + " ".join(sys.argv[1:])
+  os.makedirs(_WORKDIR.value, exist_ok=True)
+  write_json_atomic(os.path.join(_WORKDIR.value, "summary.json"), summary)
+  logging.info("decode_over_transformers %.2f (ours %.4f s, transformers %.4f s median); "
+               "tokens equal %.3f", summary["decode_over_transformers"],
+               summary["ours_median_seconds"], summary["transformers_median_seconds"],
+               summary["tokens_equal"])
 
 
 if __name__ == "__main__":

@@ -5,14 +5,19 @@ r"""Benchmark the manifest input pipeline against the train step that consumes i
 In one run: the Grain pipeline's records/s and tokens/s (decode, resample, tokenize, pack,
 with --workers worker processes) and the train step's tokens/s on a batch from it (see
 omni_jax/reports/input_bench.py). Writes summary.json with ``input_tokens_per_sec``,
-``step_tokens_per_sec``, ``input_over_step`` and ``packing_efficiency``. Any config whose
-``data.source`` is 'manifest' works, e.g. ``--config=configs/omni_moe.py:tiny
+``step_tokens_per_sec``, ``input_over_step``, ``packing_efficiency`` and ``startup_s`` /
+``startup_cpu_s`` (wall / CPU seconds building the spec and the stream: opening the
+datasets' indexes, fitting codebooks, binding the readers); with ``--records=N`` the input
+pass reads N records and adds ``rss_growth_mb`` (resident memory of the process and its
+workers, peak over the pass minus its start). Any
+config whose ``data.source`` is 'manifest' works, e.g. ``--config=configs/omni_moe.py:tiny
 --config.data.source=manifest --config.data.manifest=/path/m.jsonl``.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 from absl import app, flags, logging
 
@@ -24,6 +29,9 @@ _WORKERS = flags.DEFINE_integer("workers", 2, "pipeline worker processes (config
 _BATCHES = flags.DEFINE_integer(
     "input_batches", 300, "timed input batches (short runs measure the workers' read-ahead "
     "start-up, not the steady state: docs/data.md)")
+_RECORDS = flags.DEFINE_integer(
+    "records", 0, "> 0: the input pass reads this many records (instead of --input_batches) "
+    "and reports rss_growth_mb")
 _STEPS = flags.DEFINE_integer("steps", 10, "timed train steps")
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -33,7 +41,7 @@ def main(argv):
   common.setup_devices()
   from omni_jax.common.config import ConfigError, to_dict
   from omni_jax.common.metrics import write_json_atomic
-  from omni_jax.reports.input_bench import measure_input, measure_step
+  from omni_jax.reports.input_bench import measure_input, measure_records, measure_step
   from omni_jax.train.omni import validate
 
   config, workdir = _CONFIG.value, _WORKDIR.value
@@ -42,10 +50,17 @@ def main(argv):
                       "'manifest' and config.data.manifest")
   config.data.workers = _WORKERS.value
   os.makedirs(workdir, exist_ok=True)
-  spec, stream, _ = validate(config)
-  inp = measure_input(stream, _BATCHES.value)
+  t0, c0 = time.perf_counter(), time.process_time()
+  spec, stream, _ = validate(config)  # opens the datasets (indexes), fits the codebooks
+  stream.bind()
+  startup, startup_cpu = time.perf_counter() - t0, time.process_time() - c0
+  if _RECORDS.value > 0:
+    inp = measure_records(stream, _RECORDS.value)
+  else:
+    inp = measure_input(stream, _BATCHES.value)
+  inp["startup_s"], inp["startup_cpu_s"] = startup, startup_cpu  # CPU: this process's
   logging.info("input: %s", inp)
-  host_batch = stream.batch(_BATCHES.value + 1)
+  host_batch = stream.batch(stream.iterator.batches)
   stream.iterator.close()
   step = measure_step(config, spec, stream, host_batch, _STEPS.value)
   summary = {**inp, **step, "input_over_step":

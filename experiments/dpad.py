@@ -2,24 +2,27 @@
 
   python -m experiments.dpad --config=configs/dpad.py:default --workdir=/tmp/dpad_default
 
-Renders documents of every style, photographs each print (genuine) and each on-screen
-display (recaptured) with the physical simulator — training kinds through the training
-camera, held-out kinds through the held-out high- and low-quality test cameras (and the
-first ``shortcut_docs`` of them once more without the shortcut fix) — caches them in
-<workdir>/captures.npz, trains each classifier with the baseline augmentation and with FMAG
-(periods estimated from each image) and M2FM (generic masks) against the frozen FMAG
-classifier, once per seed in ``seeds``, and scores held-out images (mean of patch scores).
-Writes summary.json (eer / eer_sd / eer_ci95 / auc / apcer / bpcer keyed by method then
-quality for the first model, means over ``seeds``, intervals over seeds and images; every
-model under by_model with per-seed EERs, M2FM's score shift and peak_reliance;
-low_eer_gain_points with its paired interval; shortcut_eer, the trivial sharpness / noise
-classifiers before and after the shortcut fix; period_estimate and oracle_peak_auc, two
-diagnostics that read the true period), metrics.jsonl and dpad_*.png figures.
+Renders documents of every style, photographs each print (genuine, through the printer
+model's halftone) and each on-screen display (recaptured) with the physical simulator —
+training and validation kinds through the training camera, held-out kinds through the
+held-out high- and low-quality test cameras (and the prints of the first ``shortcut_docs`` of
+them once more continuous-tone) — caches them in <workdir>/captures.npz, trains each
+classifier with the baseline augmentation and with FMAG (periods estimated from each image)
+and M2FM (generic masks) against the frozen FMAG classifier, once per seed in ``seeds``, fixes
+each classifier's threshold on the validation captures and scores held-out images (mean of
+patch scores). Writes summary.json (eer / eer_sd / eer_ci95 / auc / apcer / bpcer keyed by
+method then quality for the first model, means over ``seeds``, APCER / BPCER at the
+validation thresholds; eer_gain_points per quality with per-seed gains, the t interval over
+seeds and the bootstrap interval over seeds and images; low_eer_gain_points with its
+interval; every model under by_model; shortcut_eer, the trivial one-feature classifiers on
+continuous-tone and halftoned prints; period_estimate and oracle_peak_auc, two diagnostics
+that read the true period), metrics.jsonl and dpad_*.png figures.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 
 from absl import app, logging
 
@@ -41,7 +44,7 @@ def main(argv):
     study.validate(cfg)
   except ConfigError as e:
     raise app.UsageError(str(e)) from e
-  summary = study.run(cfg, workdir)
+  summary = study.run(cfg, workdir, " ".join(["python -m experiments.dpad", *sys.argv[1:]]))
   logging.info("summary: %s", json.dumps({"eer": summary["eer"], "auc": summary["auc"]}))
 
 

@@ -1,14 +1,23 @@
-r"""Generate text, images and audio from a trained omni model (prompts in, files out).
+r"""Generate text, images and audio from a trained omni model, or text from a Hugging Face
+checkpoint (prompts in, files out).
 
   python -m experiments.generate --config=configs/omni_moe.py:tiny --workdir=/tmp/omni \
       --prompts=prompts.jsonl [--outdir=DIR] [--temperature=0.8 --top_k=8 --top_p=0.95 --seed=0]
+  python -m experiments.generate --hf_dir=DIR --prompts=prompts.jsonl --temperature=0
+
+--hf_dir decodes a Hugging Face checkpoint directly (no training run, no --config /
+--workdir): each prompt line is ``{"text": ...}`` or ``{"ids": [1, 2, 3]}`` (optional
+``"output": "text"``); ``summary.json`` (in --outdir, default ``generate/`` beside the prompts
+file) lists each line's generated ids under ``lines[i].generated_ids`` and its text. Logic:
+omni_jax/generate/hf_job.py.
 
 --workdir is a train_omni workdir (its latest checkpoint is loaded, laid out on the
 config's mesh as in training); --config must be the config it was trained with. Each line
 of --prompts is a JSON object: ``{"text": ..., "output": "text"|"image"|"audio"}`` plus
 optional inputs by modality key (``"image": "cat.png"``, ``"audio": "tone.wav"``; paths
 relative to the prompts file), optional ``"expect"`` (reference text of a text output, scored
-as ``caption_accuracy``). --demo_prompts writes such a file for the synthetic task first.
+as ``caption_accuracy``); ``"ids": [...]`` gives the prompt's text as token ids instead of
+``"text"``. --demo_prompts writes such a file for the synthetic task first.
 --judge scores generated images / audio of synthetic-caption prompts with classifiers trained
 on real renders (``conditional_accuracy``); with --demo_prompts it asks --judge_prompts
 outputs per caption.
@@ -27,6 +36,8 @@ from experiments import common
 _CONFIG = common.define_config("configs/omni_moe.py:<variant> (the one the workdir was "
                                "trained with)", lock_config=True)
 _WORKDIR = common.define_workdir("a train_omni workdir (checkpoints/ is read)")
+_HF_DIR = flags.DEFINE_string("hf_dir", None, "decode this Hugging Face checkpoint directly "
+                              "(instead of --config / --workdir)")
 _PROMPTS = flags.DEFINE_string("prompts", None, "JSONL file, one prompt per line")
 _OUTDIR = flags.DEFINE_string("outdir", None, "output folder (default WORKDIR/generate)")
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "sampling temperature (0 = greedy)")
@@ -45,11 +56,20 @@ _JUDGE = flags.DEFINE_bool("judge", False, "score image / audio outputs whose pr
 _JUDGE_PROMPTS = flags.DEFINE_integer("judge_prompts", 4, "--demo_prompts --judge: prompts per "
                                       "caption (attribute combination) of each generated "
                                       "modality")
-flags.mark_flags_as_required(["config", "workdir", "prompts"])
+flags.mark_flags_as_required(["prompts"])
 
 
 def main(argv):
   del argv
+  if _HF_DIR.value:
+    if _WORKDIR.value or _CONFIG.value is not None or _DEMO.value or _JUDGE.value:
+      raise app.UsageError("--hf_dir decodes a Hugging Face checkpoint on its own: drop "
+                           "--config, --workdir, --demo_prompts and --judge (those are for a "
+                           "train_omni workdir)")
+    return main_hf()
+  if not _WORKDIR.value or _CONFIG.value is None:
+    raise app.UsageError("give --config and --workdir (a train_omni run), or --hf_dir (a "
+                         "Hugging Face checkpoint)")
   common.setup_devices()
   from omni_jax.generate.job import run_generate
   from omni_jax.train.omni import make_layout_mesh
@@ -71,6 +91,24 @@ def main(argv):
   if _JUDGE.value:
     logging.info("conditional_accuracy %s (chance %s)", s["conditional_accuracy"],
                  s["conditional_chance"])
+
+
+def main_hf():
+  common.setup_devices()
+  from omni_jax.common.config import ConfigError
+  from omni_jax.generate.hf_job import run_hf_generate
+  try:
+    s = run_hf_generate(_HF_DIR.value, _PROMPTS.value, _OUTDIR.value,
+                        temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
+                        seed=_SEED.value, max_new_tokens=_MAX_NEW.value,
+                        batch_size=_BATCH.value)
+  except ConfigError as e:
+    raise app.UsageError(str(e)) from None
+  for e in s["errors"]:
+    logging.error("%s: %s", _PROMPTS.value, e["error"])
+  logging.info("%s: %d of %d prompts decoded (%d failed, listed in summary.json 'errors'); "
+               "decode %.1f s", s["family"], s["ok"], s["prompts"], s["failed"],
+               s["decode_seconds"])
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import json
 from absl import app, logging
 
 from experiments import common
-from omni_jax.lsm import study
+from omni_jax.lsm import fsdd_study, study
 
 _CONFIG = common.define_config("configs/lsm.py:<variant>")
 _WORKDIR = common.define_workdir("output folder")
@@ -32,8 +32,11 @@ def main(argv):
   if cfg is None or not _WORKDIR.value:
     raise app.UsageError("--config=configs/lsm.py:<variant> and --workdir are required")
   study.validate(cfg)
+  fsdd_corpus = cfg.data.corpus == "fsdd"
+  if fsdd_corpus:
+    fsdd_study.validate(cfg)
   common.register_config()
-  summary = study.run(cfg, _WORKDIR.value)
+  summary = (fsdd_study if fsdd_corpus else study).run(cfg, _WORKDIR.value)
   logging.info("summary: %s", json.dumps({k: summary[k] for k in list(summary)[:6]}))
 
 

@@ -8,6 +8,8 @@ same command resumes from the latest checkpoint. On CPU the run uses --cpu_devic
 emulated devices (data parallel over all of them).
 """
 
+import sys
+
 from absl import app, flags, logging
 
 from experiments import common
@@ -25,8 +27,12 @@ def main(argv):
     with _CONFIG.value.unlocked():
       _CONFIG.value.train.profile_steps = _PROFILE_STEPS.value
   common.setup_devices()
+  from omni_jax.data.reader import DataError
   from omni_jax.train.omni import train_omni  # after device set-up
-  summary = train_omni(_CONFIG.value, _WORKDIR.value)
+  try:
+    summary = train_omni(_CONFIG.value, _WORKDIR.value)
+  except DataError as e:  # the data's fault, named in the message: no traceback
+    sys.exit(f"train_omni: input stopped: {e}")
   logging.info("done: loss %.4f -> %.4f, %.0f tokens/s, MFU %.3f; summary in %s/summary.json",
                summary["initial_loss"], summary["final_loss"], summary["tokens_per_sec"] or 0,
                summary["mfu"] or 0, _WORKDIR.value)

@@ -50,3 +50,13 @@ def needs_espeak_ng():
 @pytest.fixture
 def needs_dejavu_fonts():
   require(DEJAVU_FONTS)
+
+
+def pytest_collection_modifyitems(config, items):
+  """Tests marked ``gpu`` / ``tpu`` need that backend: skipped, with the reason, elsewhere."""
+  backend = jax.default_backend()
+  for item in items:
+    for platform in ("gpu", "tpu"):
+      if platform in item.keywords and backend != platform:
+        item.add_marker(pytest.mark.skip(
+            reason=f"needs a {platform.upper()} backend; this run's JAX backend is {backend}"))

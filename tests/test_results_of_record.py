@@ -15,7 +15,9 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 # job -> keys every run of record of that job carries (dotted: nested; '*' any child).
 KEYS = {
     "dpad": ["eer", "eer_sd", "eer_ci95", "seeds", "shortcut_eer", "period_estimate",
-             "camera_ranges", "low_eer_gain_points", "low_eer_gain_ci95_points"],
+             "camera_ranges", "low_eer_gain_points", "low_eer_gain_ci95_points", "apcer",
+             "bpcer", "thresholds", "eer_gain_points.*.per_seed", "eer_gain_points.*.mean",
+             "eer_gain_points.*.ci95_seeds", "eer_gain_points.*.ci95_seeds_images"],
     "query": ["peers", "peers.*.cold.recall_at_10", "peers.*.cold.p50_ms", "peers.*.cold.p99_ms",
               "peers.*.cold.qps", "peers.*.warm.recall_at_10", "peers.*.warm.p50_ms",
               "peers.*.warm.p99_ms", "peers.*.warm.qps", "best_host",
@@ -27,11 +29,26 @@ KEYS = {
                "baseline_colmap_points", "baseline_colmap_fit", "failed_builds",
                "failed_build_s", "hindsight_time_to_first_insight_s",
                "cost_model_build_s_median_rel_error", "cost_model.samples", "order"],
+    "harmony": ["device_budget_bytes", "model_bytes", "schedules", "swap_reduction_vs_baseline",
+                "predicted_speedup_vs_baseline", "baselines.*.swap_reduction_of_harmony"],
     "omni_moe": ["layouts", "hardware", "params_total", "params_active",
                  "seed_tokens_per_sec_per_gpu"],
-    "lsm": ["accuracy_test_voices", "accuracy", "accuracy_test_dir", "test_speakers",
-            "tuning_speakers", "brian2_steps_per_sec", "brian2_steps_per_sec_by_target.numpy",
-            "sim_steps_per_sec", "speedup_vs_brian2", "energy_saving_gating"],
+    # per config variant where a job's variants report different things
+    "lsm": {
+        "paper": ["accuracy_test_voices", "accuracy", "accuracy_test_dir", "test_speakers",
+                  "tuning_speakers", "brian2_steps_per_sec",
+                  "brian2_steps_per_sec_by_target.numpy", "sim_steps_per_sec",
+                  "speedup_vs_brian2", "energy_saving_gating"],
+        "fsdd": ["accuracy_test", "baselines.logreg_pooled_mfcc",
+                 "baselines.reservoir_float_logreg_counts",
+                 "baselines.reservoir_float_calcium_rule", "accuracy_test_by_bits",
+                 "chosen_bits", "energy_saving_gating", "energy_saving_total", "split.test",
+                 "brian2_spikes_by_target.numpy", "brian2_spikes_ours"],
+    },
+    "netlab": ["measured_speedup", "baseline_comm_fraction", "predicted_speedup",
+               "model_error_median", "socket_over_program_bytes", "codecs.*.measured_speedup",
+               "codecs.*.socket_over_program_bytes", "codecs.*.final_accuracy", "machine.note",
+               "rows"],
 }
 
 
@@ -76,7 +93,8 @@ def test_result_parses_and_carries_its_keys(path):
   assert f"configs/{job}.py:" in summary["command"] and stem.startswith(variant), (
       f"{path.name}: the file is named for the config variant its command runs ({variant})")
   assert path.stat().st_size < 200_000, "results of record stay small"
-  for key in KEYS[path.parent.name]:
+  keys = KEYS[job][variant] if isinstance(KEYS[job], dict) else KEYS[job]
+  for key in keys:
     for v in lookup(summary, key):
       assert not (isinstance(v, float) and math.isnan(v)), f"{key} is NaN"
 

@@ -374,21 +374,22 @@ def _decode_npy(path: Path, ms, kind) -> np.ndarray:
   return arr.astype(kind.input_dtype)
 
 
-def decode_record(record: Mapping[str, Any], spec, base_dir: str | os.PathLike
-                  ) -> dict[str, np.ndarray]:
+def decode_record(record: Mapping[str, Any], spec, base_dir: str | os.PathLike,
+                  strict_keys: bool = True) -> dict[str, np.ndarray]:
   """One manifest record -> ``{modality name: model input}`` (shape ``input_shape``, dtype
   ``input_dtype`` of the modality's kind), for the modalities the record carries.
 
   ``spec`` is an :class:`~omni_jax.models.omni.OmniSpec`; relative paths resolve against
   ``base_dir`` (the manifest's folder). Keys other than :func:`record_keys` raise
-  RecordError; ``null`` values mean "absent". A video modality with ``audio_track`` also
+  RecordError with ``strict_keys``, else are metadata and ignored; ``null`` values mean
+  "absent". A video modality with ``audio_track`` also
   fills that modality from the clip's track; a record that gives the same modality both ways
   raises RecordError. File problems raise DecodeError. ``text`` is not touched here.
   """
   if not isinstance(record, Mapping):
     raise RecordError(f"a record must be a JSON object, got {type(record).__name__}")
   allowed = record_keys(spec)
-  unknown = sorted(set(record) - set(allowed))
+  unknown = sorted(set(record) - set(allowed)) if strict_keys else ()
   if unknown:
     raise RecordError(f"unknown key(s) {unknown}; allowed keys: {list(allowed)}")
   base_dir = Path(base_dir)

@@ -6,7 +6,9 @@ row of ``seq_len`` tokens and marks them:
 
 * ``segment_ids`` int32 [B, T]: 0 on padding, 1..n for the row's documents in order — the
   attention mask allows a token to see only its own document;
-* ``positions`` int32 [B, T]: restart at 0 at each document (0 on padding);
+* ``positions`` int32 [B, T]: restart at 0 at each document (0 on padding), or at
+  ``Doc.start`` for a later window of a long document cut by :func:`chunk_document` with
+  continued positions;
 * ``targets`` / ``target_head``: a document's last token predicts nothing (head 0), so no
   loss crosses a boundary and padding carries no loss.
 
@@ -53,6 +55,7 @@ class Doc:
   slots: dict[str, np.ndarray]  # modality -> int32 offsets in the document
   inputs: dict[str, np.ndarray]  # modality -> encoder input
   task: int
+  start: int = 0  # position of the first token (> 0: a later window of a long document)
 
   def __len__(self) -> int:
     return len(self.tokens)
@@ -63,6 +66,35 @@ def doc_from_row(row, inputs: dict[str, np.ndarray], task: int, pad_id: int) -> 
   n = int(np.count_nonzero(row.tokens != pad_id))  # documents hold no <pad> inside
   return Doc(row.tokens[:n].copy(), row.targets[:n].copy(), row.target_head[:n].copy(),
              dict(row.slots), {m: inputs[m] for m in row.slots}, task)
+
+
+def chunk_document(ids, heads, local, slots, inputs: dict[str, np.ndarray], task: int,
+                   seq_len: int, continue_positions: bool = False) -> list[Doc]:
+  """A document of any length (the unpadded ``*_ids`` lists of
+  :class:`~omni_jax.data.sequences.RowBuilder`) as windows of at most ``seq_len`` tokens.
+
+  Token ``i`` predicts ``local[i + 1]`` with head ``heads[i + 1]`` also across a window
+  boundary (a window's last token predicts the next window's first), so chunking loses no
+  prediction; only the document's last token predicts nothing. Positions restart at 0 in
+  each window, or continue (``continue_positions``: window ``k`` starts at ``k seq_len``).
+  Modality slots must lie in the first window (ValueError otherwise)."""
+  n = len(ids)
+  tokens = np.asarray(ids, np.int32)
+  targets = np.zeros(n, np.int32)
+  target_head = np.zeros(n, np.int32)
+  targets[:-1], target_head[:-1] = local[1:], heads[1:]
+  for m, offs in slots.items():
+    if len(offs) and int(offs.max()) >= seq_len:
+      raise ValueError(f"the {m} tokens end at position {int(offs.max()) + 1}, beyond "
+                       f"data.seq_len = {seq_len}: raise it or lower the modality's tokens")
+  out = []
+  for k, a in enumerate(range(0, n, seq_len)):
+    b = min(n, a + seq_len)
+    out.append(Doc(tokens[a:b].copy(), targets[a:b].copy(), target_head[a:b].copy(),
+                   dict(slots) if k == 0 else {},
+                   {m: inputs[m] for m in slots} if k == 0 else {}, task,
+                   a if continue_positions else 0))
+  return out
 
 
 def pack(docs: list[Doc], seq_len: int, slots: int = 1) -> list[list[Doc]]:
@@ -156,7 +188,7 @@ def collate_packed(spec: OmniSpec, rows: list[list[Doc]], seq_len: int,
       sl = slice(at, at + n)
       tokens[i, sl], targets[i, sl], heads[i, sl] = d.tokens, d.targets, d.target_head
       seg[i, sl] = k
-      pos[i, sl] = np.arange(n, dtype=np.int32)
+      pos[i, sl] = np.arange(d.start, d.start + n, dtype=np.int32)
       for m, offs in d.slots.items():
         x, p, mask = mods[m]
         j = int(mask[i].sum())

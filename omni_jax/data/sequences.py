@@ -21,6 +21,7 @@ from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.models.spec import OmniSpec
 
 TASK_TEXT = "text"
+Ids = tuple[list[int], list[int], list[int], dict[str, np.ndarray]]
 
 
 def understand_task(m: str) -> str:
@@ -75,6 +76,17 @@ class RowBuilder:
     local.append(self.tok.eos_id)
 
   def understand(self, modalities: list[str], caption: str) -> Row:
+    return self._finish(*self.understand_ids(modalities, caption))
+
+  def generate(self, m: str, caption: str, codes: np.ndarray) -> Row:
+    return self._finish(*self.generate_ids(m, caption, codes))
+
+  def text(self, text: str) -> Row:
+    return self._finish(*self.text_ids(text))
+
+  # The unpadded sequences, any length: (ids, loss heads, local ids, slot positions). A
+  # row predicts ``local[i + 1]`` with head ``heads[i + 1]`` at position ``i``.
+  def understand_ids(self, modalities: list[str], caption: str) -> Ids:
     ids, heads, local, slots = [self.tok.bos_id], [0], [0], {}
     for m in modalities:
       ids.append(self.tok.special(f"<{m}>"))
@@ -86,9 +98,9 @@ class RowBuilder:
     local += [0] * (len(ids) - 1)
     self._text(caption, ids, heads, local)
     self._eos(ids, heads, local)
-    return self._finish(ids, heads, local, slots)
+    return ids, heads, local, slots
 
-  def generate(self, m: str, caption: str, codes: np.ndarray) -> Row:
+  def generate_ids(self, m: str, caption: str, codes: np.ndarray) -> Ids:
     if m not in self.offsets:
       raise ValueError(f"modality {m!r} has no codebook (model.modalities.{m}.codebook_size = 0)")
     ids, heads, local = [self.tok.bos_id], [0], [0]
@@ -101,7 +113,7 @@ class RowBuilder:
     heads += [self.spec.head_id(m)] * len(codes)
     local += codes
     self._eos(ids, heads, local)
-    return self._finish(ids, heads, local, {})
+    return ids, heads, local, {}
 
   def pack_text(self, row: Row, texts) -> Row:
     """``row`` with the padding after its sample filled by whole text samples from the
@@ -121,11 +133,11 @@ class RowBuilder:
       used += len(ids)
     return Row(tokens, targets, heads, row.slots)
 
-  def text(self, text: str) -> Row:
+  def text_ids(self, text: str) -> Ids:
     ids, heads, local = [self.tok.bos_id], [0], [0]
     self._text(text, ids, heads, local)
     self._eos(ids, heads, local)
-    return self._finish(ids, heads, local, {})
+    return ids, heads, local, {}
 
 
 def _num_tokens(ms) -> int:

@@ -38,12 +38,15 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
+from omni_jax.dpad import halftone
+
 PRINT_PER_SCREEN = 2        # print pixels per screen pixel (the screen shows the page at half res)
 QUALITIES = ("high", "low")            # the test channels
 CHANNELS = ("train",) + QUALITIES      # "train": the camera the training captures come from
 CAMERA_KEYS = ("sigma", "shot", "read", "jpeg", "res")   # lens, sensor noise, ISP, resolution
 _PARAM_KEYS = ("period", "roll", "persp", "shift", "k1", "sigma", "gain", "illum", "shot",
                "read", "grain")
+HALFTONE_KEYS = ("ht_lpi", "ht_dpi", "ht_mm", "ht_phase")   # the printer (halftone.py)
 
 
 def moire_frequency(period_px: Any) -> Any:
@@ -115,7 +118,15 @@ def sample_params(rng: np.random.Generator, quality: str, cfg: Any) -> dict[str,
   res = camera_resolution(rng, q.get("res", (1.0, 1.0)))
   out["res"] = np.asarray(res, np.float32)
   out["period"] = np.asarray(out["period"] * res, np.float32)
-  out["grain"] = np.asarray(u(cfg.get("print_grain", (0.0, 0.0))), np.float32)   # drawn last
+  out["grain"] = np.asarray(u(cfg.get("print_grain", (0.0, 0.0))), np.float32)
+  ht = cfg.get("halftone")
+  if ht is not None:                        # the printer, drawn last: recaptures unchanged
+    out["ht_lpi"] = np.asarray(u(ht.lpi), np.float32)
+    out["ht_dpi"] = np.asarray(ht.dpi, np.float32)
+    # paper framing: the reference camera's sensor px per mm of paper; one page unit spans
+    # period / res reference-sensor px, so it covers (period / res) / px_per_mm mm
+    out["ht_mm"] = np.asarray(out["period"] / res / u(ht.px_per_mm), np.float32)
+    out["ht_phase"] = rng.uniform(0.0, 1.0, (len(halftone.INKS), 2)).astype(np.float32)
   return out
 
 
@@ -234,6 +245,20 @@ def _print_grain(key: jax.Array, n: int, u: jax.Array, v: jax.Array,
   return jnp.maximum(1.0 + amount * t[y.astype(jnp.int32), x.astype(jnp.int32)], 0.0)
 
 
+def _halftone_radiance(page: jax.Array, u: jax.Array, v: jax.Array, p: dict,
+                       print_match: bool) -> jax.Array:
+  """Light reflected by the page printed through the printer model (:mod:`halftone`): every
+  point takes the decision of the printer's device pixel holding it — that pixel's page
+  colour (at the screen's resolution with ``print_match``, else bilinear at print
+  resolution), separated into C, M, Y, K and thresholded by each ink's rotated AM screen."""
+  mm = p["ht_mm"]
+  x, y = halftone.device_centres(u * mm, v * mm, p["ht_dpi"])
+  ud, vd = x / mm, y / mm
+  rgb = _screen_content(page, ud, vd)[0] if print_match else _print_radiance(page, ud, vd)
+  ink = halftone.ink_coverage(halftone.separate_cmyk(rgb), x, y, p["ht_lpi"], p["ht_phase"])
+  return halftone.print_reflectance(ink)
+
+
 def _gaussian_blur(img: jax.Array, sigma_samples: jax.Array) -> jax.Array:
   """Gaussian PSF by multiplying the spectrum (periodic borders; frames are large)."""
   n = img.shape[0]
@@ -267,9 +292,10 @@ def demosaic_bilinear(mosaic: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("sensor", "ss", "screen", "row_depth",
-                                             "print_match"))
+                                             "print_match", "halftoned"))
 def capture(page: jax.Array, params: dict, key: jax.Array, *, sensor: int, ss: int,
-            screen: bool, row_depth: float = 0.5, print_match: bool = False) -> jax.Array:
+            screen: bool, row_depth: float = 0.5, print_match: bool = False,
+            halftoned: bool = False) -> jax.Array:
   """One camera capture (float32 (sensor, sensor, 3) in [0, 1], before JPEG).
 
   ``page``: float32 (C, C, 3) print page in [0, 1] with C divisible by 2; ``params`` from
@@ -277,15 +303,20 @@ def capture(page: jax.Array, params: dict, key: jax.Array, *, sensor: int, ss: i
   instead of the print (genuine); ``print_match``: the print carries the page at the
   screen's resolution (:func:`_screen_content`, the mosaic's mean), so genuine and recaptured
   light differ only by the sub-pixel mosaic — without it the print has twice the screen's
-  resolution, a sharpness cue that is not moiré (the shortcut of issue 23).
+  resolution, a sharpness cue that is not moiré; ``halftoned``: the print goes through the
+  printer model (:func:`_halftone_radiance`, needs the :data:`HALFTONE_KEYS` parameters),
+  else it is continuous-tone.
   """
   p = {k: jnp.asarray(params.get(k, 0.0) if k == "grain" else params[k], jnp.float32)
-       for k in _PARAM_KEYS}                                    # no "grain": a plain print
+       for k in _PARAM_KEYS + (HALFTONE_KEYS if halftoned and not screen else ())}
   u, v = _sensor_to_page(p, sensor, ss)
   if screen:
     rad = _screen_radiance(page, u, v, row_depth)
+  elif halftoned:
+    rad = _halftone_radiance(page, u, v, p, print_match)
   else:
     rad = _screen_content(page, u, v)[0] if print_match else _print_radiance(page, u, v)
+  if not screen:
     rad = rad * _print_grain(jax.random.fold_in(key, 1), page.shape[0], u, v, p["grain"])
   rad = _gaussian_blur(rad, p["sigma"] * ss)
   img = rad.reshape(sensor, ss, sensor, ss, 3).mean((1, 3))      # pixel aperture
@@ -324,8 +355,9 @@ def simulate(page: Any, rng: np.random.Generator, quality: str, cfg: Any, screen
   page = check_image(page, "page", min_side=64)
   if page.shape[0] != page.shape[1] or page.shape[0] % PRINT_PER_SCREEN:
     raise ValueError(f"page must be square with an even side, got {page.shape[:2]}")
-  params = sample_params(rng, quality, cfg) if params is None else params
-  key = jax.random.key(int(rng.integers(0, 2**31 - 1)))
+  key = jax.random.key(int(rng.integers(0, 2**31 - 1)))   # first: the same noise whatever
+  params = sample_params(rng, quality, cfg) if params is None else params   # the printer
   raw = capture(jnp.asarray(page), params, key, sensor=cfg.sensor, ss=cfg.ss, screen=screen,
-                row_depth=cfg.row_depth, print_match=bool(cfg.get("print_match", False)))
+                row_depth=cfg.row_depth, print_match=bool(cfg.get("print_match", False)),
+                halftoned=cfg.get("halftone") is not None)
   return finish(raw, int(params["jpeg"]), float(params["scale"])), params

@@ -1,12 +1,12 @@
 """Decode speed with the KV cache against recomputing the whole prefix at every step.
 
-Both paths run the same layers (:func:`omni_jax.models.kv_cache.forward`) on the same
-parameters, greedily (temperature 0), from the same prompts:
+Both paths run the same forward (:func:`omni_jax.generate.decode.omni_forward`: the model
+with a KV cache) on the same parameters, greedily (temperature 0), from the same prompts:
 
 * **kv**: :func:`omni_jax.generate.decode.generate` — one prefill, then one token per step
   against the cache, the whole decode in one jitted ``lax.scan``;
-* **recompute**: at every step the prefix (prompt + tokens so far) goes through the model
-  again from an empty cache and the last position's logits give the next token. To keep it
+* **recompute**: at every step the prefix (prompt + tokens so far) goes through the model's
+  forward again from an empty cache and the last position's logits give the next token. To keep it
   jit-compiled without one compile per length, the prefix is padded up to a multiple of
   ``bucket`` tokens (causal attention: the padding never changes the last real position's
   logits) and each bucket length is compiled once before timing. The padding costs the
@@ -52,14 +52,12 @@ def recompute_decode(spec: OmniSpec, params, prompts: np.ndarray, steps: int, bu
   """Greedy decode recomputing the prefix each step; (best seconds, ids [B, steps])."""
   b, p = prompts.shape
   text = spec.text_vocab
+  forward = dec.omni_forward(spec)
 
   @jax.jit
   def next_token(params, tokens, last):
-    n = tokens.shape[1]
-    cache = kv_cache.init_cache(spec, b, n)
-    pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
-    logits, _ = kv_cache.forward(spec, params, cache, tokens, pos)
-    lg = dec.joint_logits(spec, logits)[:, last]
+    lg, _ = forward(params, tokens, kv_cache.init_cache(spec.backbone, b, tokens.shape[1]))
+    lg = lg[:, last]
     return jnp.argmax(sampling.constrain(lg, 0, text), -1).astype(jnp.int32)
 
   def padded(seq):

@@ -1,27 +1,40 @@
-"""Batched prefill + KV-cached decoding of the omni model in one jitted program.
+"""Batched prefill + KV-cached decoding in one jitted program: the omni model, or a plain
+causal LM (an imported Hugging Face checkpoint, :class:`~omni_jax.models.causal_lm.CausalLM`).
 
-The model has one output head per vocabulary part (text, then each generated modality's
-codes); :func:`joint_logits` lays the heads side by side in the *input* id space (text ids,
-then each modality's codes at its ``code_offset``; the padding ids up to ``input_vocab`` get
--inf), so one :class:`~omni_jax.models.sampling.Grammar` range per step picks the head:
-codes come from the modality's head, ``<eos>`` from the text head, exactly as in training.
+Both decode through the model's own forward with a :class:`~omni_jax.models.kv_cache.KVCache`
+(:func:`omni_forward`, :func:`lm_forward`); :func:`generate_with` is the loop:
 
-:func:`generate` takes right-padded prompts of different lengths: the prefill writes every
-prompt token but the last (a row's padding lands at positions its own decode steps overwrite
-before they can see them), then :func:`~omni_jax.models.sampling.decode` runs the grammar's
-steps from each row's last prompt token, one token per step, in a ``lax.scan``.
+* prompts come right-padded ([B, P] plus ``lengths``, the form the callers build) and are
+  left-aligned here: row ``b`` moves right by ``P - lengths[b]`` and the cache starts that row
+  at that slot, so all rows write the same slot each step and the last prompt token of every
+  row sits at slot ``P - 1``; modality slot positions ``<m>_pos`` move with their row;
+* one prefill call writes all P prompt slots and its last position's logits give the first
+  new id; :func:`~omni_jax.models.sampling.decode_ranges` then feeds each new id back, one
+  token per step, in a ``lax.scan`` (the cache is created inside the jitted program and
+  updated in place by every step).
+
+The omni model has one output head per vocabulary part (text, then each generated
+modality's codes); :func:`joint_logits` lays the heads side by side in the *input* id space
+(text ids, then each modality's codes at its ``code_offset``; the padding ids up to
+``input_vocab`` get -inf), so one :class:`~omni_jax.models.sampling.Grammar` range per step
+picks the head: codes come from the modality's head, ``<eos>`` from the text head, exactly as
+in training.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from omni_jax.models import kv_cache, sampling
+from omni_jax.models.causal_lm import CausalLM
+from omni_jax.models.omni import OmniModel
 from omni_jax.models.spec import OmniSpec
+from omni_jax.models.transformer import BackboneSpec
 
 
 def joint_logits(spec: OmniSpec, logits: dict) -> jax.Array:
@@ -37,30 +50,76 @@ def joint_logits(spec: OmniSpec, logits: dict) -> jax.Array:
   return jnp.concatenate(parts, axis=-1)
 
 
-def cached_step(spec: OmniSpec, params):
-  """``step_fn(cache, tokens [B], positions [B]) -> (joint logits [B, V], cache)``."""
-  def step(cache, tok, pos):
-    logits, cache = kv_cache.forward(spec, params, cache, tok[:, None], pos[:, None])
-    return joint_logits(spec, logits)[:, 0], cache
-  return step
+def omni_forward(spec: OmniSpec) -> Callable:
+  """``fwd(params, tokens [B, T], cache, inputs) -> (joint logits [B, T, V], cache)`` of
+  :class:`OmniModel`; ``inputs``: modality fields of this call's tokens (or None)."""
+  model = OmniModel(spec)
+
+  def fwd(params, tokens, cache, inputs=None):
+    logits, _, cache = model.apply({"params": params}, {"tokens": tokens, **(inputs or {})},
+                                   cache)
+    return joint_logits(spec, logits), cache
+  return fwd
+
+
+def lm_forward(model: CausalLM) -> Callable:
+  """The same for a :class:`CausalLM` (text only: ``inputs`` must be None)."""
+  def fwd(params, tokens, cache, inputs=None):
+    if inputs:
+      raise ValueError("a CausalLM takes token ids only; got modality inputs "
+                       f"{sorted(inputs)}")
+    return model.apply({"params": params}, tokens, cache)
+  return fwd
+
+
+def left_align(prompts: jax.Array, lengths: jax.Array, inputs: dict | None = None):
+  """Right-padded ``prompts`` [B, P] -> (left-padded prompts, shift [B] = P - lengths,
+  ``inputs`` with every ``<m>_pos`` moved right by its row's shift)."""
+  b, p = prompts.shape
+  shift = p - lengths.astype(jnp.int32)
+  src = (jnp.arange(p, dtype=jnp.int32)[None, :] - shift[:, None]) % p
+  left = jnp.take_along_axis(prompts, src, axis=1)
+  moved = {}
+  for k, x in (inputs or {}).items():
+    if k.endswith("_pos"):
+      x = x + shift.reshape((b,) + (1,) * (x.ndim - 1))
+    moved[k] = x
+  return left, shift, (moved or None)
+
+
+def generate_with(forward: Callable, backbone: BackboneSpec, params, prompts: jax.Array,
+                  lengths: jax.Array, key: jax.Array, lo: jax.Array, hi: jax.Array, *,
+                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                  inputs: dict | None = None) -> jax.Array:
+  """``len(lo)`` new ids per row after right-padded ``prompts`` [B, P] of ``lengths`` [B]
+  (each >= 1) through ``forward`` (:func:`omni_forward` / :func:`lm_forward`), step i
+  restricted to ids ``[lo[i], hi[i])``. Returns int32 [B, len(lo)]. Jit it."""
+  b, p = prompts.shape
+  steps = lo.shape[0]
+  left, shift, inputs = left_align(prompts, lengths, inputs)
+  cache = kv_cache.init_cache(backbone, b, p + steps, start=shift)
+  logits, cache = forward(params, left, cache, inputs)
+  key, sub = jax.random.split(key)
+  first = sampling.sample(sub, sampling.constrain(logits[:, -1].astype(jnp.float32), lo[0],
+                                                  hi[0]),
+                          temperature=temperature, top_k=top_k, top_p=top_p)
+
+  def step(cache, tok, pos):  # positions come from the cache (each row's own)
+    del pos
+    lg, cache = forward(params, tok[:, None], cache)
+    return lg[:, 0], cache
+  rest = sampling.decode_ranges(step, cache, first, lengths, key, lo[1:], hi[1:],
+                                temperature=temperature, top_k=top_k, top_p=top_p)
+  return jnp.concatenate([first[:, None], rest], axis=1)
 
 
 def generate(spec: OmniSpec, params, prompts: jax.Array, lengths: jax.Array, key: jax.Array,
              lo: jax.Array, hi: jax.Array, *, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, inputs: dict | None = None) -> jax.Array:
-  """``len(lo)`` new ids per row after right-padded ``prompts`` [B, P] of ``lengths`` [B]
-  (each >= 1), step i restricted to ids ``[lo[i], hi[i])`` (a grammar's ranges, see
-  :func:`ranges`); ``inputs``: modality inputs of the prompt (model batch fields, positions
-  within the prompt). Returns int32 [B, len(lo)]. Jit it (see :func:`jitted`)."""
-  b, p = prompts.shape
-  cache = kv_cache.init_cache(spec, b, p + lo.shape[0])
-  if p > 1:
-    pos = jnp.broadcast_to(jnp.arange(p - 1, dtype=jnp.int32), (b, p - 1))
-    _, cache = kv_cache.forward(spec, params, cache, prompts[:, :p - 1], pos, inputs)
-  last = lengths.astype(jnp.int32) - 1
-  first = jnp.take_along_axis(prompts, last[:, None], axis=1)[:, 0]
-  return sampling.decode_ranges(cached_step(spec, params), cache, first, last, key, lo, hi,
-                                temperature=temperature, top_k=top_k, top_p=top_p)
+  """:func:`generate_with` for the omni model: ``inputs`` are modality inputs of the prompt
+  (model batch fields, positions within the right-padded prompt). Jit it (:func:`jitted`)."""
+  return generate_with(omni_forward(spec), spec.backbone, params, prompts, lengths, key, lo,
+                       hi, temperature=temperature, top_k=top_k, top_p=top_p, inputs=inputs)
 
 
 def ranges(spec: OmniSpec, grammar: sampling.Grammar) -> tuple[np.ndarray, np.ndarray]:
@@ -92,6 +151,19 @@ def jitted(spec: OmniSpec, grammar: sampling.Grammar, *, temperature: float = 1.
   lo, hi = ranges(spec, grammar)
   return lambda params, prompts, lengths, key, inputs: fn(params, prompts, lengths, key, lo,
                                                           hi, inputs)
+
+
+@functools.lru_cache(maxsize=32)
+def jitted_lm(model: CausalLM, steps: int, *, temperature: float = 1.0, top_k: int = 0,
+              top_p: float = 1.0):
+  """``fn(params, prompts, lengths, key) -> ids [B, steps]``: free decoding of a
+  :class:`CausalLM` (any id of its vocabulary), compiled once per prompt shape."""
+  def fn(params, prompts, lengths, key):
+    lo = jnp.zeros(steps, jnp.int32)
+    hi = jnp.full(steps, model.vocab_size, jnp.int32)
+    return generate_with(lm_forward(model), model.spec, params, prompts, lengths, key, lo, hi,
+                         temperature=temperature, top_k=top_k, top_p=top_p)
+  return jax.jit(fn)
 
 
 def pad_prompts(prompts: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:

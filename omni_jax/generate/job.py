@@ -4,9 +4,11 @@ A prompts file is JSONL, one prompt per line::
 
   {"text": "red circle top left", "output": "image"}
   {"text": "", "image": "cat.png", "output": "text"}
+  {"ids": [104, 105], "output": "text"}
 
 ``output`` is ``text`` or a generated modality whose codes decode to a file
-(:func:`allowed_outputs`); ``text`` (default "") is the prompt text; any modality's source
+(:func:`allowed_outputs`); ``text`` (default "") is the prompt text, or ``ids`` the same as
+text token ids; any modality's source
 key (``image``, ``audio``, ...; paths relative to the prompts file) adds that input;
 ``expect`` (text outputs) is a reference scored in ``caption_accuracy`` (exact match, per
 input modality). :func:`write_demo_prompts` writes such a file for the synthetic task. The
@@ -14,8 +16,8 @@ token layout follows training (:mod:`omni_jax.data.sequences`): inputs first
 (``<bos> <m> <m:slot>*N </m>``), then the text; a modality output is forced by constrained
 decoding to ``<m:gen>``, exactly the modality's number of codes from its head, ``<eos>``; a
 text output is up to ``max_new_tokens`` text ids, cut at ``<eos>``. Prompts with inputs are
-prefilled through the KV-cached path too (the encoders run on their own parameters,
-:func:`omni_jax.models.kv_cache.embed_inputs`).
+prefilled through the KV-cached path too (the model's own forward with a cache: the
+encoders run and their features fill the slot tokens, as in training).
 
 A bad line (not JSON, unknown key, an output with no head or decoder, an input file that does
 not decode, a prompt longer than the context ``config.data.seq_len``) is one error naming the
@@ -52,18 +54,17 @@ from omni_jax.data import vq
 from omni_jax.data.decode import RecordError, decode_record, record_keys
 from omni_jax.data.encode import write_wav
 from omni_jax.data.stream import make_stream
-from omni_jax.generate import decode as dec
+from omni_jax.generate import batches
 from omni_jax.generate import judge as jd
 from omni_jax.generate import outputs as outs
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.modalities.base import gen_codes
-from omni_jax.models import kv_cache, sampling
+from omni_jax.models import sampling
 from omni_jax.models.omni import OmniModel
 from omni_jax.models.spec import OmniSpec
 from omni_jax.tokenizers import omni_codes
-from omni_jax.train.loop import LoopConfig, TrainState
+from omni_jax.train import finetune
 from omni_jax.train.omni import recipe_name, state_sharding
-from omni_jax.train.optim import make_optimizer
 from omni_jax.train.spec import build_spec
 
 TEXT = "text"
@@ -119,7 +120,7 @@ def parse_prompt(spec: OmniSpec, line_no: int, raw: str, base_dir: Path, context
     fail(f"not a JSON object ({e.msg} at column {e.colno})")
   if not isinstance(rec, dict):
     fail(f"must be a JSON object, got {type(rec).__name__}")
-  keys = ("output", "expect", *record_keys(spec))
+  keys = ("output", "expect", "ids", *record_keys(spec))
   unknown = sorted(set(rec) - set(keys))
   if unknown:
     fail(f"unknown key(s) {unknown}; allowed keys: {list(keys)}")
@@ -134,12 +135,17 @@ def parse_prompt(spec: OmniSpec, line_no: int, raw: str, base_dir: Path, context
   text = rec.get("text", "")
   if not isinstance(text, str):
     fail(f"'text' must be a string, got {type(text).__name__}")
+  given = rec.get("ids")
+  if given is not None and ("text" in rec or not (isinstance(given, list) and given and all(
+      type(i) is int and 0 <= i < spec.text_vocab for i in given))):
+    fail(f"'ids' (the prompt text as token ids, instead of 'text') must be a non-empty list "
+         f"of integers in [0, {spec.text_vocab}) and comes without 'text', got {given!r}")
   expect = rec.get("expect")
   if expect is not None and (output != TEXT or not isinstance(expect, str)):
     fail("'expect' (the reference text, for caption_accuracy) must be a string and needs "
          f"output 'text', got {expect!r} with output {output!r}")
   try:
-    inputs = decode_record({k: v for k, v in rec.items() if k not in ("output", "expect")},
+    inputs = decode_record({k: v for k, v in rec.items() if k not in ("output", "expect", "ids")},
                            spec, base_dir)
   except RecordError as e:
     fail(f"input does not decode: {e}")
@@ -152,7 +158,7 @@ def parse_prompt(spec: OmniSpec, line_no: int, raw: str, base_dir: Path, context
       slots[name] = np.arange(len(ids), len(ids) + n, dtype=np.int32)
       ids += [tok.special(f"<{name}:slot>")] * n + [tok.special(f"</{name}>")]
   try:
-    ids += tok.encode(text)
+    ids += tok.encode(text) if given is None else given
   except ValueError as e:
     fail(f"'text' does not encode: {e}")
   need = 1 if output == TEXT else len(output_grammar(spec, output, 1))
@@ -182,14 +188,9 @@ def read_prompts(path: str, spec: OmniSpec, context: int, max_new_tokens: int
 
 
 def abstract_train_state(config, spec: OmniSpec):
-  """ShapeDtypeStructs of the train job's :class:`TrainState` for ``config`` (no compute)."""
-  loop = LoopConfig.from_config(config.train)
-  tx = make_optimizer(config.optim, loop.steps, spec.bias_rate)
-
-  def init(key):
-    params = OmniModel(spec).init(key, {"tokens": jnp.zeros((1, 8), jnp.int32)})["params"]
-    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-  return jax.eval_shape(init, jax.random.PRNGKey(0))
+  """ShapeDtypeStructs of the train job's :class:`TrainState` for ``config`` (no compute;
+  parameter groups and LoRA adapters included)."""
+  return finetune.abstract_train_state(config, spec, OmniModel(spec))
 
 
 # What the decoders are rebuilt from: the model, and the data settings the k-means codebooks
@@ -255,62 +256,8 @@ def load_params(config, spec: OmniSpec, workdir: str, mesh=None):
   except (ValueError, KeyError) as e:
     raise ConfigError(f"the checkpoint {ckpt_dir / str(steps[-1])} does not match --config "
                       f"(another model size or modality set?): {e}") from None
-  return state.params, steps[-1]
-
-
-def _inputs_batch(spec: OmniSpec, chunk: list[Prompt]) -> dict[str, np.ndarray] | None:
-  """Model input fields for the modalities some prompt of ``chunk`` carries."""
-  out = {}
-  for name, ms in spec.modalities:
-    rows = [p for p in chunk if name in p.inputs]
-    if not rows:
-      continue
-    kind = MODALITY_KINDS.get(ms["kind"])
-    n = kind.num_tokens(ms)
-    x = np.zeros((len(chunk), *kind.input_shape(ms)), kind.input_dtype)
-    pos = np.tile(np.arange(n, dtype=np.int32), (len(chunk), 1))
-    mask = np.zeros(len(chunk), bool)
-    for i, p in enumerate(chunk):
-      if name in p.inputs:
-        x[i], pos[i], mask[i] = p.inputs[name], p.slots[name], True
-    out[name], out[f"{name}_pos"], out[f"{name}_mask"] = x, pos, mask
-  return out or None
-
-
-PROMPT_WIDTH = 16  # prompts are padded to a multiple of this many ids (fewer compiles)
-
-
-def decode_prompts(spec: OmniSpec, params, prompts: list[Prompt], *, temperature: float,
-                   top_k: int, top_p: float, seed: int, batch_size: int
-                   ) -> dict[int, np.ndarray]:
-  """Generated ids per prompt line. Prompts are grouped by output and decoded ``batch_size``
-  at a time; every batch is padded to the same row count (repeating its first prompt, whose
-  copies are discarded) and prompt width (a multiple of :data:`PROMPT_WIDTH`), so grammars
-  of equal length share one compile."""
-  out: dict[int, np.ndarray] = {}
-  groups: dict[str, list[Prompt]] = {}
-  for p in prompts:
-    groups.setdefault(p.output, []).append(p)
-  rows = min(batch_size, max(len(g) for g in groups.values()))
-  key = jax.random.PRNGKey(seed)
-  for g, (output, group) in enumerate(sorted(groups.items())):
-    grammar = output_grammar(spec, output, max(p.steps for p in group))
-    fn = dec.jitted(spec, grammar, temperature=temperature, top_k=top_k, top_p=top_p)
-    for c in range(0, len(group), rows):
-      chunk = group[c:c + rows]
-      padded = chunk + [chunk[0]] * (rows - len(chunk))
-      ids, lengths = dec.pad_prompts([p.ids for p in padded], spec.tokenizer.pad_id)
-      width = -(-ids.shape[1] // PROMPT_WIDTH) * PROMPT_WIDTH
-      ids = np.pad(ids, ((0, 0), (0, width - ids.shape[1])),
-                   constant_values=spec.tokenizer.pad_id)
-      new = np.asarray(fn(params, ids, lengths, jax.random.fold_in(key, g * 100_003 + c),
-                          _inputs_batch(spec, padded)))[:len(chunk)]
-      ok = grammar.check(new)
-      for p, row, good in zip(chunk, new, ok, strict=True):
-        if not good:  # constrained decoding makes this impossible; never drop it silently
-          raise AssertionError(f"line {p.line}: decoded ids break the {output} grammar")
-        out[p.line] = row[:p.steps]
-  return out
+  # a LoRA run's adapters are folded into the base (plain model parameters)
+  return finetune.FineTune.from_config(config).model_params(state.params)[0], steps[-1]
 
 
 def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = None, *,
@@ -326,7 +273,6 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
   ``judge_cache``, default ``<workdir>/judge``) and scored as ``conditional_accuracy``."""
   t0 = time.perf_counter()
   spec = build_spec(config.model, tokenizer=config.data.get("tokenizer", "bytes"))
-  kv_cache.check_supported(spec)
   sampling.sample(jax.random.PRNGKey(0), jnp.zeros((1, 2)), temperature=temperature,
                   top_k=top_k, top_p=top_p)  # flag errors before any heavy work
   if not (isinstance(batch_size, int) and batch_size >= 1):
@@ -346,15 +292,18 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
   out = Path(outdir or os.path.join(workdir, "generate"))
   out.mkdir(parents=True, exist_ok=True)
   t1 = time.perf_counter()
-  new = decode_prompts(spec, params, prompts, temperature=temperature, top_k=top_k,
-                       top_p=top_p, seed=seed, batch_size=batch_size) if prompts else {}
+  new = batches.decode_prompts(
+      spec, params, prompts, lambda output, steps: output_grammar(spec, output, steps),
+      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+      batch_size=batch_size) if prompts else {}
   decode_s = time.perf_counter() - t1
   tok = spec.tokenizer
   lines, sheet, scored, words = [], [], {}, {}
   judged: dict[str, list[tuple[int, np.ndarray, dict]]] = {m: [] for m in judges}
   for p in prompts:
     ids = new[p.line]
-    rec: dict[str, Any] = {"line": p.line, "output": p.output, "prompt_tokens": len(p.ids)}
+    rec: dict[str, Any] = {"line": p.line, "output": p.output, "prompt_tokens": len(p.ids),
+                           "generated_ids": ids.tolist()}
     kind = kinds[p.output]
     if kind == TEXT:
       stop = np.flatnonzero(ids == tok.eos_id)

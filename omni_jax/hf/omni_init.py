@@ -4,11 +4,13 @@
 the checkpoint — the ``config.model`` fields it overrides are logged — and the text tokenizer
 from its ``tokenizer.json``. :func:`load_into_omni` (a ``fit`` params hook) replaces the fresh
 backbone and final norm with the checkpoint's, fills the pretrained rows of the embedding and
-the pretrained columns of the text head (the transposed embedding for a tied checkpoint) and
-keeps everything else — modality encoders, projectors, code heads, the embedding rows of the
-omni special tokens and codes — freshly initialised. Every parameter is built with
-``jax.make_array_from_callback`` into the fresh parameter's own sharding, so each process
-reads only its slices.
+the pretrained columns of the text head (the transposed embedding for a tied checkpoint), starts
+the new rows / columns — the omni special tokens and codes — at the mean of the pretrained ones
+plus small noise (:func:`new_rows`, as transformers' ``resize_token_embeddings`` does), and
+keeps everything else — modality encoders, projectors, code heads — freshly initialised.
+Every parameter is built with ``jax.make_array_from_callback`` into the fresh parameter's own
+sharding, so each process reads only its slices (the new rows' statistics read the
+pretrained rows once, in chunks).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from omni_jax.hf.tokenizer import TOKENIZER_FILE, HFTextTokenizer
 from omni_jax.models.transformer import BackboneSpec
 
 PREFIX = "hf:"
+NEW_ROW_COVARIANCE = 1e-9  # new rows ~ N(mean, 1e-9 * covariance) of the pretrained rows
+STATS_CHUNK = 4096         # pretrained rows read at a time for the mean and covariance
 RUNTIME_FIELDS = ("dtype", "remat", "moe_impl", "capacity_factor", "attention_block")
 
 
@@ -58,25 +62,55 @@ def pretrained_backbone(init_from: str, configured: BackboneSpec, modalities
   return spec, tok
 
 
+def row_stats(ck: Checkpoint, lf: Leaf, axis: int) -> tuple[np.ndarray, np.ndarray]:
+  """Mean ``[d]`` and covariance ``[d, d]`` (float64, divided by the row count) of ``lf``'s
+  rows along ``axis`` (0: embedding ``[V, d]``; 1: text head kernel ``[d, V]``), read in
+  chunks of :data:`STATS_CHUNK` rows."""
+  v, d = lf.shape[axis], lf.shape[1 - axis]
+  total, outer = np.zeros(d), np.zeros((d, d))
+  for lo in range(0, v, STATS_CHUNK):
+    idx = [slice(None), slice(None)]
+    idx[axis] = slice(lo, min(lo + STATS_CHUNK, v))
+    rows = read_leaf(ck, lf, tuple(idx)).astype(np.float64)
+    rows = rows if axis == 0 else rows.T
+    total += rows.sum(0)
+    outer += rows.T @ rows
+  mean = total / v
+  return mean, outer / v - np.outer(mean, mean)
+
+
+def new_rows(mean: np.ndarray, cov: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
+  """``n`` rows drawn from ``N(mean, 1e-9 * cov)`` — transformers' ``resize_token_embeddings``
+  rule for added tokens — or ``mean`` itself when that covariance is not positive definite."""
+  try:
+    chol = np.linalg.cholesky(NEW_ROW_COVARIANCE * cov)
+  except np.linalg.LinAlgError:
+    return np.broadcast_to(mean, (n, mean.size)).astype(np.float32)
+  z = np.random.default_rng(seed).standard_normal((n, mean.size))
+  return (mean + z @ chol.T).astype(np.float32)
+
+
 def _extended(ck: Checkpoint, lf: Leaf, fresh: jax.Array, axis: int) -> jax.Array:
-  """``fresh`` with its first ``lf.shape[axis]`` entries along ``axis`` from the checkpoint;
-  built shard by shard in ``fresh``'s sharding (the other entries: ``fresh``'s own)."""
-  shards = {tuple((s.start, s.stop) for s in
-                  (slice(*sl.indices(n)[:2]) for sl, n in zip(sh.index, fresh.shape,
-                                                              strict=True))): sh
-            for sh in fresh.addressable_shards}
+  """``fresh``'s shape and sharding: the first ``lf.shape[axis]`` entries along ``axis`` from
+  the checkpoint, the others :func:`new_rows` of them; built shard by shard."""
   v = lf.shape[axis]
+  n_new = fresh.shape[axis] - v
+  added = new_rows(*row_stats(ck, lf, axis), n_new) if n_new > 0 else None
+  if added is not None and axis == 1:
+    added = added.T
 
   def cb(index):
     idx = tuple(slice(*sl.indices(n)[:2]) for sl, n in zip(index, fresh.shape, strict=True))
-    out = np.array(shards[tuple((s.start, s.stop) for s in idx)].data, np.float32)
-    lo, hi = idx[axis].start, min(idx[axis].stop, v)
-    if lo < hi:
-      src = list(idx)
-      src[axis] = slice(lo, hi)
-      dst = [slice(None)] * len(idx)
-      dst[axis] = slice(0, hi - lo)
+    out = np.empty(tuple(sl.stop - sl.start for sl in idx), np.float32)
+    lo, hi = idx[axis].start, idx[axis].stop
+    if lo < v:
+      src, dst = list(idx), [slice(None)] * len(idx)
+      src[axis], dst[axis] = slice(lo, min(hi, v)), slice(0, min(hi, v) - lo)
       out[tuple(dst)] = read_leaf(ck, lf, tuple(src))
+    if hi > v:
+      src, dst = list(idx), [slice(None)] * len(idx)
+      src[axis], dst[axis] = slice(max(lo, v) - v, hi - v), slice(max(lo, v) - lo, hi - lo)
+      out[tuple(dst)] = added[tuple(src)]
     return out.astype(fresh.dtype)
   return jax.make_array_from_callback(fresh.shape, fresh.sharding, cb)
 

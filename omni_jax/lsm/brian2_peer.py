@@ -7,12 +7,16 @@ Brian2's code-generation target:
 
 * ``numpy`` / ``cython`` (runtime mode): the network is built once (dt = 1 step) and warmed up
   (code generation and, for Cython, compilation, not timed), then each utterance is run and
-  timed with the wall clock around ``Network.run``;
+  timed with the wall clock around ``Network.run``, back to back (the state carries over);
 * ``cpp_standalone``: the utterances are presented back to back in one run, compiled to a C++
   program; the time is the program's own simulation time (``device._last_run_time``), so
   code generation and compilation are excluded.
 
-Writes ``{"steps_per_sec", "steps", "seconds", "spikes", "target", "brian2_version"}``.
+Input spikes of step t are delivered at t and reach the membrane at t + 1, as recurrent
+spikes do, so the network's spikes are those of our simulator (``reservoir.simulate``, float)
+on the utterances concatenated, one step later; ``spikes`` counts them all.
+Writes ``{"steps_per_sec", "steps", "seconds", "spikes", "spikes_per_neuron", "target",
+"brian2_version"}``.
 It imports nothing from omni_jax.
 """
 
@@ -42,14 +46,17 @@ def main(npz_path: str, out_path: str, target: str = "numpy") -> None:
   d = np.load(npz_path)
   w_in, w_res, spikes = d["w_in"], d["w_res"], d["in_spikes"]
   a = 2.0 ** -int(d["tau_shift"])
-  a_s = 2.0 ** -int(d["syn_shift"]) if int(d["syn_shift"]) else 1.0
+  a_s = 2.0 ** -int(d["syn_shift"])     # syn_shift 0: a_s = 1, no carried current
   b2.defaultclock.dt = 1 * b2.ms
   ns = {"a": a, "a_s": a_s, "theta": float(d["threshold"])}
   eqs = "v : 1\nisyn : 1"
   g = b2.NeuronGroup(w_res.shape[0], eqs, threshold="v >= theta", reset="v = 0",
                      refractory=int(d["refractory"]) * b2.ms, method="euler", namespace=ns)
-  g.run_regularly("isyn = isyn - a_s * isyn * int(a_s < 1)\n"
-                  "v = int(not_refractory) * (v - a * v + isyn)", when="start")
+  # Our step t: i = i (1 - a_s) + drive(t); v = v - a v + i (0 while refractory). Here the
+  # events of step t-1 are added to isyn after the previous update, so isyn is decayed after
+  # it is used (a_s = 1, syn_shift 0: the current lasts one step).
+  g.run_regularly("v = int(not_refractory) * (v - a * v + isyn)\n"
+                  "isyn = isyn - a_s * isyn", when="start")
   u, t, c = spikes.shape
   gen = b2.SpikeGeneratorGroup(c, np.zeros(0, int), np.zeros(0) * b2.ms)   # silent warm-up
   pre, post = np.nonzero(w_in)
@@ -64,14 +71,15 @@ def main(npz_path: str, out_path: str, target: str = "numpy") -> None:
   net = b2.Network(g, gen, s_in, s_res, mon)
   if standalone:                          # all utterances in one compiled run
     tt, cc = np.nonzero(spikes.reshape(u * t, c))
-    gen.set_spikes(cc, (tt + 1) * b2.ms)
-    net.run(u * t * b2.ms)
+    gen.set_spikes(cc, tt * b2.ms)
+    net.run((u * t + 1) * b2.ms)          # + 1: the last step's input is used one step later
     b2.device.build(directory=build_dir, compile=True, run=True)
     secs, steps = float(b2.device._last_run_time), u * t
   else:
     steps, secs = _run_timed(b2, net, gen, spikes)
   out = {"steps_per_sec": steps / secs, "steps": steps, "seconds": secs,
-         "spikes": int(mon.num_spikes), "target": target, "brian2_version": b2.__version__}
+         "spikes": int(mon.num_spikes), "spikes_per_neuron": np.asarray(mon.count).tolist(),
+         "target": target, "brian2_version": b2.__version__}
   with open(out_path, "w") as f:
     json.dump(out, f)
 
@@ -83,12 +91,12 @@ def _run_timed(b2, net, gen, spikes):
   steps, secs = 0, 0.0
   for k in range(u):
     tt, cc = np.nonzero(spikes[k])
-    offset = float(net.t / b2.ms) + 1
-    gen.set_spikes(cc, (tt + offset) * b2.ms)
+    gen.set_spikes(cc, (tt + round(float(net.t / b2.ms))) * b2.ms)
     t0 = time.perf_counter()
     net.run(t * b2.ms)
     secs += time.perf_counter() - t0
     steps += t
+  net.run(1 * b2.ms)                      # the last step's input is used one step later
   return steps, secs
 
 

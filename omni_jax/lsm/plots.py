@@ -14,8 +14,9 @@ def _save(fig, path: str) -> None:
 
 
 def raster(path: str, in_spikes: np.ndarray, res_spikes: np.ndarray, inhibitory: np.ndarray,
-           title: str) -> None:
-  """Input (T, C) and reservoir (T, N) spikes of one utterance, inhibitory neurons in red."""
+           title: str, step: str = "1 ms") -> None:
+  """Input (T, C) and reservoir (T, N) spikes of one utterance, inhibitory neurons in red;
+  ``step`` names what one time step is."""
   fig, ax = plt.subplots(2, 1, figsize=(9, 6), sharex=True,
                          gridspec_kw={"height_ratios": [1, 1.6]})
   t, c = np.nonzero(in_spikes)
@@ -25,7 +26,7 @@ def raster(path: str, in_spikes: np.ndarray, res_spikes: np.ndarray, inhibitory:
   t, n = np.nonzero(res_spikes)
   ax[1].scatter(t, n, s=1, c=np.where(inhibitory[n], "tab:red", "tab:blue"))
   ax[1].set_ylabel("reservoir neuron")
-  ax[1].set_xlabel("time step (1 ms)")
+  ax[1].set_xlabel(f"time step ({step})")
   _save(fig, path)
 
 

@@ -156,6 +156,35 @@ def train(key, w0, spikes, labels, order, lif: LIFParams, rule: RuleParams, fmt:
   return w
 
 
+def train_stream(w, key, spikes, labels, starts, lif: LIFParams, rule: RuleParams,
+                 fmt: fxp.Format, group: int = 1):
+  """Train on samples laid end to end: ``spikes`` (L, N) is the concatenation of the samples
+  (each at its own length, no padding), ``labels`` (L,) each step's teacher class and
+  ``starts`` (L,) true on the first step of each sample, where the readout state restarts
+  as in :func:`train_sample`. It learns as :func:`train` does on the same samples padded to
+  one length (equal weights when the rule draws nothing random, p_plus = p_minus = 1; the
+  draws come from one xorshift stream per synapse through the whole sequence) without the
+  padded steps' work."""
+  k = w.shape[1]
+  cls = jnp.arange(k) // group
+
+  def step(carry, inp):
+    w, state, x = carry
+    s_t, label, start = inp
+    taught = cls == label
+    fresh = initial_state(k, jnp.where(taught, rule.c_init_plus, 0.0))
+    state = jax.tree.map(lambda a, b: jnp.where(start, a, b), fresh, state)
+    teacher = jnp.where(taught, rule.teacher_plus, rule.teacher_minus)
+    state, _, v_rule = _readout_step(state, s_t.astype(jnp.float32), w, teacher, lif, rule, fmt)
+    x, u = xorshift_uniform(x)
+    w = plasticity_update(w, s_t.astype(jnp.float32), state[2], u, rule, fmt, membrane=v_rule)
+    return (w, state, x), None
+
+  init = (w, initial_state(k), rng_state(key, w.shape))
+  (w, _, _), _ = jax.lax.scan(step, init, (spikes, labels, starts))
+  return w
+
+
 def readout_scores(w, spikes, lif: LIFParams, rule: RuleParams, fmt: fxp.Format,
                    group: int = 1):
   """Score of each class for one sample: spike count, ties broken by summed input (< 1).

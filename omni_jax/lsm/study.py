@@ -47,6 +47,9 @@ def parse_precision(spec) -> tuple[int, int, int]:
 
 def validate(cfg) -> None:
   """Clear errors for bad config values, before any work."""
+  if cfg.data.corpus not in ("speech", "fsdd"):
+    raise ValueError(f"config.data.corpus = {cfg.data.corpus!r}: 'speech' (WAVs: generated or "
+                     "config.data.wav_dir) or 'fsdd' (recorded digits as MFCCs) allowed")
   corpus.validate(cfg)
   for b in cfg.bits:
     parse_precision(b)

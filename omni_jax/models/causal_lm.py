@@ -23,16 +23,23 @@ class CausalLM(nn.Module):
   tied: bool = False
 
   @nn.compact
-  def __call__(self, tokens: jax.Array) -> jax.Array:
-    """``tokens`` int32 [B, T] -> float32 logits [B, T, vocab_size]."""
+  def __call__(self, tokens: jax.Array, cache=None):
+    """``tokens`` int32 [B, T] -> float32 logits [B, T, vocab_size]. With a
+    :class:`~omni_jax.models.kv_cache.KVCache` (decoding): the tokens go at the cache's next
+    T slots, at its rotary positions; returns (logits, updated cache)."""
     s = self.spec
     b, t = tokens.shape
     embed = nn.Embed(self.vocab_size, s.d_model, dtype=s.dtype,
                      embedding_init=nn.initializers.normal(1.0), name="embed")
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    h, _ = Backbone(s, name="backbone")(embed(tokens), positions)
+    if cache is None:
+      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+      h, _ = Backbone(s, name="backbone")(embed(tokens), positions)
+    else:
+      h, _, cache = Backbone(s, name="backbone")(embed(tokens), cache.positions(t), None, cache)
     h = RMSNorm(s.norm_eps, dtype=s.dtype, name="final_norm")(h)
     if self.tied:
-      return embed.attend(h).astype(jnp.float32)
-    return nn.Dense(self.vocab_size, use_bias=False, dtype=s.dtype, name="head_text")(
-        h).astype(jnp.float32)
+      logits = embed.attend(h).astype(jnp.float32)
+    else:
+      logits = nn.Dense(self.vocab_size, use_bias=False, dtype=s.dtype, name="head_text")(
+          h).astype(jnp.float32)
+    return logits if cache is None else (logits, cache)

@@ -18,14 +18,16 @@ than it saved here). The backward is a custom VJP with two more block
 scans (``dx`` per block; ``dw`` accumulated per group in float32), keeping only the padded
 input and the weights as residuals.
 
-:func:`grouped_matmul` is a drop-in for ``ragged_dot`` that picks the blocked form on the CPU
-backend and ``ragged_dot`` elsewhere (:func:`blocked_by_default`). Callers that run several
-grouped matmuls on the same rows (the MoE's SwiGLU) build the padded layout once
-(:func:`block_layout`) and call :func:`block_matmul` on the padded rows.
+:func:`grouped_matmul` is a drop-in for ``ragged_dot`` in this block-padded form. Callers that
+run several grouped matmuls on the same rows (the MoE's SwiGLU) build the padded layout once
+(:func:`block_layout`) and call :func:`block_matmul` on the padded rows; ``blocks_per_step``
+> 1 makes each scan step one batched matmul of several blocks (the GPU form). Which kernel
+runs where is chosen in :mod:`omni_jax.models.grouped_kernels`.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -37,17 +39,6 @@ from omni_jax.parallel.varying import varying_like
 # E*(b-1) <= rows / _PAD_FRACTION): FLOPs over the grouped ideal stay <= 1/8 + E blocks.
 _PAD_FRACTION = 8
 _MAX_BLOCK = 256
-
-
-def blocked_by_default() -> bool:
-  """True on the CPU backend, where ``ragged_dot`` is a dense E-times masked matmul.
-
-  Decided at trace time from ``jax.default_backend()``: a program traced on a CPU host for
-  an accelerator (``jax.export`` with other platforms) takes the blocked form too, which is
-  correct there, only not the accelerator's grouped kernel.
-  """
-  return jax.default_backend() == "cpu"
-
 
 def block_size(num_rows: int, num_groups: int) -> int:
   """The largest power of two ``b <= 256`` with ``num_groups * (b - 1) <= num_rows / 8``.
@@ -126,27 +117,62 @@ def _block_dot(xb, w, grp, dims):
                              dims, preferred_element_type=jnp.float32)
 
 
-@jax.custom_vjp
-def _block_matmul(xp, w, block_group):
+def _steps(xp, block_group, per_step: int, *rows):
+  """Arrays of padded rows ``[rows_p, X]`` -> ``[steps, per_step, b, X]``, and the groups."""
   nb = block_group.shape[0]
+  b = xp.shape[0] // nb
+  shape = lambda a: a.reshape(nb // per_step, per_step, b, a.shape[-1])
+  return [shape(a) for a in (xp, *rows)], block_group.reshape(nb // per_step, per_step)
 
+
+def _block_matmul_impl(xp, w, block_group, per_step):
   def body(_, inp):
-    xb, grp = inp
-    return None, _block_dot(xb, w, grp, (((1,), (0,)), ((), ()))).astype(xp.dtype)
-
-  _, y = jax.lax.scan(body, None, (xp.reshape(nb, xp.shape[0] // nb, -1), block_group))
+    xb, grp = inp                                        # [c, b, K], [c]
+    wb = jnp.take(w, grp, axis=0)                        # [c, K, N]
+    y = jax.lax.dot_general(xb, wb, (((2,), (1,)), ((0,), (0,))),
+                            preferred_element_type=jnp.float32)
+    return None, y.astype(xp.dtype)
+  (xs,), grps = _steps(xp, block_group, per_step)
+  _, y = jax.lax.scan(body, None, (xs, grps))
   return y.reshape(xp.shape[0], w.shape[2])
 
 
-def _block_matmul_fwd(xp, w, block_group):
-  return _block_matmul(xp, w, block_group), (xp, w, block_group)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _block_matmul(xp, w, block_group, per_step):
+  if per_step == 1:
+    nb = block_group.shape[0]
+
+    def body(_, inp):
+      xb, grp = inp
+      return None, _block_dot(xb, w, grp, (((1,), (0,)), ((), ()))).astype(xp.dtype)
+
+    _, y = jax.lax.scan(body, None, (xp.reshape(nb, xp.shape[0] // nb, -1), block_group))
+    return y.reshape(xp.shape[0], w.shape[2])
+  return _block_matmul_impl(xp, w, block_group, per_step)
 
 
-def _block_matmul_bwd(res, dy):
+def _block_matmul_fwd(xp, w, block_group, per_step):
+  return _block_matmul(xp, w, block_group, per_step), (xp, w, block_group)
+
+
+def _block_matmul_bwd(per_step, res, dy):
   xp, w, block_group = res
   nb = block_group.shape[0]
   block = xp.shape[0] // nb
   k, n = w.shape[1], w.shape[2]
+  dw0 = varying_like(jnp.zeros(w.shape, jnp.float32), xp, dy, w)
+  if per_step > 1:
+    def body_c(dw, inp):
+      xb, dyb, grp = inp                                 # [c, b, K], [c, b, N], [c]
+      wb = jnp.take(w, grp, axis=0)
+      dxb = jax.lax.dot_general(dyb, wb, (((2,), (2,)), ((0,), (0,))),
+                                preferred_element_type=jnp.float32)
+      dwb = jax.lax.dot_general(xb, dyb, (((1,), (1,)), ((0,), (0,))),
+                                preferred_element_type=jnp.float32)
+      return dw.at[grp].add(dwb), dxb.astype(xp.dtype)
+    (xs, dys), grps = _steps(xp, block_group, per_step, dy)
+    dw, dx = jax.lax.scan(body_c, dw0, (xs, dys, grps))
+    return dx.reshape(xp.shape), dw.astype(w.dtype), None
 
   def body(dw, inp):
     xb, dyb, grp = inp
@@ -157,7 +183,6 @@ def _block_matmul_bwd(res, dy):
         dw, jax.lax.dynamic_index_in_dim(dw, grp, 0, keepdims=False) + dwb, grp, 0)
     return dw, dxb.astype(xp.dtype)
 
-  dw0 = varying_like(jnp.zeros(w.shape, jnp.float32), xp, dy, w)
   dw, dx = jax.lax.scan(body, dw0,
                         (xp.reshape(nb, block, k), dy.reshape(nb, block, n), block_group))
   return dx.reshape(xp.shape), dw.astype(w.dtype), None
@@ -166,9 +191,15 @@ def _block_matmul_bwd(res, dy):
 _block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
 
 
-def block_matmul(xp: jax.Array, w: jax.Array, layout: BlockLayout) -> jax.Array:
+def _divisor_at_most(n: int, cap: int) -> int:
+  return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def block_matmul(xp: jax.Array, w: jax.Array, layout: BlockLayout,
+                 blocks_per_step: int = 1) -> jax.Array:
   """``y[p] = xp[p] @ w[block_group[p // b]]`` on block-padded rows ``xp [rows_p, K]`` ->
-  ``[rows_p, N]``. Differentiable in ``xp`` and ``w``."""
+  ``[rows_p, N]``. Differentiable in ``xp`` and ``w``. ``blocks_per_step > 1``: each scan
+  step is one batched matmul of that many blocks (at most; a divisor of the block count)."""
   if xp.ndim != 2 or w.ndim != 3 or xp.shape[1] != w.shape[1]:
     raise ValueError(f"block_matmul: need xp [rows, K] and w [E, K, N], got {xp.shape} and "
                      f"{w.shape}")
@@ -180,7 +211,8 @@ def block_matmul(xp: jax.Array, w: jax.Array, layout: BlockLayout) -> jax.Array:
   # the cast and its summing transpose live), as jnp ops do implicitly, so the custom VJP's
   # dw has the weights' type and autodiff sums it over those axes outside.
   xp, w = varying_like(xp, w), varying_like(w, xp)
-  return _block_matmul(xp, w, layout.block_group)
+  per_step = _divisor_at_most(layout.block_group.shape[0], max(1, blocks_per_step))
+  return _block_matmul(xp, w, layout.block_group, per_step)
 
 
 def pad_rows(x: jax.Array, layout: BlockLayout) -> jax.Array:
@@ -194,21 +226,14 @@ def unpad_rows(yp: jax.Array, layout: BlockLayout) -> jax.Array:
 
 
 def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
-                   blocked: bool | None = None, block: int | None = None) -> jax.Array:
-  """``jax.lax.ragged_dot(x, w, group_sizes)``: rows ``[M, K]`` sorted by group, ``w``
-  ``[E, K, N]``, ``group_sizes [E]`` (sum ``<= M``) -> ``[M, N]``.
-
-  ``blocked=None`` takes the blocked form on CPU and ``ragged_dot`` elsewhere
-  (:func:`blocked_by_default`); ``block`` defaults to :func:`block_size`.
-  """
-  if blocked is None:
-    blocked = blocked_by_default()
-  if not blocked:
-    return jax.lax.ragged_dot(x, w, group_sizes)
+                   block: int | None = None, blocks_per_step: int = 1) -> jax.Array:
+  """``jax.lax.ragged_dot(x, w, group_sizes)`` in the block-padded form: rows ``[M, K]``
+  sorted by group, ``w [E, K, N]``, ``group_sizes [E]`` (sum ``<= M``) -> ``[M, N]``;
+  ``block`` defaults to :func:`block_size`."""
   if x.ndim != 2 or w.ndim != 3 or x.shape[1] != w.shape[1] or group_sizes.shape != (
       w.shape[0],):
     raise ValueError(f"grouped_matmul: need x [M, K], w [E, K, N], group_sizes [E], got "
                      f"{x.shape}, {w.shape}, {group_sizes.shape}")
   layout = block_layout(group_sizes, x.shape[0],
                         block or block_size(x.shape[0], w.shape[0]))
-  return unpad_rows(block_matmul(pad_rows(x, layout), w, layout), layout)
+  return unpad_rows(block_matmul(pad_rows(x, layout), w, layout, blocks_per_step), layout)

@@ -1,126 +1,122 @@
-"""A KV-cached forward pass of :class:`~omni_jax.models.omni.OmniModel` on text/code tokens.
+"""The KV cache of the backbone's attention layers: layout, in-place writes, and attention
+over the filled part only.
 
-Reads the same parameter tree as the model (no new parameters, no change to the model's
-modules): embed -> units of pre-norm blocks (attention, dense or MoE feed-forward) -> final
-norm -> heads. :func:`init_cache` makes an empty cache of ``max_len`` positions per layer;
-:func:`forward` runs ``tokens`` [B, T] at ``positions`` [B, T], writes their keys/values into
-the cache and attends over every cached position <= its own. A prompt is one call (prefill,
-T = prompt length); each decode step is one call with T = 1. A prefill may carry modality
-*inputs* (the model batch's ``<m>``, ``<m>_pos``, ``<m>_mask``): the modality's encoder runs on
-its own parameters and its features replace the slot tokens' embeddings, as in the model's
-forward. The q/k-norm switch and other pretrained-checkpoint switches are refused.
+There is no second forward pass here: the model's own modules take a :class:`KVCache`
+(``OmniModel(spec).apply(vars, batch, cache)``, ``CausalLM(...).apply(vars, tokens, cache)``),
+so every backbone switch (q/k norm, q/k/v biases, shared experts and their gate, RoPE
+scaling, ``norm_eps``, dense layers between MoE layers, tied embeddings) decodes exactly as it
+trains. Each attention layer hands its new keys / values to :meth:`KVCache.attend`, which
+writes them and attends over the cache.
+
+Layout. ``k`` and ``v`` are ``[L, B, S, KV, Dh]``: every attention layer of the backbone in
+call order (unit by unit, ``layer_0`` first inside a unit), ``B`` rows, ``S`` slots (a
+multiple of ``block``). One forward call writes its ``T`` tokens at slots ``index ..
+index + T - 1`` of every row with ``lax.dynamic_update_slice``: the buffers are carried
+through the backbone's ``lax.scan`` and updated in place (jit the step with the cache
+donated, or run the whole decode inside one jit, as :mod:`omni_jax.generate.decode` does).
+``layer`` counts the attention layers of the current call; the backbone resets it and
+advances ``index`` by ``T`` at the end of the call (:meth:`advance`).
+
+Ragged prompts are **left-padded**: row ``b`` holds its prompt at slots ``start[b] ..``, so
+all rows write the same slot each step (one ``dynamic_update_slice``, no scatter), and the
+rotary position of slot ``s`` in row ``b`` is ``s - start[b]`` (:meth:`positions`). A query
+at slot ``t`` of row ``b`` sees the keys at slots ``start[b] <= s <= t``.
+
+Attention reads only the filled slots: a ``lax.fori_loop`` over key blocks of ``block``
+slots runs ``ceil((index + T) / block)`` iterations (a traced trip count) with an online
+softmax, so a step costs the filled length rounded up to a block, not the cache's size.
 """
 
 from __future__ import annotations
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
-from omni_jax.modalities import MODALITY_KINDS
-from omni_jax.models.layers import rope, swiglu
-from omni_jax.models.moe import MoE
-from omni_jax.models.omni import scatter_features
-from omni_jax.models.spec import OmniSpec
+from omni_jax.models.blockwise import NEG_INF, group_queries, softmax_finish, softmax_init
+
+DEFAULT_BLOCK = 128
 
 
-def _rms(x, scale, eps=1e-6):
-  x32 = x.astype(jnp.float32)
-  return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + eps) * scale
+@flax.struct.dataclass
+class KVCache:
+  k: jax.Array       # [L, B, S, KV, Dh] keys of every attention layer
+  v: jax.Array       # [L, B, S, KV, Dh] values
+  index: jax.Array   # int32 []: slot of this call's first token (= slots filled before it)
+  start: jax.Array   # int32 [B]: each row's first real slot (left padding before it)
+  layer: jax.Array   # int32 []: the attention layer the next :meth:`attend` writes
+  block: int = flax.struct.field(pytree_node=False, default=DEFAULT_BLOCK)
+
+  @property
+  def max_len(self) -> int:
+    return self.k.shape[2]
+
+  def positions(self, t: int) -> jax.Array:
+    """int32 [B, t] rotary positions of this call's ``t`` tokens (0 at each row's first real
+    slot; padding slots get 0, they are never attended to)."""
+    slots = self.index + jnp.arange(t, dtype=jnp.int32)
+    return jnp.maximum(slots[None, :] - self.start[:, None], 0)
+
+  def attend(self, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, KVCache]:
+    """Writes ``k, v`` [B, T, KV, Dh] at slots ``index ..`` of layer ``layer`` and returns
+    (attention of ``q`` [B, T, H, Dh] over the filled slots, the cache with ``layer + 1``)."""
+    b, t, h, dh = q.shape
+    kv = k.shape[2]
+    if kv != self.k.shape[3] or dh != self.k.shape[4] or b != self.k.shape[1]:
+      raise ValueError(f"KVCache holds [B, KV, Dh] = {[self.k.shape[i] for i in (1, 3, 4)]}; "
+                       f"got keys of shape {k.shape}")
+    at = (self.layer, 0, self.index, 0, 0)
+    kc = jax.lax.dynamic_update_slice(self.k, k[None].astype(self.k.dtype), at)
+    vc = jax.lax.dynamic_update_slice(self.v, v[None].astype(self.v.dtype), at)
+    qg = group_queries(q, kv)                                  # [b, t, kv, g, dh] float32
+    q_slot = self.index + jnp.arange(t, dtype=jnp.int32)
+    blk = self.block
+
+    def fold(j, state):
+      m, norm, acc = state
+      where = (self.layer, 0, j * blk, 0, 0)
+      size = (1, b, blk, kv, dh)
+      kb = jax.lax.dynamic_slice(kc, where, size)[0].astype(jnp.float32)
+      vb = jax.lax.dynamic_slice(vc, where, size)[0].astype(jnp.float32)
+      k_slot = j * blk + jnp.arange(blk, dtype=jnp.int32)
+      vis = ((k_slot[None, None, :] <= q_slot[None, :, None])
+             & (k_slot[None, None, :] >= self.start[:, None, None]))[:, None, None]
+      sc = jnp.where(vis, jnp.einsum("btkgd,bskd->bkgts", qg, kb), NEG_INF)
+      m_new = jnp.maximum(m, sc.max(-1))
+      p = jnp.where(vis, jnp.exp(sc - m_new[..., None]), 0.0)
+      corr = jnp.exp(m - m_new)
+      acc = acc * jnp.moveaxis(corr, -1, 1)[..., None] + jnp.einsum("bkgts,bskd->btkgd", p, vb)
+      return m_new, norm * corr + p.sum(-1), acc
+
+    filled_blocks = (self.index + t + blk - 1) // blk
+    state = jax.lax.fori_loop(0, filled_blocks, fold, softmax_init(qg))
+    out = softmax_finish(state, q.dtype)
+    return out, self.replace(k=kc, v=vc, layer=self.layer + 1)
+
+  def advance(self, t: int) -> KVCache:
+    """The cache after a forward call of ``t`` tokens: ``index + t``, layer counter reset."""
+    return self.replace(index=self.index + t, layer=jnp.zeros_like(self.layer))
 
 
-def check_supported(spec: OmniSpec) -> None:
-  """Refuses a backbone whose pretrained-checkpoint switches this decode path does not
-  implement yet (it would silently compute another model)."""
-  bb = spec.backbone
-  on = {k: getattr(bb, k) for k, off in (("qk_norm", False), ("qkv_bias", False),
-                                          ("rope_scaling", None), ("shared_d_ff", 0),
-                                          ("shared_gate", False), ("norm_eps", 1e-6))
-        if getattr(bb, k) != off}
-  if on:
-    raise NotImplementedError(
-        f"kv_cache decoding supports the native backbone only; these switches are set: {on} "
-        "(decode such a model with the uncached forward, OmniModel.apply, for now)")
+def init_cache(backbone, batch: int, max_len: int, start=None, *,
+               block: int = DEFAULT_BLOCK) -> KVCache:
+  """An empty cache for ``backbone`` (a :class:`~omni_jax.models.transformer.BackboneSpec`):
+  ``batch`` rows of at least ``max_len`` slots (rounded up to a multiple of ``block``;
+  ``block`` itself shrinks to ``max_len`` rounded up to 8 when that is smaller). ``start``
+  [batch]: each row's left padding (default 0).
 
-
-def init_cache(spec: OmniSpec, batch: int, max_len: int) -> dict:
-  check_supported(spec)
-  bb = spec.backbone
-  shape = (bb.num_layers, batch, max_len, bb.num_kv_heads, bb.head_dim)
-  return {"k": jnp.zeros(shape, bb.dtype), "v": jnp.zeros(shape, bb.dtype)}
-
-
-def _attend(q, k_all, v_all, positions, max_len):
-  """q [B, T, H, Dh] over cached k/v [B, S, KV, Dh]; key s visible to query t iff s <= pos."""
-  b, t, h, dh = q.shape
-  kv = k_all.shape[2]
-  qg = (q.astype(jnp.float32) * dh ** -0.5).reshape(b, t, kv, h // kv, dh)
-  sc = jnp.einsum("btkgd,bskd->btkgs", qg, k_all.astype(jnp.float32))
-  visible = jnp.arange(max_len)[None, None, :] <= positions[:, :, None]  # [B, T, S]
-  sc = jnp.where(visible[:, :, None, None, :], sc, -1e30)
-  p = jax.nn.softmax(sc, axis=-1)
-  out = jnp.einsum("btkgs,bskd->btkgd", p, v_all.astype(jnp.float32))
-  return out.reshape(b, t, h, dh).astype(q.dtype)
-
-
-def embed_inputs(spec: OmniSpec, params, x: jax.Array, inputs: dict | None) -> jax.Array:
-  """Token embeddings ``x`` [B, T, D] with each modality of ``inputs`` encoded and scattered
-  at its ``<m>_pos`` (indices into this call's T tokens) in the rows of ``<m>_mask``."""
-  bb = spec.backbone
-  for name, ms in spec.modalities:
-    if not inputs or name not in inputs:
-      continue
-    kind = MODALITY_KINDS.get(ms["kind"])
-    enc = kind.encoder(spec=ms, d_model=bb.d_model, dtype=bb.dtype)
-    feats = enc.apply({"params": params[f"enc_{name}"]}, inputs[name])
-    x = scatter_features(x, feats, inputs[f"{name}_pos"], inputs[f"{name}_mask"])
-  unknown = set(inputs or {}) - {f"{n}{s}" for n, _ in spec.modalities
-                                 for s in ("", "_pos", "_mask")}
-  if unknown:
-    raise ValueError(f"inputs {sorted(unknown)} are no modality of the model; modalities: "
-                     f"{[n for n, _ in spec.modalities]}")
-  return x
-
-
-def forward(spec: OmniSpec, params, cache: dict, tokens: jax.Array, positions: jax.Array,
-            inputs: dict | None = None):
-  """(logits per head {name: [B, T, size]}, updated cache) for ``tokens`` at ``positions``;
-  ``inputs``: modality inputs of this call's tokens (see :func:`embed_inputs`)."""
-  check_supported(spec)
-  bb = spec.backbone
-  max_len = cache["k"].shape[2]
-  x = params["embed"]["embedding"].astype(bb.dtype)[tokens]
-  x = embed_inputs(spec, params, x, inputs)
-  units = params["backbone"]["units"]
-  rows = jnp.arange(tokens.shape[0])[:, None]
-  ks, vs = [], []
-  layer = 0
-  for u in range(bb.num_units):
-    for i in range(bb.unit_size):
-      p = jax.tree.map(lambda a, u=u: a[u], units[f"layer_{i}"])
-      h = _rms(x, p["ln_attn"]["scale"]).astype(bb.dtype)
-      a = p["attn"]
-      proj = lambda w, h=h: jnp.einsum("btd,dhk->bthk", h, w["kernel"].astype(bb.dtype))
-      q = rope(proj(a["q"]), positions, bb.rope_theta)
-      k = rope(proj(a["k"]), positions, bb.rope_theta)
-      v = proj(a["v"])
-      k_all = cache["k"][layer].at[rows, positions].set(k)
-      v_all = cache["v"][layer].at[rows, positions].set(v)
-      ks.append(k_all)
-      vs.append(v_all)
-      out = _attend(q, k_all, v_all, positions, max_len)
-      x = x + jnp.einsum("bthk,hkd->btd", out, a["o"]["kernel"].astype(bb.dtype))
-      h = _rms(x, p["ln_mlp"]["scale"]).astype(bb.dtype)
-      if "moe" in p:
-        y, _ = MoE(d_model=bb.d_model, d_ff=bb.moe_d_ff, num_experts=bb.num_experts,
-                   top_k=bb.top_k, renormalize=bb.renormalize, impl=bb.moe_impl,
-                   capacity_factor=bb.capacity_factor, num_shared_experts=bb.shared_experts,
-                   dtype=bb.dtype).apply({"params": p["moe"]}, h)
-      else:
-        m = p["mlp"]
-        y = swiglu(h, *(m[n]["kernel"].astype(bb.dtype) for n in ("wi_gate", "wi_up", "wo")))
-      x = x + y
-      layer += 1
-  h = _rms(x, params["final_norm"]["scale"]).astype(bb.dtype)
-  logits = {hd.name: (h @ params[f"head_{hd.name}"]["kernel"].astype(bb.dtype)
-                      ).astype(jnp.float32) for hd in spec.heads}
-  return logits, {"k": jnp.stack(ks), "v": jnp.stack(vs)}
+  The caller sizes the cache: a call writing past its last slot is clipped by
+  ``dynamic_update_slice`` (overwriting the last slots), so decoding code checks
+  ``prompt + new tokens <= max_len`` before it traces (``generate/decode.py`` sizes it)."""
+  if not (isinstance(max_len, int) and max_len >= 1 and isinstance(batch, int) and batch >= 1):
+    raise ValueError(f"init_cache needs batch >= 1 and max_len >= 1, got {batch}, {max_len}")
+  if not (isinstance(block, int) and block >= 1):
+    raise ValueError(f"init_cache: block must be an integer >= 1, got {block!r}")
+  block = min(block, -(-max_len // 8) * 8)
+  slots = -(-max_len // block) * block
+  shape = (backbone.num_layers, batch, slots, backbone.num_kv_heads, backbone.head_dim)
+  start = (jnp.zeros((batch,), jnp.int32) if start is None
+           else jnp.asarray(start, jnp.int32).reshape(batch))
+  return KVCache(k=jnp.zeros(shape, backbone.dtype), v=jnp.zeros(shape, backbone.dtype),
+                 index=jnp.zeros((), jnp.int32), start=start,
+                 layer=jnp.zeros((), jnp.int32), block=block)

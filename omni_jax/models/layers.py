@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from omni_jax.models.attention_kernels import attend
 from omni_jax.models.blockwise import (  # noqa: F401  (re-exported kernel pieces)
   NEG_INF,
   attend_blocks,
@@ -99,22 +100,18 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True,
   """Grouped-query softmax attention; q [B, T, H, Dh], k/v [B, S, KV, Dh] -> [B, T, H, Dh].
 
   H must be a multiple of KV: each group of H/KV query heads shares one key/value head.
-  ``block == 0``: ``jax.nn.dot_product_attention`` (XLA picks the backend's fused kernel
-  where one exists; on CPU it measured 26% faster than a plain einsum formulation, fwd+bwd
-  at 16 x 256 tokens, 8 heads). ``block > 0``: :func:`blockwise_attention` (flash-style:
-  custom VJP that keeps only the output and log-sum-exp), whose memory grows with
-  T * block instead of T * S (long context).
+  Runs the kernel selected by ``model.attention_impl``
+  (:func:`omni_jax.models.attention_kernels.attend`). The default ``xla``: ``block == 0``
+  is ``jax.nn.dot_product_attention`` (on CPU it measured 26% faster than a plain einsum
+  formulation, fwd+bwd at 16 x 256 tokens, 8 heads); ``block > 0`` is
+  :func:`blockwise_attention` (flash-style: custom VJP that keeps only the output and
+  log-sum-exp), whose memory grows with T * block instead of T * S (long context).
 
   ``segment_ids`` int32 [B, T] (self-attention, T == S): a query sees only keys of its own
   segment (packed documents; 0 = padding, which sees only padding, so no row is ever fully
   masked). ``None``: one segment, exactly the unmasked computation.
   """
-  if block:
-    return blockwise_attention(q, k, v, causal=causal, block=block, segment_ids=segment_ids)
-  if segment_ids is None:
-    return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
-  return jax.nn.dot_product_attention(q, k, v, mask=same_segment(segment_ids, segment_ids),
-                                      is_causal=causal)
+  return attend(q, k, v, causal=causal, block=block, segment_ids=segment_ids)
 
 
 @named_op("encoder_attention")
@@ -212,6 +209,10 @@ class Attention(nn.Module):
   projections itself and calls the ``attention`` core op, so sequence parallelism still
   applies; tensor parallelism then comes from the parameter shardings (the compiler
   partitions the projections) instead of the explicit Megatron ``self_attention`` op.
+
+  ``cache`` (a :class:`~omni_jax.models.kv_cache.KVCache`, decoding): the same projections,
+  then ``cache.attend`` writes this call's keys / values and attends over the cached ones;
+  returns ``(out, cache)`` instead of ``out``.
   """
   num_heads: int
   num_kv_heads: int
@@ -225,13 +226,13 @@ class Attention(nn.Module):
   norm_eps: float = 1e-6
 
   @nn.compact
-  def __call__(self, x, positions, segment_ids=None):
+  def __call__(self, x, positions, segment_ids=None, cache=None):
     d, dh = x.shape[-1], self.head_dim
     w = lambda name, shape, fan_in=1: Kernel(shape, fan_in, self.dtype, name=name)()
     wq, wk = w("q", (d, self.num_heads, dh)), w("k", (d, self.num_kv_heads, dh))
     wv, wo = w("v", (d, self.num_kv_heads, dh)), w("o", (self.num_heads, dh, d), 2)
     x = x.astype(self.dtype)
-    if not (self.qk_norm or self.qkv_bias or self.rope_scaling):
+    if cache is None and not (self.qk_norm or self.qkv_bias or self.rope_scaling):
       return self_attention(x, positions, wq, wk, wv, wo, rope_theta=self.rope_theta,
                             block=self.block, segment_ids=segment_ids)
     proj = lambda w: jnp.einsum("btd,dhk->bthk", x, w)
@@ -247,6 +248,9 @@ class Attention(nn.Module):
       k = RMSNorm(self.norm_eps, self.dtype, name="k_norm")(k)
     q = rope(q, positions, self.rope_theta, self.rope_scaling)
     k = rope(k, positions, self.rope_theta, self.rope_scaling)
+    if cache is not None:
+      out, cache = cache.attend(q, k, v)
+      return jnp.einsum("bthk,hkd->btd", out, wo), cache
     out = attention(q, k, v, causal=True, block=self.block, segment_ids=segment_ids)
     return jnp.einsum("bthk,hkd->btd", out, wo)
 

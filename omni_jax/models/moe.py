@@ -9,8 +9,8 @@ through the named op ``"moe_dispatch"`` so that an expert-parallel recipe
 Two single-device dispatch implementations are provided:
 
 * ``"dropless"``: every (token, slot) assignment is computed. Assignments are sorted by
-  expert and run through grouped matmuls (``jax.lax.ragged_dot`` on accelerators, the
-  block-padded form of ``omni_jax.models.grouped_matmul`` on CPU); no token is ever dropped.
+  expert and run through grouped matmuls (the backend's kernel:
+  ``omni_jax.models.grouped_kernels``); no token is ever dropped.
 * ``"capacity"``: each expert takes at most ``C`` assignments into a fixed ``[E, C, D]``
   buffer (static shapes, the GShard/Switch layout); assignments beyond ``C`` are dropped and
   contribute exactly zero.
@@ -28,7 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from omni_jax.models import grouped_matmul as gmm
+from omni_jax.models.grouped_kernels import grouped_plan
 from omni_jax.models.layers import swiglu
 from omni_jax.models.named_ops import named_op
 
@@ -200,40 +200,51 @@ def _sort_by_expert(flat_ids: jax.Array, num_experts: int
   return order, group_sizes, position
 
 
-def _dispatch_dropless(x, expert_ids, wi_gate, wi_up, wo, *, blocked: bool | None = None
+def _dispatch_dropless(x, expert_ids, wi_gate, wi_up, wo, *, impl: str | None = None
                        ) -> jax.Array:
   """Per-assignment expert outputs ``[N, k, D]`` via sort + grouped matmuls.
 
   The assignments are sorted by expert; the three SwiGLU matmuls are grouped matmuls over
-  the sorted rows. On accelerators they are ``jax.lax.ragged_dot`` (grouped kernels). On CPU
-  (``blocked=None`` picks by backend, :func:`grouped_matmul.blocked_by_default`) ragged_dot
-  lowers to a dense matmul of an ``[E, N*k, D]`` masked copy of its input (``E`` times the
-  FLOPs and working set), so there the rows are gathered straight into the block-padded
-  layout of :mod:`omni_jax.models.grouped_matmul` (each expert's rows start at a multiple of
-  the block size) and the matmuls run block by block: the grouped FLOPs plus at most
-  ``E*(b-1)`` padding rows.
+  the sorted rows, by the backend's kernel (``impl=None``:
+  :func:`omni_jax.models.grouped_kernels.default_impl`; megablox on TPU, a block-padded
+  form on CPU and GPU). For the block-padded forms the rows are gathered straight into the
+  padded layout of :mod:`omni_jax.models.grouped_matmul` (each expert's rows start at a
+  multiple of the block size): the grouped FLOPs plus at most ``E*(b-1)`` padding rows,
+  instead of the ``E`` times the FLOPs and working set of ragged_dot's dense lowering
+  (XLA:CPU).
   """
   n, k = expert_ids.shape
   num_experts = wi_gate.shape[0]
+  if n * k <= num_experts:
+    return _dispatch_gathered(x, expert_ids, wi_gate, wi_up, wo)
   flat_ids = expert_ids.reshape(-1)                      # token-major: index n*k + j
   order, group_sizes, _ = _sort_by_expert(flat_ids, num_experts)
   inverse = jnp.zeros_like(order).at[order].set(
       jnp.arange(order.shape[0], dtype=order.dtype), unique_indices=True)
-  if blocked is None:
-    blocked = gmm.blocked_by_default()
-  if not blocked:
+  plan = grouped_plan(group_sizes, n * k, impl=impl)
+  if plan.layout is None:
     xs = x[order // k]                                   # [N*k, D], grouped by expert
-    out_sorted = swiglu(xs, wi_gate, wi_up, wo,
-                        matmul=lambda a, w: jax.lax.ragged_dot(a, w, group_sizes))
+    out_sorted = swiglu(xs, wi_gate, wi_up, wo, matmul=plan.matmul)
     return out_sorted[inverse].reshape(n, k, -1)
-  rows = n * k
-  layout = gmm.block_layout(group_sizes, rows, gmm.block_size(rows, num_experts))
+  layout = plan.layout
   # padded row p holds sorted row src[p] = assignment order[src[p]] of token order[.] // k;
   # padding rows (src == rows) are zeros, so they stay zero through the SwiGLU
   token = jnp.append(order // k, n)[layout.src]
   xp = jnp.asarray(x).at[token].get(mode="fill", fill_value=0)
-  out_p = swiglu(xp, wi_gate, wi_up, wo, matmul=lambda a, w: gmm.block_matmul(a, w, layout))
+  out_p = swiglu(xp, wi_gate, wi_up, wo, matmul=plan.matmul)
   return out_p[layout.dest[inverse]].reshape(n, k, -1)
+
+
+def _dispatch_gathered(x, expert_ids, wi_gate, wi_up, wo) -> jax.Array:
+  """Per-assignment expert outputs ``[N, k, D]`` from each assignment's own expert weights,
+  gathered: the dropless result when there are no more assignments than experts (a decode
+  step's few tokens). It reads ``N*k`` experts' weights instead of all ``E`` (a grouped
+  matmul over E experts reads every expert's weights, which made a one-token step of a
+  16-expert layer copy the whole layer's experts)."""
+  mm = lambda a, w: jnp.einsum("nki,nkio->nko", a, w)
+  xs = jnp.broadcast_to(x[:, None, :], (*expert_ids.shape, x.shape[-1]))
+  return swiglu(xs, wi_gate[expert_ids], wi_up[expert_ids], wo[expert_ids], matmul=mm,
+                lean=False)
 
 
 def capacity_positions(expert_ids: jax.Array, num_experts: int) -> jax.Array:

@@ -76,10 +76,18 @@ def encode_slots(enc, x, pos, mask):
 
 
 class OmniModel(nn.Module):
+  """The omni model: ``apply(vars, batch)`` -> (logits per head, MoE aux).
+
+  ``apply(vars, batch, cache)`` with a :class:`~omni_jax.models.kv_cache.KVCache` is the same
+  forward for decoding: ``batch["tokens"]`` [B, T] are written at the cache's next ``T`` slots
+  (rotary positions from the cache unless ``batch["positions"]`` is given; modality inputs,
+  if any, scatter into this call's tokens), returns (logits, aux, updated cache). Modalities
+  absent from such a batch are skipped (no dummy encoder pass: nothing is differentiated).
+  """
   spec: OmniSpec
 
   @nn.compact
-  def __call__(self, batch: dict[str, jax.Array]):
+  def __call__(self, batch: dict[str, jax.Array], cache=None):
     s, bb = self.spec, self.spec.backbone
     tokens = batch["tokens"]
     b, t = tokens.shape
@@ -91,19 +99,21 @@ class OmniModel(nn.Module):
       if name in batch:
         x = scatter_features(x, *encode_slots(enc, batch[name], batch[f"{name}_pos"],
                                               batch[f"{name}_mask"]))
-      else:  # dummy forward scaled by 0: the encoder's gradients stay defined (zero)
+      elif cache is None:  # dummy forward scaled by 0: the encoder's gradients stay defined
         dummy = jnp.zeros((b, *kind.input_shape(ms)), kind.input_dtype)
         x = x + 0.0 * run_encoder(enc, dummy).sum().astype(x.dtype)
     positions = batch.get("positions")
     if positions is None:
-      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    h, aux = Backbone(bb, name="backbone")(x, positions, batch.get("segment_ids"))
+      positions = (cache.positions(t) if cache is not None else
+                   jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)))
+    h, aux, *cache = Backbone(bb, name="backbone")(x, positions, batch.get("segment_ids"),
+                                                   *([] if cache is None else [cache]))
     h = RMSNorm(bb.norm_eps, dtype=bb.dtype, name="final_norm")(h)
     logits = {hd.name: nn.Dense(hd.size, use_bias=False, dtype=bb.dtype,
                                 kernel_init=nn.initializers.lecun_normal(),
                                 name=f"head_{hd.name}")(h).astype(jnp.float32)
               for hd in s.heads}
-    return logits, aux
+    return (logits, aux, *cache)
 
 
 def loss_norm(spec: OmniSpec):

@@ -11,11 +11,13 @@ from typing import Any
 import jax.numpy as jnp
 
 from omni_jax.common.config import check_keys, nonneg_float, one_of, positive_int, require
+from omni_jax.models.attention_kernels import ATTENTION_IMPLS
 from omni_jax.models.transformer import REMAT_POLICIES, BackboneSpec
 
 MODEL_KEYS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "rope_theta", "moe",
-              "remat", "dtype", "text_loss_weight", "modalities", "attention_block", "init_from")
-OPTIONAL_MODEL_KEYS = ("init_from",)
+              "remat", "dtype", "text_loss_weight", "modalities", "attention_block", "init_from",
+              "attention_impl", "lora")
+OPTIONAL_MODEL_KEYS = ("init_from", "attention_impl", "lora")  # lora: omni_jax.train.lora
 MOE_KEYS = ("num_experts", "top_k", "d_ff", "every", "renormalize", "impl", "capacity_factor",
             "shared_experts", "lb_coef", "z_coef")
 # Optional: 'aux_loss' (default) | 'bias' | 'both', and the bias step (DeepSeek-V3: 1e-3).
@@ -83,6 +85,8 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
   require(isinstance(ab, int) and ab >= 0, p + "attention_block", ab,
           "must be an integer >= 0 (0 = dense attention, n = blockwise over n-key blocks)")
   one_of(model_cfg, "dtype", DTYPES, p)
+  attention_impl = model_cfg.get("attention_impl", "xla")
+  one_of({"attention_impl": attention_impl}, "attention_impl", ATTENTION_IMPLS, p)
   nonneg_float(model_cfg, "text_loss_weight", p)
   require(float(model_cfg["rope_theta"]) > 0, p + "rope_theta", model_cfg["rope_theta"],
           "must be > 0")
@@ -120,6 +124,7 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
       moe_every=moe["every"], renormalize=bool(moe["renormalize"]), moe_impl=moe["impl"],
       capacity_factor=float(moe["capacity_factor"]), shared_experts=moe["shared_experts"],
       remat=model_cfg["remat"], dtype=DTYPES[model_cfg["dtype"]],
-      attention_block=model_cfg["attention_block"], moe_balance=balance)
+      attention_block=model_cfg["attention_block"], attention_impl=attention_impl,
+      moe_balance=balance)
   return backbone, dict(lb_coef=float(moe["lb_coef"]), z_coef=float(moe["z_coef"]),
                         balance=balance, bias_rate=float(bias_rate))

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from omni_jax.models.attention_kernels import use_kernel
 from omni_jax.models.layers import Attention, RMSNorm, SwiGLU
 from omni_jax.models.moe import MoE
 from omni_jax.models.named_ops import named_op
@@ -64,6 +65,7 @@ class BackboneSpec:
   remat: str = "none"
   dtype: Any = jnp.float32
   attention_block: int = 0    # > 0: blockwise attention (long context)
+  attention_impl: str = "xla"  # the attention kernel (omni_jax.models.attention_kernels)
   # Switches for pretrained checkpoints (omni_jax.hf); the defaults are the native model.
   norm_eps: float = 1e-6      # every RMSNorm's epsilon
   qk_norm: bool = False       # RMSNorm on each head's q and k before RoPE (Qwen3)
@@ -97,20 +99,24 @@ class BackboneSpec:
 
 
 class Block(nn.Module):
-  """Pre-norm residual block: attention then a dense or MoE feed-forward."""
+  """Pre-norm residual block: attention then a dense or MoE feed-forward. Returns
+  ``(x, aux)``, or ``(x, aux, cache)`` when called with a KV ``cache`` (decoding)."""
   spec: BackboneSpec
   use_moe: bool
 
   @nn.compact
-  def __call__(self, x, positions, segment_ids=None):
+  def __call__(self, x, positions, segment_ids=None, cache=None):
     s = self.spec
     x = checkpoint_name(x, OFFLOADED_NAMES[0])
     h = RMSNorm(s.norm_eps, dtype=s.dtype, name="ln_attn")(x)
-    x = x + Attention(s.num_heads, s.num_kv_heads, s.head_dim, s.rope_theta, s.dtype,
-                      s.attention_block, qk_norm=s.qk_norm, qkv_bias=s.qkv_bias,
-                      rope_scaling=s.rope_scaling, norm_eps=s.norm_eps,
-                      name="attn")(h, positions, segment_ids)
-    x = checkpoint_name(x, OFFLOADED_NAMES[1])
+    with use_kernel(s.attention_impl):  # the softmax core's kernel, for every parallel path
+      a = Attention(s.num_heads, s.num_kv_heads, s.head_dim, s.rope_theta, s.dtype,
+                    s.attention_block, qk_norm=s.qk_norm, qkv_bias=s.qkv_bias,
+                    rope_scaling=s.rope_scaling, norm_eps=s.norm_eps,
+                    name="attn")(h, positions, segment_ids, cache)
+    if cache is not None:
+      a, cache = a
+    x = checkpoint_name(x + a, OFFLOADED_NAMES[1])
     h = RMSNorm(s.norm_eps, dtype=s.dtype, name="ln_mlp")(x)
     if self.use_moe:
       y, aux = MoE(d_model=s.d_model, d_ff=s.moe_d_ff, num_experts=s.num_experts, top_k=s.top_k,
@@ -120,23 +126,25 @@ class Block(nn.Module):
                    dtype=s.dtype, balance=s.moe_balance, name="moe")(h)
     else:
       y, aux = SwiGLU(s.d_ff, dtype=s.dtype, name="mlp")(h), None
-    return x + y, aux
+    return (x + y, aux) if cache is None else (x + y, aux, cache)
 
 
 class Unit(nn.Module):
-  """``unit_size`` consecutive blocks; the scanned body of the backbone."""
+  """``unit_size`` consecutive blocks; the scanned body of the backbone. ``carry`` is
+  ``(x, aux sums)``, or ``(x, aux sums, KV cache)`` when decoding."""
   spec: BackboneSpec
 
   @nn.compact
   def __call__(self, carry, positions, segment_ids=None):
-    x, acc = carry
+    x, acc, *cache = carry
     n = self.spec.unit_size
     for i in range(n):
       use_moe = bool(self.spec.num_moe_layers) and i == n - 1
-      x, aux = Block(self.spec, use_moe, name=f"layer_{i}")(x, positions, segment_ids)
+      x, aux, *cache = Block(self.spec, use_moe, name=f"layer_{i}")(x, positions, segment_ids,
+                                                                    *cache)
       if aux is not None:
         acc = {k: acc[k] + aux[k].astype(jnp.float32) for k in acc}
-    return (x, acc), None
+    return (x, acc, *cache), None
 
 
 @named_op("layer_stack")
@@ -150,21 +158,44 @@ def layer_stack(apply_unit: Callable, unit_params, carry, positions):
   return jax.lax.scan(body, carry, unit_params)[0]
 
 
+def unstack_units(params: dict) -> dict:
+  """``params`` (of a model with a ``backbone``) with ``backbone/units`` split into a tuple of
+  per-unit trees (see :class:`Backbone`); the other parameters are shared, not copied."""
+  bb = dict(params["backbone"])
+  units = bb["units"]
+  if isinstance(units, tuple):
+    return params
+  n = jax.tree.leaves(units)[0].shape[0]
+  bb["units"] = tuple(jax.tree.map(lambda a, u=u: a[u], units) for u in range(n))
+  return {**params, "backbone": bb}
+
+
 class Backbone(nn.Module):
   """Stack of units over ``x`` [B, T, D]; returns (hidden [B, T, D], averaged MoE aux).
 
   Parameters are created by ``nn.scan`` (leading ``[num_units]`` axis under ``units``);
   applying runs them through the :func:`layer_stack` named op. ``positions`` [B, T] feed the
   rotary embeddings; ``segment_ids`` [B, T] (packed documents) or ``None`` mask attention.
+
+  ``cache`` (a :class:`~omni_jax.models.kv_cache.KVCache`, decoding): the units carry it
+  through the same scan, each attention layer writing its keys / values in place; returns
+  (hidden, aux, the cache advanced by T). No rematerialisation (nothing is differentiated).
+
+  ``units`` may also be given unstacked, a tuple of per-unit parameter trees
+  (:func:`unstack_units`): the units then run one after another in program order. Decoding
+  uses it on CPU, where a scan over the stacked weights copies each unit's slice before its
+  matmuls read it (twice the weight traffic of a memory-bound step).
   """
   spec: BackboneSpec
 
   @nn.compact
-  def __call__(self, x, positions, segment_ids=None):
+  def __call__(self, x, positions, segment_ids=None, cache=None):
     s = self.spec
     policy = offload_policy() if s.offload_activations else REMAT_POLICIES[s.remat]
     carry = (x, s.zero_aux())
     if self.is_initializing():
+      if cache is not None:
+        raise ValueError("Backbone: initialise without a KV cache (init builds parameters)")
       scanned = nn.scan(Unit, variable_axes={"params": 0}, split_rngs={"params": True},
                         in_axes=(nn.broadcast, nn.broadcast), length=s.num_units)
       (x, acc), _ = scanned(s, name="units")(carry, positions, segment_ids)
@@ -173,9 +204,17 @@ class Backbone(nn.Module):
 
       def apply_unit(p, c, pos):
         return unit.apply({"params": p}, c, *pos)[0]
-      if policy is not None:
+      if policy is not None and cache is None:
         apply_unit = jax.checkpoint(apply_unit, policy=policy, prevent_cse=False)
-      x, acc = layer_stack(apply_unit, self.variables["params"]["units"], carry,
-                           (positions, segment_ids))
+      if cache is not None:
+        carry = (*carry, cache)
+      units = self.variables["params"]["units"]
+      if isinstance(units, tuple):
+        for p in units:
+          carry = apply_unit(p, carry, (positions, segment_ids))
+      else:
+        carry = layer_stack(apply_unit, units, carry, (positions, segment_ids))
+      x, acc, *cache = carry
     n = max(s.num_moe_layers, 1)
-    return x, {k: v / n for k, v in acc.items()}
+    aux = {k: v / n for k, v in acc.items()}
+    return (x, aux, cache[0].advance(x.shape[1])) if cache else (x, aux)

@@ -21,7 +21,9 @@ Dropless (``exchange="ragged"``, the default) sends exactly the routed tokens in
 assignments are sorted by expert (hence by owning device), per-(destination, local expert)
 counts go out by a small all-to-all, and :func:`~omni_jax.parallel.ragged_exchange.
 ragged_all_to_all` moves ``send_sizes[d]`` rows to each device ``d``; the receiver runs its
-experts with ``jax.lax.ragged_dot`` on the received rows grouped by local expert and a
+experts with the backend's grouped matmul (:mod:`omni_jax.models.grouped_kernels`, the
+selector the single-device dropless dispatch uses) on the received rows grouped by local
+expert and a
 second ragged all-to-all returns the outputs. The receive buffer is static: ``ep * n * k``
 rows (every source could route everything here), or ``ceil(recv_factor * n * k)`` rows if
 ``recv_factor`` is set, in which case what does not fit is dropped and counted in
@@ -50,6 +52,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from omni_jax.models.grouped_kernels import grouped_plan
 from omni_jax.models.layers import swiglu
 from omni_jax.models.moe import capacity_positions, moe_dispatch, swiglu_experts
 from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
@@ -100,8 +103,8 @@ def _ragged_dropless(xf, idf, wg, wu, wo, *, ep, e_loc, k, recv_factor, impl):
   local = jnp.where(valid, group % e_loc, e_loc)
   lorder = jnp.argsort(local, stable=True)               # empty rows last, in no group
   sizes = jnp.bincount(local, length=e_loc + 1)[:e_loc].astype(jnp.int32)
-  rows = recv[lorder]
-  out = swiglu(rows, wg, wu, wo, matmul=lambda a, w: jax.lax.ragged_dot(a, w, sizes))
+  plan = grouped_plan(sizes, m)                          # the backend's grouped kernel
+  out = plan.unpad(swiglu(plan.pad(recv[lorder]), wg, wu, wo, matmul=plan.matmul))
   y = jnp.zeros((m, d), xs.dtype).at[lorder].set(out, unique_indices=True)
   y = jnp.where(valid[:, None], y, 0)
   back = ragged_all_to_all(y, jnp.zeros((nk, d), y.dtype), recv_off, recv_n, a2a(in_off),

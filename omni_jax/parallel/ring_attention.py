@@ -9,6 +9,11 @@ more than one foreign chunk, so activation memory per device stays O(T/n) howeve
 sequence: the alternative to Ulysses when the heads do not split n ways or the sequence is
 very long. Unlike Ulysses it needs no all-to-all and no head divisibility.
 
+Double buffering: each ring step issues the ``ppermute`` of the chunk it holds (the next
+step's input) before folding that chunk, so the send has no data dependence on the fold and
+can overlap it; the last chunk is folded after the loop. Backward likewise for the K/V chunk
+(its gradient accumulator moves after it is updated).
+
 Flash-style backward: the ring is a ``jax.custom_vjp`` that saves only q, k, v, the output
 and the log-sum-exp; the backward runs the ring again, recomputing each block's
 probabilities, with the key/value gradients travelling beside their chunk and sent home by
@@ -117,13 +122,14 @@ def _ring_forward(q, k, v, seg, causal, block, axis, zigzag):
       return tuple(st if i == a else s for i, s in enumerate(states))
     return _pairs(src, idx, n, zigzag, causal, one, states)
 
-  states = fold(tuple(softmax_init(x) for x in qg), k, v, seg, idx)
+  states = tuple(softmax_init(x) for x in qg)
   if n > 1:
-    def step(carry, s):
+    def step(carry, s):  # double-buffered: the next chunk's send is issued before the fold
       states, kc, vc, sc = carry
-      kc, vc, sc = _shift((kc, vc, sc), axis, n)
-      return (fold(states, kc, vc, sc, (idx - s) % n), kc, vc, sc), None
-    (states, *_), _ = jax.lax.scan(step, (states, k, v, seg), jnp.arange(1, n))
+      nxt = _shift((kc, vc, sc), axis, n)
+      return (fold(states, kc, vc, sc, (idx - s) % n), *nxt), None
+    (states, k, v, seg), _ = jax.lax.scan(step, (states, k, v, seg), jnp.arange(n - 1))
+  states = fold(states, k, v, seg, (idx - (n - 1)) % n)
   out = jnp.concatenate([softmax_finish(st, q.dtype) for st in states], axis=1)
   return out, tuple(softmax_lse(st) for st in states)
 
@@ -163,14 +169,18 @@ def _ring_bwd(causal, block, axis, zigzag, res, do):
     return _pairs(src, idx, n, zigzag, causal, one, carry)
 
   zeros_k = tuple(jnp.zeros_like(x, jnp.float32) for x in _halves(k))
-  dq, dk, dv = grads((tuple(jnp.zeros_like(x) for x in qg), zeros_k, zeros_k), k, v, seg, idx)
+  dq, dk, dv = tuple(jnp.zeros_like(x) for x in qg), zeros_k, zeros_k
   if n > 1:
-    def step(carry, s):
+    def step(carry, s):  # the next K/V chunk's send is issued before this chunk's gradients
       dq, kc, vc, sc, dk, dv = carry
-      kc, vc, sc, dk, dv = _shift((kc, vc, sc, dk, dv), axis, n)
+      nxt = _shift((kc, vc, sc), axis, n)
       dq, dk, dv = grads((dq, dk, dv), kc, vc, sc, (idx - s) % n)
-      return (dq, kc, vc, sc, dk, dv), None
-    (dq, _, _, _, dk, dv), _ = jax.lax.scan(step, (dq, k, v, seg, dk, dv), jnp.arange(1, n))
+      dk, dv = _shift((dk, dv), axis, n)                 # the accumulators follow their chunk
+      return (dq, *nxt, dk, dv), None
+    (dq, k, v, seg, dk, dv), _ = jax.lax.scan(step, (dq, k, v, seg, dk, dv),
+                                              jnp.arange(n - 1))
+  dq, dk, dv = grads((dq, dk, dv), k, v, seg, (idx - (n - 1)) % n)
+  if n > 1:
     dk, dv = _shift((dk, dv), axis, n)  # each chunk's gradient goes home
   cat = lambda t: jnp.concatenate(t, axis=1)
   return (ungroup_dq(cat(dq), q), cat(dk).astype(k.dtype), cat(dv).astype(v.dtype), None)

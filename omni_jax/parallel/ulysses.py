@@ -6,12 +6,17 @@ sequence for H/n heads, plain attention runs locally, and a second all-to-all re
 sequence split (DeepSpeed-Ulysses, as used by VeOmni). Communication per layer: 4
 all-to-alls of the activations, independent of n, instead of gathering K and V.
 
-Grouped-query attention: when the key/value heads do not split n ways they are repeated
-to one per query head first (numerically the same attention).
+Grouped-query attention: when the KV key/value heads do not split n ways, each is repeated
+to ``lcm(KV, n)`` heads first (:func:`ulysses_kv_heads`): the fewest that split n ways and
+still map every query head onto its own key/value head (H is a multiple of both n and KV), so
+numerically the same attention. At H=32, KV=4, n=8 that is 8 K/V heads on the wire, not 32.
+The local attention is the kernel ``model.attention_impl`` selects
+(:mod:`omni_jax.models.attention_kernels`), on the whole sequence of its H/n heads.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import jax
@@ -24,6 +29,12 @@ from omni_jax.parallel.mesh import BATCH_AXES, context_mesh
 SEQ = "sequence"
 
 
+def ulysses_kv_heads(kv: int, n: int) -> int:
+  """K/V heads Ulysses moves for ``kv`` key/value heads over sequence degree ``n``: ``kv``
+  when n divides it, else ``lcm(kv, n)`` (each head repeated ``lcm / kv`` times)."""
+  return kv if kv % n == 0 else math.lcm(kv, n)
+
+
 def ulysses_body(q, k, v, *, causal: bool, block: int = 0, segment_ids=None, axis: str = SEQ):
   """Attention of local chunks [b, T/n, H, Dh] over the whole sequence; call inside a
   ``shard_map`` in which ``axis`` is manual. ``segment_ids`` [b, T/n] (local chunk) are
@@ -34,8 +45,9 @@ def ulysses_body(q, k, v, *, causal: bool, block: int = 0, segment_ids=None, axi
     raise ValueError(f"Ulysses attention splits heads over sequence={n}, but there are {h} "
                      f"heads here; choose mesh.sequence dividing the heads (per tensor shard) "
                      f"or config.parallel.sequence_attention='ring'")
-  if kv % n:
-    k, v = jnp.repeat(k, h // kv, axis=2), jnp.repeat(v, h // kv, axis=2)
+  if kv % n:  # repeated to lcm(kv, n) heads, which divides h: query head i keeps its K/V head
+    r = ulysses_kv_heads(kv, n) // kv
+    k, v = jnp.repeat(k, r, axis=2), jnp.repeat(v, r, axis=2)
   # [b, t/n, H, Dh] -> [b, t, H/n, Dh] -> attention -> back
   to_heads = lambda x: jax.lax.all_to_all(x, axis, split_axis=2, concat_axis=1, tiled=True)
   if segment_ids is not None:

@@ -46,6 +46,53 @@ def measure_input(stream, batches: int) -> dict[str, float]:
           "packing_efficiency": it.packing_efficiency}
 
 
+def rss_mb() -> float:
+  """Resident memory of this process and its children (the Grain workers), MB."""
+  import psutil  # noqa: PLC0415  (optional: only the benchmark's memory figure needs it)
+  me = psutil.Process()
+  procs = [me, *me.children(recursive=True)]
+  total = 0
+  for p in procs:
+    try:
+      total += p.memory_info().rss
+    except psutil.Error:  # a worker that just exited
+      pass
+  return total / 2 ** 20
+
+
+def measure_records(stream, records: int) -> dict[str, float]:
+  """An input pass reading ``records`` records (after a first, untimed batch): its rates and
+  the growth of resident memory over it (the peak of a sample per batch, minus the start);
+  also the growth after the first tenth of the records, which leaves out the workers' own
+  start-up (imports, first decodes) and shows whether streaming itself grows."""
+  if stream.iterator is None:
+    stream.bind()
+  it = stream.iterator
+  stream.batch(0)
+  read0, nonpad0, step = it.records_read, it.nonpad, 1
+  rss0 = peak = rss_mb()
+  warm = warm_peak = None  # after a tenth of the records: the workers have started and warmed
+  t0 = time.perf_counter()
+  while it.records_read - read0 < records:
+    stream.batch(step)
+    step += 1
+    now = rss_mb()
+    peak = max(peak, now)
+    if warm is None and it.records_read - read0 >= records // 10:
+      warm = warm_peak = now
+    elif warm is not None:
+      warm_peak = max(warm_peak, now)
+  dt = time.perf_counter() - t0
+  read = it.records_read - read0
+  return {"input_seconds": dt, "input_batches": step - 1, "records": read,
+          "input_records_per_sec": read / dt,
+          "input_tokens_per_sec": (step - 1) * stream.batch_size * stream.seq_len / dt,
+          "input_nonpad_tokens_per_sec": (it.nonpad - nonpad0) / dt,
+          "packing_efficiency": it.packing_efficiency,
+          "rss_start_mb": rss0, "rss_growth_mb": peak - rss0,
+          "rss_growth_after_first_tenth_mb": None if warm is None else warm_peak - warm}
+
+
 def measure_step(config, spec, stream, host_batch: dict[str, np.ndarray], steps: int
                  ) -> dict[str, float]:
   """Seconds per train step (mean of ``steps`` after two warm-up steps) on ``host_batch``."""

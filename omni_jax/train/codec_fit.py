@@ -23,7 +23,8 @@ from omni_jax.common.config import check_keys, positive_int, require
 from omni_jax.common.metrics import atomic_path, write_json_atomic
 from omni_jax.data.encode import write_wav
 from omni_jax.examples import audio_data, image_data
-from omni_jax.tokenizers import fsq
+from omni_jax.tokenizers import audio_codec, fsq, griffin_lim
+from omni_jax.tokenizers.audio_codec import AudioCodec
 from omni_jax.tokenizers.codec_io import save_codec
 from omni_jax.tokenizers.image_codec import DOWNSAMPLE, ImageCodec, psnr_db
 from omni_jax.train.loop import LoopConfig, fit
@@ -143,8 +144,6 @@ def train_audio_tokenizer(cfg, workdir: str) -> dict:
   clip's own log-mel: the inversion's floor), ``logmel_snr_db`` of the codec's log-mel,
   ``codebook_perplexity``, ``codebook_usage``; writes summary.json, example WAVs
   (``heldout-<i>-{orig,recon}.wav``) and the codec."""
-  from omni_jax.tokenizers import audio_codec, griffin_lim  # noqa: PLC0415
-  from omni_jax.tokenizers.audio_codec import AudioCodec  # noqa: PLC0415
 
   check_keys(cfg, ("kind", "codec", "data", "optim", "train"), "",
              required=("kind", "codec", "data", "optim", "train"))

@@ -43,7 +43,8 @@ TRAIN_KEYS = ("steps", "seed", "log_every", "eval_every", "eval_batches", "check
 OPTIONAL_TRAIN_KEYS = ("profile_steps",   # "a:b": jax.profiler trace of steps a..b
                        "grad_accum",      # microbatches per optimizer step (default 1)
                        "offload",         # 'none' | 'optimizer' | 'activations' | 'harmony'
-                       "device_budget_bytes")  # what 'harmony' must fit (offload_plan.py)
+                       "device_budget_bytes",  # what 'harmony' must fit (offload_plan.py)
+                       "init_from_workdir")    # start from another run's weights (stages.py)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -140,14 +141,25 @@ def accumulate_gradients(loss_fn: Callable, params, batch, k: int,
 
 def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, grad_accum: int = 1,
                     loss_norm: Callable | None = None,
-                    opt_transfer: offload_lib.OptimizerTransfer | None = None) -> Callable:
+                    opt_transfer: offload_lib.OptimizerTransfer | None = None,
+                    frozen: Any = None) -> Callable:
   """``(state, batch) -> (state, metrics)``: one AdamW step on ``loss_fn``'s gradient.
 
   ``grad_accum > 1``: the gradient is accumulated over that many microbatches inside the
   step (:func:`accumulate_gradients`); one optimizer update per step. ``opt_transfer``: the
   optimizer state lives in host memory; it is fetched to the device for the update and the
-  new state stored back (``config.train.offload = 'optimizer'``).
+  new state stored back (``config.train.offload = 'optimizer'``). ``frozen``: a pytree of
+  bools like the params; ``True`` leaves are cut from the gradient (no weight gradient is
+  computed for them) and passed through unchanged — bit for bit, not ``p + 0``, which would
+  turn a ``-0.0`` into ``+0.0`` (the optimizer gives them zero updates too).
   """
+  if frozen is not None:
+    inner = loss_fn
+
+    def loss_fn(params, *args):
+      cut = jax.tree.map(lambda p, f: jax.lax.stop_gradient(p) if f else p, params, frozen)
+      return inner(cut, *args)
+
   def step(state: TrainState, batch):
     if grad_accum == 1:
       (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
@@ -158,6 +170,8 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, grad_ac
     if opt_transfer is not None:
       opt_state = opt_transfer.store(opt_state)
     params = optax.apply_updates(state.params, updates)
+    if frozen is not None:
+      params = jax.tree.map(lambda old, new, f: old if f else new, state.params, params, frozen)
     metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
     return TrainState(state.step + 1, params, opt_state), metrics
   return step
@@ -209,14 +223,15 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
         eval_fn: Callable[[Any, int], dict] | None = None,
         tokens_per_step: int = 0, flops_per_step: float = 0.0,
         params_hook: Callable[[Any], Any] | None = None, data_iter=None,
-        loss_norm: Callable | None = None) -> FitResult:
+        loss_norm: Callable | None = None, frozen: Any = None) -> FitResult:
   """Trains ``loop.steps`` steps (resuming from ``workdir`` when a checkpoint exists).
 
   ``params_hook(params) -> params`` edits a fresh start's initial parameters (same shapes and
   shardings), e.g. to load pretrained weights; the optimizer state is then re-initialised
   from them. A resumed run restores its checkpoint instead. ``data_iter``: the input iterator
   behind ``get_batch`` when it has state (a Grain ``DatasetIterator``); it is checkpointed
-  beside the train state and restored on resume."""
+  beside the train state and restored on resume. ``frozen``: the parameters that never
+  change (:func:`make_train_step`)."""
   ckpt = Checkpointer(workdir, loop.keep_checkpoints, with_data=data_iter is not None)
   state, shardings = create_state(init_params, tx, loop.seed,
                                   offload_lib.state_sharding(param_sharding, loop.offload))
@@ -235,7 +250,7 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   replicated = jax.sharding.NamedSharding(named[0].mesh, jax.sharding.PartitionSpec()) \
       if named else None
   step_fn = jax.jit(make_train_step(loss_fn, tx, loop.grad_accum, loss_norm,
-                                    offload_lib.OptimizerTransfer.of(shardings)),
+                                    offload_lib.OptimizerTransfer.of(shardings), frozen),
                     donate_argnums=0, out_shardings=(shardings, replicated))
   start = int(jax.device_get(state.step))
   if start >= loop.steps:

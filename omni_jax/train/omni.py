@@ -32,9 +32,9 @@ from omni_jax.models.omni import OmniModel, count_params, loss_norm, omni_loss
 from omni_jax.models.spec import OmniSpec
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.train import offload, offload_plan
+from omni_jax.train import offload, offload_plan, stages
+from omni_jax.train.finetune import FineTune
 from omni_jax.train.loop import FitResult, LoopConfig, fit
-from omni_jax.train.optim import make_optimizer
 from omni_jax.train.spec import build_spec
 
 TOP_KEYS = ("model", "data", "optim", "train", "mesh", "parallel")
@@ -49,10 +49,13 @@ def _task_head(spec: OmniSpec, task: str) -> int:
 
 
 def make_eval_fn(spec: OmniSpec, model: OmniModel, stream: OmniStream, num_batches: int, mesh,
-                 layout_ops: dict):
-  """Held-out next-token accuracy and loss, per task (``text``, ``<m>:understand``, ...)."""
+                 layout_ops: dict, finetune: FineTune | None = None):
+  """Held-out next-token accuracy and loss, per task (``text``, ``<m>:understand``, ...).
+  ``finetune``: the train state's params are LoRA's ``{"base", "lora"}`` (folded in)."""
   @functools.partial(jax.jit, out_shardings=mesh_lib.replicated(mesh, (0, 0)))
   def per_position(params, batch):
+    if finetune is not None:
+      params, _ = finetune.model_params(params)
     with named_ops.override(**layout_ops):
       logits, _ = model.apply({"params": params}, batch)
     correct = jnp.zeros(batch["targets"].shape, bool)
@@ -141,7 +144,8 @@ def validate(config) -> tuple[OmniSpec, OmniStream, LoopConfig]:
   spec = build_spec(config.model, tokenizer=config.data.get("tokenizer", "bytes"))
   loop = LoopConfig.from_config(config.train)
   spec = offload.apply_to_spec(spec, loop.offload)
-  make_optimizer(config.optim, loop.steps, spec.bias_rate)
+  FineTune.from_config(config).optimizer(config.optim, loop.steps, spec.bias_rate)
+  stages.source_workdir(config.train)
   stream = make_stream(spec, config.data)
   parallel_op_names(config)
   pipeline_microbatches(config)
@@ -182,13 +186,16 @@ def pipeline_microbatches(config) -> int:
 
 
 def make_loss_fn(spec: OmniSpec, model: OmniModel, mesh, op_names: dict | None = None,
-                 microbatches: int = 4, recipe: str = "omni"):
+                 microbatches: int = 4, recipe: str = "omni", finetune: FineTune | None = None):
   """``(params, batch, norm=None) -> (loss, metrics)`` with the mesh's named-op
   implementations (``recipe`` places a pipeline's stage parameters); ``norm`` for gradient
-  accumulation (:func:`omni_loss`)."""
+  accumulation (:func:`omni_loss`). ``finetune`` with LoRA: ``params`` are ``{"base",
+  "lora"}``, folded into model parameters before the forward."""
   ops = layout.ops(mesh, op_names, microbatches, recipe)
 
   def loss_fn(params, batch, norm=None):
+    if finetune is not None:
+      params, batch = finetune.model_params(params, batch)
     with named_ops.override(**ops):  # active whenever the step is traced
       logits, aux = model.apply({"params": params}, batch)
     return omni_loss(spec, logits, aux, batch, norm)
@@ -206,11 +213,19 @@ def state_sharding(mesh, recipe: str = "omni"):
   return shard
 
 
-def pretrained_hook(spec: OmniSpec):
-  """Loads ``config.model.init_from``'s backbone into fresh parameters (None: from scratch)."""
-  if not spec.init_from:
+def pretrained_hook(spec: OmniSpec, finetune: FineTune | None = None,
+                    source_workdir: str | None = None):
+  """Loads pretrained weights into the fresh train-state params (None: from scratch):
+  ``config.train.init_from_workdir``'s model parameters (a previous stage), else
+  ``config.model.init_from``'s backbone. LoRA adapters stay fresh."""
+  ft = finetune or FineTune(None, ())
+  if source_workdir:
+    load = lambda base: stages.restore_model_params(source_workdir, base)
+  elif spec.init_from:
+    load = lambda base: load_into_omni(spec, base)
+  else:
     return None
-  return lambda params: load_into_omni(spec, params)
+  return lambda params: ft.with_base(params, load(ft.base(params)))
 
 
 def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
@@ -224,19 +239,27 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
       config, spec, stream, loop,
       lambda s: make_loss_fn(s, OmniModel(s), mesh, parallel_op_names(config), micro))
   model = OmniModel(spec)
-  tx = make_optimizer(config.optim, loop.steps, spec.bias_rate)
+  ft = FineTune.from_config(config)
+  tx = ft.optimizer(config.optim, loop.steps, spec.bias_rate)
   put_batch, data_iter = input_placement(stream, mesh)
   example = stream.example_batch()
 
-  def init_params(key):
+  def init_model(key):
     return model.init(key, example)["params"]
+  init_params = ft.init_params(init_model)
 
   op_names = parallel_op_names(config)
   layout_ops = layout.ops(mesh, op_names, micro, recipe_name(config))
-  loss_fn = make_loss_fn(spec, model, mesh, op_names, micro, recipe_name(config))
+  loss_fn = make_loss_fn(spec, model, mesh, op_names, micro, recipe_name(config), ft)
   param_sharding = state_sharding(mesh, recipe_name(config))
-  abstract_params = jax.eval_shape(init_params, jax.random.PRNGKey(0))
+  abstract_state_params = jax.eval_shape(init_params, jax.random.PRNGKey(0))
+  ft.check(abstract_state_params)  # groups that own nothing: before any compile
+  abstract_params = ft.base(abstract_state_params)
   params_total, params_active = count_params(spec, abstract_params)
+  trained = ft.counts(abstract_state_params)
+  logging.info("trainable: %d parameters (%.2f %% of the model's %d); by group: %s",
+               trained["params_trainable"], 100 * trained["params_trainable"] / params_total,
+               params_total, trained["params_by_group"])
   tokens_per_step = stream.batch_size * stream.seq_len
   flops = train_flops_per_step(spec, abstract_params, stream.batch_size, stream.seq_len)
   if not loop.peak_flops:
@@ -245,19 +268,21 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   logging.info("params: %.2fM total, %.2fM active per token; %.3g model FLOPs per step; "
                "peak %.3g FLOP/s", params_total / 1e6, params_active / 1e6, flops,
                loop.peak_flops)
-  eval_fn = make_eval_fn(spec, model, stream, loop.eval_batches, mesh, layout_ops)
+  eval_fn = make_eval_fn(spec, model, stream, loop.eval_batches, mesh, layout_ops, ft)
   try:
     result: FitResult = fit(
         workdir=workdir, loop=loop, init_params=init_params, loss_fn=loss_fn, tx=tx,
-        get_batch=stream.batch, put_batch=put_batch,
+        get_batch=ft.with_step(stream.batch), put_batch=put_batch,
         param_sharding=param_sharding, eval_fn=eval_fn,
         tokens_per_step=tokens_per_step, flops_per_step=flops,
-        params_hook=pretrained_hook(spec), data_iter=data_iter,
-        loss_norm=loss_norm(spec))
+        params_hook=pretrained_hook(spec, ft, stages.source_workdir(config.train)),
+        data_iter=data_iter, loss_norm=loss_norm(spec),
+        frozen=ft.frozen(abstract_state_params))
   finally:
     if data_iter is not None:
       data_iter.close()  # stops Grain's worker processes
   summary = make_summary(spec, config, result, params_total, params_active, flops, loop)
+  summary.update(trained, trainable_fraction=trained["params_trainable"] / params_total)
   summary["data"] = data_summary(stream, spec, config)
   d = summary["data"]
   logging.info("data (%s): %d records read, %d skipped, packing efficiency %s", d["source"],

@@ -4,7 +4,8 @@ Weight decay applies to weight matrices only (:func:`decay_mask`): norm scales, 
 embedding tables and position embeddings are not decayed. Leaves named ``routing_bias`` (the
 aux-loss-free MoE balance, :mod:`omni_jax.models.moe`) are not trained by AdamW at all: their
 "gradient" is the expert load and :func:`balance_bias_update` turns it into the DeepSeek-V3
-sign step.
+sign step. ``optim.groups`` (:mod:`omni_jax.train.param_groups`): per-group learning rate,
+schedule and weight decay, and frozen groups.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from omni_jax.common.config import check_keys, nonneg_float, positive_int, require
+from omni_jax.train import param_groups
 
 OPTIM_KEYS = ("lr", "warmup_steps", "min_lr_ratio", "weight_decay", "b1", "b2", "eps",
               "clip_norm")
@@ -59,9 +61,9 @@ def balance_bias_update(rate: float) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
 
 
-def make_schedule(optim_cfg, total_steps: int) -> optax.Schedule:
+def make_schedule(optim_cfg, total_steps: int, where: str = "optim.") -> optax.Schedule:
   warmup = optim_cfg["warmup_steps"]
-  require(isinstance(warmup, int) and 0 <= warmup < total_steps, "optim.warmup_steps", warmup,
+  require(isinstance(warmup, int) and 0 <= warmup < total_steps, where + "warmup_steps", warmup,
           f"must be an integer in [0, train.steps={total_steps})")
   lr = float(optim_cfg["lr"])
   return optax.warmup_cosine_decay_schedule(
@@ -69,25 +71,50 @@ def make_schedule(optim_cfg, total_steps: int) -> optax.Schedule:
       end_value=lr * float(optim_cfg["min_lr_ratio"]))
 
 
-def make_optimizer(optim_cfg, total_steps: int, balance_rate: float = 0.0
+def _check(optim_cfg, where: str = "optim.") -> None:
+  lr = optim_cfg["lr"]
+  require(isinstance(lr, int | float) and not isinstance(lr, bool) and lr > 0, where + "lr", lr,
+          "must be a number > 0")
+  for k in ("weight_decay", "clip_norm", "eps"):
+    nonneg_float(optim_cfg, k, where)
+  for k in ("b1", "b2", "min_lr_ratio"):
+    v = optim_cfg[k]
+    require(isinstance(v, int | float) and 0 <= v <= 1, where + k, v, "must be in [0, 1]")
+
+
+def adamw(optim_cfg, total_steps: int) -> optax.GradientTransformation:
+  """AdamW with :func:`make_schedule` and :func:`decay_mask` (no clipping)."""
+  return optax.adamw(make_schedule(optim_cfg, total_steps), b1=optim_cfg["b1"],
+                     b2=optim_cfg["b2"], eps=optim_cfg["eps"],
+                     weight_decay=optim_cfg["weight_decay"], mask=decay_mask)
+
+
+def make_optimizer(optim_cfg, total_steps: int, balance_rate: float = 0.0,
+                   frozen_default: param_groups.FrozenDefault = None
                    ) -> optax.GradientTransformation:
   """AdamW with the schedule above and :func:`decay_mask`, after clipping gradients to
   ``clip_norm`` (0 = off). ``balance_rate > 0``: ``routing_bias`` leaves get
   :func:`balance_bias_update` instead (outside the clip, so the load does not count towards
-  the gradient norm)."""
-  check_keys(optim_cfg, OPTIM_KEYS, "optim.", required=OPTIM_KEYS)
+  the gradient norm).
+
+  With ``optim.groups`` or ``frozen_default`` (a ``path -> bool`` for the parameters no group
+  matches; LoRA freezes its base this way) the optimizer is
+  :func:`omni_jax.train.param_groups.grouped_optimizer`: per-group AdamW, frozen groups."""
+  check_keys(optim_cfg, OPTIM_KEYS + ("groups",), "optim.", required=OPTIM_KEYS)
   positive_int({"steps": total_steps}, "steps", "train.")
-  require(float(optim_cfg["lr"]) > 0, "optim.lr", optim_cfg["lr"], "must be > 0")
-  for k in ("weight_decay", "clip_norm", "eps"):
-    nonneg_float(optim_cfg, k, "optim.")
-  for k in ("b1", "b2", "min_lr_ratio"):
-    v = optim_cfg[k]
-    require(isinstance(v, int | float) and 0 <= v <= 1, "optim." + k, v, "must be in [0, 1]")
+  _check(optim_cfg)
   require(isinstance(balance_rate, int | float) and balance_rate >= 0, "model.moe.bias_rate",
           balance_rate, "must be a number >= 0")
-  tx = optax.adamw(make_schedule(optim_cfg, total_steps), b1=optim_cfg["b1"],
-                   b2=optim_cfg["b2"], eps=optim_cfg["eps"],
-                   weight_decay=optim_cfg["weight_decay"], mask=decay_mask)
+  groups = param_groups.parse_groups(optim_cfg)
+  if groups or frozen_default is not None:
+    for i, g in enumerate(groups):
+      if not g.frozen:
+        cfg = g.optim_config(optim_cfg)
+        _check(cfg, f"optim.groups[{i}].")
+        make_schedule(cfg, total_steps, f"optim.groups[{i}].")  # its warm-up must fit too
+    return param_groups.grouped_optimizer(optim_cfg, groups, total_steps, balance_rate, adamw,
+                                          balance_bias_update, frozen_default)
+  tx = adamw(optim_cfg, total_steps)
   if optim_cfg["clip_norm"]:
     tx = optax.chain(optax.clip_by_global_norm(optim_cfg["clip_norm"]), tx)
   if balance_rate:

@@ -12,7 +12,7 @@ from PIL import Image
 from configs.omni_moe import get_config
 from omni_jax.data import packing
 from omni_jax.data.pipeline import DataError, PipelineStream
-from omni_jax.data.records import ManifestIndex, is_eval, record_id
+from omni_jax.data.records import is_eval, open_dataset, record_id
 from omni_jax.data.stream import DATA_KEYS, make_stream
 from omni_jax.train.spec import build_spec
 
@@ -46,20 +46,21 @@ def texts_of(spec, batch):
 def test_index_is_lazy_and_split_follows_the_id(tmp_path):
   m = write_lines(tmp_path / "m.jsonl", [{"id": i, "text": f"t{i}"} for i in range(200)]
                   + ["", "   "] + [{"text": "no id"}])
-  index = ManifestIndex(m, eval_fraction=0.25)
-  assert len(index.offsets) == 201 and index.linenos[-1] == 203
+  index = open_dataset(m, eval_fraction=0.25)
+  assert len(index) == 201 and index.lines[0][-1] == 203
   train, ev = index.split("train"), index.split("eval")
   assert len(train) + len(ev) == 201
   assert 30 < len(ev) < 70  # ~ 0.25 of 201
-  lineno, raw = ev[0]
-  assert json.loads(raw)["text"] == f"t{lineno - 1}"
+  item = ev[0]
+  lineno = int(item.where.rsplit(":", 1)[1])
+  assert json.loads(item.payload)["text"] == f"t{lineno - 1}"
   # The split is a function of the id, not of the line's place or its other keys.
   for i in range(200):
     assert index.eval_mask[i] == is_eval(record_id(json.dumps({"text": "x", "id": i}).encode()),
                                          0.25)
   assert record_id(b'{"text": "a"}\n') == b'{"text": "a"}'
   with pytest.raises(FileNotFoundError, match="nope.jsonl"):
-    ManifestIndex(tmp_path / "nope.jsonl", 0.1)
+    open_dataset(tmp_path / "nope.jsonl", 0.1)
 
 
 def doc(n, slots=(), task=0):
@@ -192,8 +193,8 @@ def test_shards_read_disjoint_halves_and_batches_concatenate(tmp_path):
         seen += texts_of(spec, s.batch(step))
     halves.append(seen)
     reads.append(s.summary()["records_read"])
-  train = {f"record {json.loads(r)['id']:03d}" for _, r in
-           (s.train_source[i] for i in range(len(s.train_source)))}
+  src = s.train_sources[0]
+  train = {f"record {json.loads(src[i].payload)['id']:03d}" for i in range(len(src))}
   a, b = set(halves[0]), set(halves[1])
   assert not a & b
   assert len(halves[0]) == len(a)  # one epoch: no record twice
@@ -280,45 +281,59 @@ def test_eval_split_keeps_a_record_whole(tmp_path):
   assert tasks == {"image:understand", "image:generate"}
 
 
-def test_bad_records_are_reported_counted_and_capped(tmp_path):
+def test_bad_records_are_reported_counted_once_and_capped(tmp_path):
   (tmp_path / "junk.png").write_bytes(b"not a png")
   lines = [{"id": i, "text": f"good {i:02d} " + "x" * 30} for i in range(40)]  # a row each
-  bad = {3: "{broken", 7: {"text": 5}, 11: {"text": "x", "colour": "red"},
-         15: {"text": "x", "image": "missing.png"}, 19: {"text": "x", "image": "junk.png"},
-         23: {"text": "y" * 80}}
-  for i, line in bad.items():
+  bad = {3: "{broken", 7: {"text": 5}, 15: {"text": "x", "image": "missing.png"},
+         19: {"text": "x", "image": "junk.png"}}
+  fine = {11: {"text": "x", "colour": "red"}, 23: {"text": "y" * 80}}  # metadata; chunked
+  for i, line in {**bad, **fine}.items():
     lines[i] = line
   m = write_lines(tmp_path / "m.jsonl", lines)
-  cfg = text_config(m, eval_fraction=0.0, epochs=1, pack_window=64, max_bad_fraction=0.2,
+  cfg = text_config(m, eval_fraction=0.0, epochs=3, pack_window=8, max_bad_fraction=0.2,
                     prefetch=0)
   s = make_stream(build_spec(cfg.model), cfg.data)
-  s.bind()
-  s.batch(0)
+  with pytest.raises(DataError, match="ran out"):
+    for step in range(100):
+      s.batch(step)
   got = s.summary()
-  assert got["records_read"] == 40 and got["records_skipped"] == 6
+  # Three epochs: every record read three times, each bad one counted and listed once.
+  assert got["records_read"] == 120 and got["records_distinct_read"] == 40
+  assert got["records_skipped"] == 4
   msgs = s.iterator.readers[0].bad
   assert sorted(int(x.split(":")[1]) for x in msgs) == [i + 1 for i in bad]
   by_line = {int(x.split(":")[1]): x for x in msgs}
   assert all(x.startswith(f"{m}:") for x in msgs)
   assert "invalid JSON" in by_line[4]
   assert "'text' must be a string" in by_line[8]
-  assert "unknown key(s) ['colour']" in by_line[12]
   assert "not found" in by_line[16] and "missing.png" in by_line[16]
   assert "junk.png" in by_line[20]
-  assert "data.seq_len = 48" in by_line[24]
 
-  cfg.data.max_bad_fraction = 0.1  # 6 / 40 = 0.15 > 0.1: stops, listing them
+  # 4 / 40 = 0.1 > 0.05: the run stops, but only at the epoch's end (the minimum count is not
+  # reached), though the first bad record (line 4) made the fraction 1 / 4 at once.
+  cfg.data.update(max_bad_fraction=0.05, min_records_before_cap=1000)
   s = make_stream(build_spec(cfg.model), cfg.data)
-  s.bind()
-  with pytest.raises(DataError, match=r"6 of 40 records read were bad .*max_bad_fraction = 0.1"
-                     ) as info:
-    s.batch(0)
-  assert all(x in str(info.value) for x in msgs)
-  cfg.data.on_error = "fatal"
+  with pytest.raises(DataError, match=r"4 of the 40 distinct records read are bad \(0.1000 > "
+                     r"data.max_bad_fraction = 0.05\).*all 4\):") as info:
+    for step in range(100):
+      s.batch(step)
+  assert all(str(info.value).count(x) == 1 for x in msgs)
+  cfg.data.min_records_before_cap = 10
   s = make_stream(build_spec(cfg.model), cfg.data)
-  s.bind()
+  with pytest.raises(DataError, match=r"of the \d+ distinct records read are bad"):
+    for step in range(100):
+      s.batch(step)
+  assert 10 <= s.iterator.records_distinct_read < 40
+
+  cfg.data.update(on_error="fatal", strict_keys=True)
+  s = make_stream(build_spec(cfg.model), cfg.data)
   with pytest.raises(DataError, match=r"on_error = 'fatal'.*m.jsonl:\d+: "):
     s.batch(0)
+  cfg.data.update(on_error="skip", min_records_before_cap=1000)
+  s = make_stream(build_spec(cfg.model), cfg.data)
+  with pytest.raises(DataError, match=r"(?s)5 of the 40 .*unknown key\(s\) \['colour'\]"):
+    for step in range(100):
+      s.batch(step)
 
 
 @pytest.mark.slow  # spawns a worker process (~25 s on 2 cores)

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from omni_jax.dpad import models
-
-ROOT = Path(__file__).resolve().parents[2]
+from omni_jax.dpad import models, recapture
+from tests.cli import run_module
 
 
 def _run(workdir: Path, *extra: str) -> subprocess.CompletedProcess:
-  cmd = [sys.executable, "-m", "experiments.dpad", "--config=configs/dpad.py:tiny",
-         f"--workdir={workdir}", "--cpu_devices=1", *extra]
-  return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  return run_module("experiments.dpad", "--config=configs/dpad.py:tiny",
+                    f"--workdir={workdir}", "--cpu_devices=1", *extra)
 
 
 @pytest.mark.slow  # end-to-end run (~1 min on 2 cores); `pytest -m slow` runs it
@@ -33,11 +31,15 @@ def test_tiny_run_writes_summary_and_figures(tmp_path):
     for method in s[metric].values():
       assert set(method) == {"high", "low"}
       assert all(0.0 <= v <= 1.0 for v in method.values())
-  for method in s["eer"]:                                   # EER is the APCER/BPCER mean there
-    for q in ("high", "low"):
-      assert s["eer"][method][q] == pytest.approx(
-          (s["apcer"][method][q] + s["bpcer"][method][q]) / 2)
-  assert s["counts"] == {"train_high": 6, "test_high": 4, "test_low": 4}
+  # APCER / BPCER at each classifier's validation threshold: one per seed, from 2 documents
+  # of the training kind through the training camera
+  assert s["counts"] == {"train_high": 6, "val_high": 4, "test_high": 4, "test_low": 4}
+  for method in s["eer"]:
+    v = s["by_model"]["resnet"][method]["val"]
+    assert len(v["threshold_per_seed"]) == 2 and v["images"] == 4
+    assert all(0 <= e <= 1 for e in v["eer_per_seed"])
+  assert "validation" in s["thresholds"]
+  assert s["command"].startswith("python -m experiments.dpad --config=configs/dpad.py:tiny ")
   # seeds: mean over seeds with sd and the seeds-and-images bootstrap interval
   assert s["seeds"] == [0, 1]
   for method in s["eer"]:
@@ -55,11 +57,10 @@ def test_tiny_run_writes_summary_and_figures(tmp_path):
     assert set(v) == {"before", "after"} and all(set(x) == {"high", "low"} for x in v.values())
   assert 0 <= s["period_estimate"]["low"]["within_2_patch_bins"] <= 1
   # held-out camera: every capture drew its camera from its own channel's range
-  import numpy as np
-
-  from omni_jax.dpad import recapture
   z = np.load(tmp_path / "captures.npz")
-  for split, ch in (("train_high", "train"), ("test_high", "high"), ("test_low", "low")):
+  assert not set(z["val_high_docs"]) & set(z["train_high_docs"])    # validation: other docs
+  for split, ch in (("train_high", "train"), ("val_high", "train"), ("test_high", "high"),
+                    ("test_low", "low")):
     cam = z[f"{split}_camera"]
     assert cam.shape == (s["counts"][split], len(recapture.CAMERA_KEYS))
     for j, k in enumerate(recapture.CAMERA_KEYS):
@@ -68,6 +69,12 @@ def test_tiny_run_writes_summary_and_figures(tmp_path):
   assert s["model"] == "resnet" and "resnet" in s["by_model"]
   lo, hi = s["low_eer_gain_ci95_points"]
   assert -100 <= lo <= hi <= 100 and set(s["oracle_peak_auc"]) == {"high", "low"}
+  for q in ("high", "low"):                 # the gain per seed is the paired EER difference
+    g, r = s["eer_gain_points"][q], s["by_model"]["resnet"]
+    want = [100 * (b - o) for b, o in zip(r["baseline_aug"][q]["eer_per_seed"],
+                                          r["fmag_m2fm"][q]["eer_per_seed"], strict=True)]
+    assert g["per_seed"] == pytest.approx(want) and g["mean"] == pytest.approx(np.mean(want))
+    assert g["ci95_seeds"][0] <= g["mean"] <= g["ci95_seeds"][1]
   shift = s["by_model"]["resnet"]["m2fm_score_shift"]["low"]
   assert shift["mean_abs"] >= max(abs(shift["mean_genuine"]), abs(shift["mean_recaptured"])) / 2
   for f in ("dpad_samples.png", "dpad_fmag.png", "dpad_documents.png", "dpad_eer.png",

@@ -14,6 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from omni_jax.dpad import calibration as dpad_calibration
 from omni_jax.dpad import fmag, pad_metrics, recapture, shortcut, spectrum, train
 from omni_jax.dpad import study as dpad_study
 
@@ -219,24 +220,24 @@ def test_print_grain_calibration_score_and_bad_input():
   eers = {"sharpness": {"high": 0.45, "low": 0.52}, "noise": {"high": 0.173, "low": 0.40},
           "immerkaer": {"high": 0.557, "low": 0.40}, "laplacian": {"high": 0.0, "low": 0.2}}
   # the worst of sharpness / noise / immerkaer: noise high, 0.5 - 0.173; the Laplacian is out
-  assert dpad_study.calibration_score(eers) == pytest.approx(0.327)
-  assert dpad_study.calibration_score(eers, ("sharpness",)) == pytest.approx(0.05)
+  assert dpad_calibration.calibration_score(eers) == pytest.approx(0.327)
+  assert dpad_calibration.calibration_score(eers, ("sharpness",)) == pytest.approx(0.05)
   with pytest.raises(ValueError, match=r"features \['noise'\] missing"):
-    dpad_study.calibration_score({"sharpness": {"high": 0.5}, "immerkaer": {"high": 0.5}})
+    dpad_calibration.calibration_score({"sharpness": {"high": 0.5}, "immerkaer": {"high": 0.5}})
   # a tie on the worst feature goes to the candidate nearer chance on average
   tie = {"sharpness": {"high": 0.49, "low": 0.5}, "noise": {"high": 0.5, "low": 0.5},
          "immerkaer": {"high": 0.5, "low": 0.173}, "laplacian": {"high": 0.0, "low": 0.0}}
-  assert dpad_study.pick_calibrated([eers, tie]) == 1
-  assert dpad_study.pick_calibrated([tie, eers]) == 0
+  assert dpad_calibration.pick_calibrated([eers, tie]) == 1
+  assert dpad_calibration.pick_calibrated([tie, eers]) == 0
   worse = dict(tie, noise={"high": 0.1, "low": 0.5})
-  assert dpad_study.pick_calibrated([worse, eers]) == 1
+  assert dpad_calibration.pick_calibrated([worse, eers]) == 1
   with pytest.raises(ValueError, match="empty table"):
-    dpad_study.pick_calibrated([])
+    dpad_calibration.pick_calibrated([])
   from configs.dpad import get_config
   c = get_config("tiny")
   with pytest.raises(ValueError, match="must differ from cfg.seed"):
-    dpad_study.calibrate_print_grain(c, [(0.1, 0.1)], 2, c.seed)
+    dpad_calibration.calibrate_print_grain(c, [(0.1, 0.1)], 2, c.seed)
   with pytest.raises(ValueError, match="0 <= lo <= hi <= 1"):
-    dpad_study.calibrate_print_grain(c, [(0.2, 0.1)], 2, c.seed + 1)
+    dpad_calibration.calibrate_print_grain(c, [(0.2, 0.1)], 2, c.seed + 1)
   with pytest.raises(ValueError, match="docs_per_kind"):
-    dpad_study.calibrate_print_grain(c, [(0.1, 0.1)], 1, c.seed + 1)
+    dpad_calibration.calibrate_print_grain(c, [(0.1, 0.1)], 1, c.seed + 1)

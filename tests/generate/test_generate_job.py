@@ -147,16 +147,15 @@ def test_greedy_generation_is_constrained_argmax_of_the_full_forward(trained):
   # logits at every prompt position, within 1e-5.
   from omni_jax.models import kv_cache
   b, p = prompts.shape
-  pre, _ = jax.jit(lambda c: kv_cache.forward(
-      spec, params, c, jnp.asarray(prompts), jnp.broadcast_to(jnp.arange(p), (b, p)),
-      inputs))(kv_cache.init_cache(spec, b, p))
+  pre, _ = jax.jit(lambda c: dec.omni_forward(spec)(params, jnp.asarray(prompts), c, inputs))(
+      kv_cache.init_cache(spec.backbone, b, p))
   ref = full(np.pad(prompts, ((0, 0), (0, width - p)), constant_values=tok.pad_id))[:, :p]
   # 1e-5 of the logits' scale (max |logit|), not 1e-5 absolute: the cached attention and the
   # dense one round differently in float32; on an AVX2 machine 2 of 6912 logits differed by
   # 1.4e-5, already at the commit before this session's changes.
   ref = np.asarray(ref)
   scale = np.abs(ref[np.isfinite(ref)]).max()
-  np.testing.assert_allclose(np.asarray(dec.joint_logits(spec, pre)), ref,
+  np.testing.assert_allclose(np.asarray(pre), ref,
                              atol=1e-5 * scale, rtol=1e-5)
   for i in range(len(grammar)):
     tokens = np.full((2, width), tok.pad_id, np.int32)

@@ -68,16 +68,45 @@ def test_pretrained_parts_loaded_the_rest_fresh_and_text_logits_match(omni_setup
       np.testing.assert_array_equal(np.asarray(f_new[path]), np.asarray(v), err_msg=path)
   emb = np.asarray(f_new["embed/embedding"])
   np.testing.assert_array_equal(emb[:128], np.asarray(f_hf["embed/embedding"]))
-  np.testing.assert_array_equal(emb[128:], np.asarray(f_fresh["embed/embedding"])[128:])
   head = np.asarray(f_new["head_text/kernel"])
   np.testing.assert_array_equal(head[:, :128], np.asarray(f_hf["head_text/kernel"]))
-  np.testing.assert_array_equal(head[:, 128:], np.asarray(f_fresh["head_text/kernel"])[:, 128:])
+  # new rows / columns (specials, codes): the pretrained mean plus noise far below its spread
+  for new, old in ((emb[128:], emb[:128]), (head[:, 128:].T, head[:, :128].T)):
+    assert len(new) > 0
+    np.testing.assert_allclose(new, np.broadcast_to(old.mean(0), new.shape), rtol=0,
+                               atol=1e-3 * old.std())
+    assert np.ptp(new, axis=0).max() > 0   # noise: the rows differ
   untouched = [p for p in f_new if p.startswith(("enc_image", "head_image"))]
   assert untouched and all(np.array_equal(f_new[p], f_fresh[p]) for p in untouched)
   # text through the omni model = the pretrained LM's logits on its own vocabulary
   logits, _ = jax.jit(model.apply)({"params": params}, {"tokens": tok})
   np.testing.assert_allclose(np.asarray(logits["text"])[..., :128],
                              reference.transformers_logits(d, tok), atol=1e-4, rtol=0)
+
+
+def test_new_rows_match_transformers_resize_token_embeddings(omni_setup):
+  """The added rows of the embedding and the text head equal transformers'
+  ``resize_token_embeddings`` (mean resizing) on the same checkpoint: both draw from
+  N(mean, 1e-9 cov) of the pretrained rows, so they agree to ~1e-9 ** 0.5 of the spread."""
+  import torch
+  from transformers import AutoModelForCausalLM
+  d, cfg, spec = omni_setup
+  model = OmniModel(spec)
+  tok = np.zeros((1, 8), np.int32)
+  params = flatten(load_into_omni(spec, jax.jit(model.init)(jax.random.PRNGKey(0),
+                                                            {"tokens": tok})["params"]))
+  hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+  n_emb = params["embed/embedding"].shape[0]
+  hf.resize_token_embeddings(n_emb)
+  theirs_emb = hf.get_input_embeddings().weight.detach().numpy()
+  theirs_head = hf.get_output_embeddings().weight.detach().numpy()
+  emb, head = np.asarray(params["embed/embedding"]), np.asarray(params["head_text/kernel"]).T
+  spread = theirs_emb[:128].std()
+  np.testing.assert_allclose(emb[128:], theirs_emb[128:], rtol=0, atol=1e-3 * spread)
+  np.testing.assert_allclose(head[128:], theirs_head[128:len(head)], rtol=0,
+                             atol=1e-3 * theirs_head[:128].std())
+  # and far from the fresh init the new rows had before (N(0, 1): ~50x the pretrained scale)
+  assert np.abs(emb[128:]).max() < 5 * np.abs(theirs_emb[:128]).max()
 
 
 def test_init_from_must_name_an_hf_directory():

@@ -1,5 +1,6 @@
-"""The block-padded grouped matmul equals ``jax.lax.ragged_dot`` (values and gradients), the
-dropless MoE dispatch is unchanged by it, and it needs less compiled memory on CPU."""
+"""Every grouped-matmul kernel (block-padded CPU and GPU forms, megablox gmm/tgmm in Pallas
+interpret mode) equals ``jax.lax.ragged_dot`` (values and gradients), the dropless MoE
+dispatch is unchanged by it, and the CPU form needs less compiled memory on CPU."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from omni_jax.models import grouped_kernels as gk
 from omni_jax.models import grouped_matmul as gmm
 from omni_jax.models import moe as moe_lib
 
@@ -42,11 +44,12 @@ def _value_and_grads(fn):
 _REF = _value_and_grads(jax.lax.ragged_dot)
 
 
-@pytest.mark.parametrize("block", [1, 4, None])
-def test_equals_ragged_dot_values_and_gradients(block):
+@pytest.mark.parametrize("block,per_step", [(1, 1), (4, 1), (None, 1), (4, 3)])
+def test_equals_ragged_dot_values_and_gradients(block, per_step):
+  """``per_step`` 1: the CPU form; 3: the GPU form's batched steps (3 blocks each)."""
   x, w, cot = _data()
-  ours = _value_and_grads(lambda x, w, gs: gmm.grouped_matmul(x, w, gs, blocked=True,
-                                                               block=block))
+  ours = _value_and_grads(lambda x, w, gs: gmm.grouped_matmul(x, w, gs, block=block,
+                                                               blocks_per_step=per_step))
   for sizes in GROUP_SIZES:
     gs = jnp.asarray(sizes, jnp.int32)
     (_, y_ref), g_ref = _REF(x, w, gs, cot)
@@ -55,6 +58,39 @@ def test_equals_ragged_dot_values_and_gradients(block):
     assert not np.any(np.asarray(y)[sum(sizes):])        # rows past the last group
     for a, b in zip(g, g_ref, strict=True):
       np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=str(sizes))
+
+
+@pytest.mark.parametrize("impl", ["padded_batched", "megablox"])
+def test_selected_kernel_equals_ragged_dot(impl):
+  """The selector's kernels; megablox (Pallas TPU gmm forward, gmm + tgmm backward) runs in
+  interpret mode here, with empty groups and rows past the last group."""
+  x, w, cot = _data()
+  ours = _value_and_grads(lambda x, w, gs: gk.grouped_matmul(x, w, gs, impl=impl,
+                                                             interpret=True))
+  for sizes in GROUP_SIZES:
+    gs = jnp.asarray(sizes, jnp.int32)
+    (_, y_ref), g_ref = _REF(x, w, gs, cot)
+    (_, y), g = ours(x, w, gs, cot)
+    np.testing.assert_allclose(y, y_ref, atol=1e-5, rtol=1e-5, err_msg=f"{impl} {sizes}")
+    for a, b in zip(g, g_ref, strict=True):
+      np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=f"{impl} {sizes}")
+
+
+def test_tgmm_is_the_weight_gradient_of_ragged_dot():
+  """megablox ``tgmm`` alone: per group, lhs rows transposed times the cotangent rows."""
+  x, w, cot = _data()
+  gs = jnp.asarray([5, 0, 11, 8], jnp.int32)
+  tgmm = gk._megablox_backend().tgmm
+  got = jax.jit(lambda x, c: tgmm(x.T, c, gs, jnp.float32, (8, K, N), interpret=True))(x, cot)
+  want = jax.vjp(lambda w: jax.lax.ragged_dot(x, w, gs), w)[1](cot)[0]
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_selector_by_backend_and_bad_name():
+  assert [gk.default_impl(b) for b in ("cpu", "gpu", "tpu", "rocm")] == [
+      "blocked", "padded_batched", "megablox", "ragged_dot"]
+  with pytest.raises(ValueError, match="allowed: blocked, padded_batched, megablox"):
+    gk.grouped_plan(jnp.zeros(4, jnp.int32), 8, impl="cutlass")
 
 
 def test_layout_closed_form():
@@ -92,31 +128,32 @@ def test_moe_dispatch_blocked_equals_ragged_outputs_and_gradients():
   x, ids, ws = _dispatch_inputs()
   cot = jax.random.normal(jax.random.PRNGKey(9), (x.shape[0], ids.shape[1], x.shape[1]))
 
-  def run(blocked):
+  def run(impl):
     def loss(x, *ws):
-      y = moe_lib._dispatch_dropless(x, ids, *ws, blocked=blocked)
+      y = moe_lib._dispatch_dropless(x, ids, *ws, impl=impl)
       return jnp.sum(y * cot), y
     return jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3), has_aux=True))(x, *ws)
 
-  (_, a), ga = run(True)
-  (_, b), gb = run(False)
-  np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
-  for u, v in zip(ga, gb, strict=True):
-    np.testing.assert_allclose(u, v, atol=1e-5, rtol=1e-5)
+  (_, b), gb = run("ragged_dot")
+  for impl in ("blocked", "padded_batched"):
+    (_, a), ga = run(impl)
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=impl)
+    for u, v in zip(ga, gb, strict=True):
+      np.testing.assert_allclose(u, v, atol=1e-5, rtol=1e-5, err_msg=impl)
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the E-times copy is XLA:CPU's")
 def test_cpu_picks_blocked_and_needs_less_compiled_memory():
-  assert gmm.blocked_by_default()
+  assert gk.default_impl() == "blocked"
   n, d, f, e, k = 256, 64, 64, 8, 2
   x, ids, ws = _dispatch_inputs(n, d, f, e, k)
 
-  def temp(blocked):
-    fn = lambda x, *ws: jnp.sum(moe_lib._dispatch_dropless(x, ids, *ws, blocked=blocked) ** 2)
+  def temp(impl):
+    fn = lambda x, *ws: jnp.sum(moe_lib._dispatch_dropless(x, ids, *ws, impl=impl) ** 2)
     c = jax.jit(jax.value_and_grad(fn, (0, 1, 2, 3))).lower(x, *ws).compile()
     return c.memory_analysis().temp_size_in_bytes
 
-  ratio = temp(True) / temp(False)
+  ratio = temp("blocked") / temp("ragged_dot")
   assert ratio < 0.5, ratio                               # measured 0.27
 
 
@@ -135,7 +172,23 @@ def test_inside_shard_map_with_replicated_weights():
                       out_specs=P("d"))
     return jax.jit(jax.grad(lambda x, w: jnp.sum(f(x, w, gs, cot)), (0, 1)))(x, w)
 
-  ours = run(lambda x, w, g: gmm.grouped_matmul(x, w, g, blocked=True))
+  ours = run(lambda x, w, g: gmm.grouped_matmul(x, w, g))
   ref = run(jax.lax.ragged_dot)
   for a, b in zip(ours, ref, strict=True):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.tpu
+def test_megablox_on_tpu_equals_ragged_dot():
+  """On a TPU: the compiled megablox kernels (no interpret mode), 128-aligned sizes."""
+  kx, kw, kc = jax.random.split(jax.random.PRNGKey(1), 3)
+  x, w = jax.random.normal(kx, (512, 256)), jax.random.normal(kw, (4, 256, 128)) / 16
+  cot = jax.random.normal(kc, (512, 128))
+  gs = jnp.asarray([100, 0, 300, 80], jnp.int32)
+  (_, y_ref), g_ref = _REF(x, w, gs, cot)
+  (_, y), g = _value_and_grads(lambda x, w, gs: gk.grouped_matmul(x, w, gs, impl="megablox"))(
+      x, w, gs, cot)
+  # both sides run float32 matmuls at the TPU's default (reduced) precision
+  np.testing.assert_allclose(y, y_ref, atol=2e-2, rtol=2e-2)
+  for a, b in zip(g, g_ref, strict=True):
+    np.testing.assert_allclose(a, b, atol=2e-2, rtol=2e-2)

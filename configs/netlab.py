@@ -1,0 +1,88 @@
+"""Compressed data-parallel training across processes on a shaped link (experiments.netlab).
+
+Variants: ``inceptionn`` and ``gradiveq`` (the headline codec of the summary; both run the
+same codecs, so one measurement serves both: a rerun with the other variant and the same
+``--workdir`` reuses it); ``pipesgd``: the uncompressed ring synchronous (``none``) against
+Pipe-SGD width 2 (``none@2``) at links where communication and compute are comparable. Each
+optionally ``,tiny`` (seconds: smoke tests). The model, data and
+optimizer are ``configs/compress.py``'s (``train``), with fewer steps.
+
+The link: this machine's compute is about 10 ms per step for the CNN, and the uncompressed
+ring moves about 300 KB per step over the shared medium, so at 10 Mbit/s communication is
+most of an iteration -- the INCEPTIONN paper's regime (the link, not the codec, bounds the
+step). The sweep rates put it on both sides of that regime.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import compress
+
+HEADLINES = ("inceptionn", "gradiveq", "pipesgd")
+
+
+def get_config(arg: str = "inceptionn") -> ml_collections.ConfigDict:
+  parts = [p for p in (arg or "inceptionn").split(",") if p]
+  tiny = "tiny" in parts
+  heads = [p for p in parts if p != "tiny"]
+  if len(heads) > 1 or any(p not in HEADLINES for p in heads):
+    raise ValueError(f"unknown netlab config variant {arg!r}; allowed: one of "
+                     f"{list(HEADLINES)}, optionally followed by ',tiny'")
+  c = ml_collections.ConfigDict()
+  c.headline = heads[0] if heads else "inceptionn"
+  c.codecs = ("none", "inceptionn", "gradiveq")
+  c.workers = 2                     # processes, one CPU device each
+  c.pin_cores = True                # worker i on core i mod cores (False: any core)
+  c.port = 29500                    # coordinator port inside the run's own namespace
+  c.link = ml_collections.ConfigDict(dict(
+      delay_ms=0.0, loss_pct=0.0,   # need sch_netem in the kernel
+      mtu=9000, burst_bytes=10000, queue_latency_ms=1000.0))   # burst: just over the MTU
+  c.train_rate_mbit = 10.0          # the training runs (time to target, accuracy)
+  c.sweep_rates_mbit = (5.0, 8.0, 10.0, 16.0, 20.0, 32.0, 40.0, 64.0, 80.0, 160.0)
+  c.calibration_rates_mbit = (8.0, 16.0, 32.0, 64.0)   # fit the model here; report the rest
+  c.sweep_steps = 20                # steps per codec per rate per round
+  c.rounds = 2                      # sweeps, rates in alternating order
+  c.target_accuracy = 0.95
+  c.timeout_s = 3600
+  c.machine_note = ""               # say whether the machine was shared when measured
+  t = compress.get_config("none")
+  c.train = ml_collections.ConfigDict({k: t[k] for k in (
+      "seed", "steps", "batch_size", "lr", "momentum", "eval_every", "log_every",
+      "test_fraction", "pipeline_width", "pipeline_warmup", "error_feedback", "tiny",
+      "inceptionn", "qsgd", "powersgd", "gradiveq", "timing", "codec", "baseline_dir",
+      "cluster")})
+  c.train.steps = 600
+  c.train.eval_every = 50
+  c.train.timing.repeats = 10
+  if c.headline == "pipesgd":
+    c.headline = "none@2"
+    c.codecs = ("none", "none@2")
+    # 20 Mbit/s: the ring's 306 KB take about 120 ms, as long as the backward of 512 images
+    # measured on this (shared) machine; at 80 Mbit/s communication was a fifth of compute.
+    c.train_rate_mbit = 20.0
+    c.sweep_rates_mbit = (20.0, 32.0, 40.0, 64.0, 80.0, 128.0, 160.0, 320.0)
+    c.calibration_rates_mbit = (32.0, 64.0, 128.0)
+    # Unpinned: a process pinned to one core gets a one-thread XLA pool and runs the
+    # all-reduce and the backward one after the other (measured: no overlap).
+    c.pin_cores = False
+    # Compute comparable to communication: 512 images per worker per step (the CNN's
+    # backward then takes tens of ms here), 300 steps; everything else as the codec runs.
+    c.train.batch_size = 1024
+    c.train.steps = 300
+    c.train.eval_every = 25
+    c.train.pipeline_warmup = 20
+  if tiny:
+    c.train.steps = 12
+    c.train.eval_every = 6
+    c.train.gradiveq.update(dict(warmup=4, l_t=2, l_c=4))
+    c.train.pipeline_warmup = 2
+    c.train.timing.repeats = 2
+    c.sweep_rates_mbit = (50.0, 200.0, 400.0)
+    c.calibration_rates_mbit = (200.0,)
+    c.train_rate_mbit = 100.0
+    c.sweep_steps = 3
+    c.rounds = 1
+    c.target_accuracy = 0.5
+    c.timeout_s = 600
+  return c

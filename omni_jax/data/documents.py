@@ -1,0 +1,111 @@
+"""One record -> its documents: parse, decode the files, tokenize, chunk long documents.
+
+:class:`DocMaker` runs inside the Grain pipeline (worker processes with ``data.workers``):
+an :class:`~omni_jax.data.records.Item` becomes ``{'docs': [Doc], 'bad': message | None,
+'source': k, 'rid': record number}``. A record gives an understand document (or a text
+document when it carries no modality) and a generate document per carried modality with a
+codebook. A document longer than ``seq_len`` is cut into ``seq_len`` windows
+(:func:`~omni_jax.data.packing.chunk_document`), never dropped: a corpus of long texts
+trains. Keys that are neither ``id``, ``text`` nor a modality's ``source_key`` are metadata
+and ignored (``data.strict_keys = True``: an error naming the allowed keys). A data source
+may feed only some modalities (``data.sources[i].modalities``): the others' keys are
+ignored in its records.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from omni_jax.data.decode import decode_record
+from omni_jax.data.packing import Doc, chunk_document
+from omni_jax.data.records import Item
+from omni_jax.data.sequences import TASK_TEXT, RowBuilder, generate_task, understand_task
+from omni_jax.modalities import MODALITY_KINDS
+from omni_jax.models.spec import OmniSpec
+
+
+def nearest_codes(codebook: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+  """Index of the nearest codebook row for each vector [..., D] (numpy: runs in workers)."""
+  v = np.asarray(vectors, np.float32)
+  flat = v.reshape(-1, v.shape[-1])
+  d2 = ((flat[:, None, :] - codebook[None].astype(np.float32)) ** 2).sum(-1)
+  return d2.argmin(-1).astype(np.int32).reshape(v.shape[:-1])
+
+
+class DocMaker:
+  """``Item -> {'docs', 'bad', 'source', 'rid'}`` (picklable). ``source_modalities[k]``: the
+  modalities data source ``k`` feeds (None: all)."""
+
+  def __init__(self, spec: OmniSpec, seq_len: int, codebooks, tasks, *,
+               source_modalities=(None,), strict_keys: bool = False,
+               continue_positions: bool = False):
+    self.spec, self.seq_len = spec, seq_len
+    self.codebooks = dict(codebooks)
+    self.tasks = list(tasks)
+    self.mods = dict(spec.modalities)
+    self.strict_keys, self.continue_positions = strict_keys, continue_positions
+    keys = {m: ms["source_key"] for m, ms in spec.modalities}
+    # Per source: the record keys of the modalities it does not feed (dropped before decoding).
+    self.drop = [() if ms is None else tuple(keys[m] for m in self.mods if m not in ms)
+                 for ms in source_modalities]
+    self.feeds = [None if ms is None else set(ms) for ms in source_modalities]
+    self._builder = None
+
+  def record(self, item: Item) -> tuple[str, dict[str, np.ndarray]]:
+    """The text and modality inputs of one record; ValueError says what is wrong."""
+    rec = item.payload
+    if not isinstance(rec, dict):
+      try:
+        rec = json.loads(rec)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"invalid JSON: {e.msg} at column {e.colno}") from None
+      except UnicodeDecodeError as e:
+        raise ValueError(f"line is not valid UTF-8: {e}") from None
+    if not isinstance(rec, dict):
+      raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+    drop = self.drop[item.source]
+    if drop:
+      rec = {k: v for k, v in rec.items() if k not in drop}
+    inputs = decode_record(rec, self.spec, item.base_dir, strict_keys=self.strict_keys)
+    feeds = self.feeds[item.source]
+    if feeds is not None:  # e.g. a video's audio track when the source feeds only video
+      inputs = {m: x for m, x in inputs.items() if m in feeds}
+    if "text" not in rec:
+      raise ValueError("missing required key 'text'")
+    if not isinstance(rec["text"], str):
+      raise ValueError(f"'text' must be a string, got {type(rec['text']).__name__}")
+    return rec["text"], inputs
+
+  def docs(self, text: str, x: dict[str, np.ndarray]) -> list[Doc]:
+    if self._builder is None:
+      self._builder = RowBuilder(self.spec, self.seq_len)
+    b = self._builder
+    chunk = lambda ids, inputs, task: chunk_document(*ids, inputs, self.tasks.index(task),
+                                                     self.seq_len, self.continue_positions)
+    present = [m for m in self.mods if m in x]
+    if present:
+      out = chunk(b.understand_ids(present, text), x, understand_task(present[0]))
+    else:
+      out = chunk(b.text_ids(text), {}, TASK_TEXT)
+    for m in present:
+      if m in self.codebooks:
+        kind = MODALITY_KINDS.get(self.mods[m]["kind"])
+        vecs = kind.code_vectors(self.mods[m], x[m][None])
+        codes = nearest_codes(self.codebooks[m], vecs)[0]
+        out += chunk(b.generate_ids(m, text, codes), {}, generate_task(m))
+    return out
+
+  def __call__(self, item: Item) -> dict[str, Any]:
+    base = {"source": item.source, "rid": item.index}
+    try:
+      text, x = self.record(item)
+      return {"docs": self.docs(text, x), "bad": None, **base}
+    except ValueError as e:
+      return {"docs": [], "bad": f"{item.where}: {e}", **base}
+
+  def indexed(self, index: int, item: Item) -> dict[str, Any]:
+    """:meth:`__call__` plus the element's index in its stream (names carried documents)."""
+    return {**self(item), "index": index}
