@@ -1,4 +1,4 @@
-"""Screen-recaptured document detection with FMAG + M2FM (issue 7).
+"""Screen-recaptured document detection with FMAG + M2FM.
 
 Run:
   python -m experiments.dpad --config=configs/dpad.py:tiny --workdir=/tmp/dpad_tiny

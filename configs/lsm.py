@@ -1,4 +1,4 @@
-"""Liquid state machine on spoken digits (issue 10): espeak-ng data, Lyon ear, LIF reservoir.
+"""Liquid state machine on spoken digits: espeak-ng data, Lyon ear, LIF reservoir.
 
 Run:
   python -m experiments.lsm --config=configs/lsm.py:tiny --workdir=/tmp/lsm_tiny
@@ -55,13 +55,12 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
   # v_plus / v_minus: optional membrane condition of Zhang et al. 2015 (off at +-1e9).
   # epochs / dw_decay: the rule converges slowly; 40 epochs with dw x0.93 per epoch (ends at
   # 0.055 dw) instead of 12 with x0.8: 5-fold accuracy 0.858 -> 0.862 (60 epochs x0.95: 0.878;
-  # studio data 0.896 -> 0.932), flat after ~30 epochs (docs/lsm.md, round 3).
+  # studio data 0.896 -> 0.932), flat after ~30 epochs.
   # group: readout neurons per class, all taught alike; the class with the most spikes of
   # its group wins (a population vote that averages the rule's stochastic weights).
   # dc_minus: depression band width (negative = dc, symmetric); c_init_plus: the taught
   # neuron's calcium at the start of each sample (0 = rest); lateral: test-time inhibition
-  # between readout neurons per spike. All three were tried this round and are off
-  # (docs/lsm.md, round 2 table).
+  # between readout neurons per spike. All three were tried and are off.
   c.readout = ml_collections.ConfigDict(dict(
       threshold=20.0, tau_shift=5, c_th=4.0, dc=2.3, p_plus=0.1, p_minus=0.1, dw=0.06,
       dw_decay=0.93, w_max=8.0, teacher_plus=6.0, teacher_minus=-1.5, calcium_shift=5,

@@ -1,4 +1,4 @@
-"""Visage: timely 3D analytics for drone imagery (issue 8).
+"""Visage: timely 3D analytics for drone imagery.
 
 Run:
   python -m experiments.visage --config=configs/visage.py:tiny --workdir=/tmp/visage_tiny

@@ -1,4 +1,4 @@
-"""Visage: build and upload only the 3D that matters, first (issue 8).
+"""Visage: build and upload only the 3D that matters, first.
 
   python -m experiments.visage --config=configs/visage.py:default --workdir=/tmp/visage
 

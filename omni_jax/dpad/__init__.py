@@ -1,4 +1,4 @@
-"""DPAD: screen-recaptured document detection with FMAG and M2FM (issue 7).
+"""DPAD: screen-recaptured document detection with FMAG and M2FM.
 
 Modules: ``documents`` (synthetic print pages), ``recapture`` (jitted physical screen ->
 camera simulator), ``fmag`` (moiré-preserving spectral augmentation), ``models`` (flax

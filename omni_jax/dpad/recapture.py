@@ -17,7 +17,7 @@ A genuine capture takes the same camera path, but the radiance is the printed pa
 screen: with ``print_match`` (the default config) the print carries the page at the screen's
 resolution — the same light as the screen without its sub-pixel mosaic — times a print dot
 texture (``print_grain``); without it, the page at print resolution (bilinear), which gives
-genuine captures detail the screen cannot show (issue 23's shortcut check).
+genuine captures detail the screen cannot show (the shortcut check).
 
 Channels: ``"train"`` is the training camera, ``"high"`` / ``"low"`` the test channels; the
 camera parameters (:data:`CAMERA_KEYS`) of the training camera are drawn from ranges

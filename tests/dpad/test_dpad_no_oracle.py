@@ -1,4 +1,4 @@
-"""DPAD without oracles (issue 23): the period estimated from the image alone, the training
+"""DPAD without oracles: the period estimated from the image alone, the training
 path reading no simulator truth, the held-out camera, seed-level bootstrap intervals, and the
 trivial sharpness / noise classifiers with the print/screen shortcut fix."""
 

@@ -62,9 +62,9 @@ class PowerSGD:
         wire += nbytes
         continue
       m = (g.astype(jnp.float32) + e).reshape(-1, g.shape[-1])
-      p, p_bytes = wire_lib.psum(m @ q, axis_name, mean=True)     # round 1
+      p, p_bytes = wire_lib.psum(m @ q, axis_name, mean=True)     # first all-reduce
       p, _ = jnp.linalg.qr(p)
-      q_new, q_bytes = wire_lib.psum(m.T @ p, axis_name, mean=True)  # round 2 needs round 1
+      q_new, q_bytes = wire_lib.psum(m.T @ p, axis_name, mean=True)  # the second needs the first
       approx = p @ q_new.T
       outs.append(approx.reshape(g.shape).astype(g.dtype))
       new_q.append(q_new)
