@@ -8,6 +8,7 @@ batches share compiles.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import jax
@@ -77,3 +78,15 @@ def decode_prompts(spec: OmniSpec, params, prompts: list, grammar_of: Callable, 
           raise AssertionError(f"line {p.line}: decoded ids break the {output} grammar")
         out[p.line] = row[:p.steps]
   return out
+
+
+def json_object(raw: str, fail) -> dict:
+  """One prompts-file line as a JSON object; ``fail(message)`` raises the caller's error
+  (which names the line) when it is not one."""
+  try:
+    rec = json.loads(raw)
+  except json.JSONDecodeError as e:
+    fail(f"not a JSON object ({e.msg} at column {e.colno})")
+  if not isinstance(rec, dict):
+    fail(f"must be a JSON object, got {type(rec).__name__}")
+  return rec

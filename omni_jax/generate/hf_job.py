@@ -87,12 +87,7 @@ def parse_line(line_no: int, raw: str, tokenizer, vocab: int) -> HFPrompt:
   """One prompts-file line -> :class:`HFPrompt`; ValueError ``line N: ...`` otherwise."""
   def fail(msg: str):
     raise ValueError(f"line {line_no}: {msg}")
-  try:
-    rec = json.loads(raw)
-  except json.JSONDecodeError as e:
-    fail(f"not a JSON object ({e.msg} at column {e.colno})")
-  if not isinstance(rec, dict):
-    fail(f"must be a JSON object, got {type(rec).__name__}")
+  rec = batches.json_object(raw, fail)
   unknown = sorted(set(rec) - set(PROMPT_KEYS))
   if unknown:
     fail(f"unknown key(s) {unknown}; allowed keys: {list(PROMPT_KEYS)}")

@@ -114,12 +114,7 @@ def parse_prompt(spec: OmniSpec, line_no: int, raw: str, base_dir: Path, context
     raise PromptError(f"line {line_no}: {msg}")
 
   allowed = allowed_outputs(spec)
-  try:
-    rec = json.loads(raw)
-  except json.JSONDecodeError as e:
-    fail(f"not a JSON object ({e.msg} at column {e.colno})")
-  if not isinstance(rec, dict):
-    fail(f"must be a JSON object, got {type(rec).__name__}")
+  rec = batches.json_object(raw, fail)
   keys = ("output", "expect", "ids", *record_keys(spec))
   unknown = sorted(set(rec) - set(keys))
   if unknown:
