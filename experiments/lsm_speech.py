@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from omni_jax.lsm import speech
+from omni_jax.data import speech
 
 _OUT = flags.DEFINE_string("out", None, "output folder (reused if made with the same settings)")
 _ENGINE = flags.DEFINE_enum("engine", "flite", list(speech.ENGINES), "speech engine")

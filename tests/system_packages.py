@@ -32,7 +32,7 @@ class SystemPackage:
 
 
 def _espeak_missing() -> str | None:
-  from omni_jax.lsm import speech
+  from omni_jax.data import speech
   return None if speech.espeak_binary() else "no espeak-ng (or espeak) on PATH"
 
 

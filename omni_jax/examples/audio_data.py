@@ -13,8 +13,8 @@ import functools
 
 import numpy as np
 
+from omni_jax.data import speech
 from omni_jax.examples.packaged import VOWELS, tone, voice
-from omni_jax.lsm import speech
 from omni_jax.modalities.frames import NOTES
 
 TRAIN_SENTENCES = ("the quick brown fox jumps over the lazy dog",

@@ -29,8 +29,9 @@ from absl import logging
 
 from omni_jax.common.config import to_dict
 from omni_jax.common.metrics import atomic_path
-from omni_jax.lsm import ear, speech
-from omni_jax.lsm import wav_folder as wf
+from omni_jax.data import speech
+from omni_jax.data import wav_folder as wf
+from omni_jax.lsm import ear
 
 
 def speaker_id(voice: str) -> str:

@@ -24,9 +24,9 @@ from absl import logging
 from omni_jax.common.config import to_dict
 from omni_jax.common.metrics import MetricsLog, write_json_atomic
 from omni_jax.common.progress import Progress
+from omni_jax.data import wav_folder as wf
 from omni_jax.lsm import brian2_peer, corpus, plots, power, readout, reservoir, speed
 from omni_jax.lsm import fixed_point as fxp
-from omni_jax.lsm import wav_folder as wf
 
 
 def parse_precision(spec) -> tuple[int, int, int]:

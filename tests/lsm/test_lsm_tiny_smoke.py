@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from omni_jax.lsm import speech
+from omni_jax.data import speech
 from tests.cli import run_module
 
 KEYS = ("accuracy_test_voices", "accuracy_test_voices_by_bits", "accuracy", "accuracy_by_bits",

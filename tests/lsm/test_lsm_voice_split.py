@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from configs import lsm as lsm_cfg
-from omni_jax.lsm import corpus, speech
+from omni_jax.data import speech
+from omni_jax.data import wav_folder as wf
+from omni_jax.lsm import corpus
 from omni_jax.lsm import study as lsm_study
-from omni_jax.lsm import wav_folder as wf
 
 
 def _tone(secs=0.4, f=440.0):

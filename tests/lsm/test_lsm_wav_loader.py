@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omni_jax.lsm import ear, speech
-from omni_jax.lsm import wav_folder as wf
+from omni_jax.data import speech
+from omni_jax.data import wav_folder as wf
+from omni_jax.lsm import ear
 
 
 def _tone(sr, secs, amp=0.3, f=440.0):

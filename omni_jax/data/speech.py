@@ -29,7 +29,7 @@ from absl import logging
 
 from omni_jax.common import metrics
 from omni_jax.common.progress import Progress
-from omni_jax.lsm.wav_folder import DIGITS, read_wav, resample, write_wav
+from omni_jax.data.wav_folder import DIGITS, read_wav, resample, write_wav
 
 SPEC_FILE = "speech_spec.json"
 DEFAULT_VOICES = ("en-us", "en-gb+f3", "en-gb-scotland+m3", "en-029+f2", "en-us-nyc+m7")
