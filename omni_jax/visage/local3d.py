@@ -91,14 +91,19 @@ def group_targets(dets: list[Detection], cams: dict, k: np.ndarray, size: tuple[
 
 def views_of(xy: np.ndarray, cams: dict, k: np.ndarray, size: tuple[int, int],
              border: float) -> list[int]:
-  """Images whose tagged camera sees ground point ``xy`` at least ``border`` px inside."""
-  out = []
-  p = np.array([xy[0], xy[1], 0.0])
-  for i, (_, r, c) in cams.items():
-    uv = np.asarray(geometry.project(k, r, c, p))
-    if border <= uv[0] <= size[0] - 1 - border and border <= uv[1] <= size[1] - 1 - border:
-      out.append(i)
-  return out
+  """Images whose tagged camera sees ground point ``xy`` at least ``border`` px inside
+  (every camera projected at once in numpy: planning runs this once per site)."""
+  if not cams:
+    return []
+  ids = list(cams)
+  r = np.stack([np.asarray(cams[i][1], float) for i in ids])
+  c = np.stack([np.asarray(cams[i][2], float) for i in ids])
+  xc = np.einsum("nij,nj->ni", r, np.array([xy[0], xy[1], 0.0]) - c)
+  z = np.where(np.abs(xc[:, 2]) < 1e-9, 1e-9, xc[:, 2])
+  u = xc[:, 0] / z * k[0, 0] + k[0, 2]
+  v = xc[:, 1] / z * k[1, 1] + k[1, 2]
+  ok = (border <= u) & (u <= size[0] - 1 - border) & (border <= v) & (v <= size[1] - 1 - border)
+  return [i for i, keep in zip(ids, ok, strict=True) if keep]
 
 
 def spread_views(cands: list[int], seed: int, cams: dict, max_views: int) -> list[int]:

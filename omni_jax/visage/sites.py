@@ -165,19 +165,23 @@ def refine_seed(q, tgt, view: int, images, cams, k, size):
 
 def plan_site(sv: Survey, ti: int, site: list, cams: dict, lc, max_views: int | None = None
               ) -> SitePlan | str:
-  """The site's subgraph from the tags and one 2D detection (no 3D): the view seeing the
-  target nearest its centre is loaded to refine the seed; the views are spread for
+  """The site's subgraph from the tags and the cover's 2D detections (no 3D): the seed is
+  the target's complete cover detection nearest its image centre, so planning loads and
+  detects nothing new; only a target whose cover detections are all cut by the border
+  loads the view seeing it nearest its centre and detects there. The views are spread for
   baseline. Returns the plan, or why the site cannot be built."""
   t0 = time.perf_counter()
   q, tgt = site[0]
   k, size = sv.k, sv.size
   cand = [v for v in local3d.views_of(tgt.xy, cams, k, size, lc.border_px)
           if v != tgt.seed.image]
-  best = min(cand + [tgt.seed.image], key=lambda v: np.linalg.norm(
-      np.asarray(geometry.project(k, *cams[v][1:], np.array([*tgt.xy, 0.0])))
-      - (np.asarray(size) - 1) / 2))
-  sv.load([best])
-  seed_det = refine_seed(q, tgt, best, sv.images, cams, k, size)
+  seed_det = tgt.seed
+  if seed_det.partial:
+    best = min(cand + [tgt.seed.image], key=lambda v: np.linalg.norm(
+        np.asarray(geometry.project(k, *cams[v][1:], np.array([*tgt.xy, 0.0])))
+        - (np.asarray(size) - 1) / 2))
+    sv.load([best])
+    seed_det = refine_seed(q, tgt, best, sv.images, cams, k, size)
   if seed_det is None:
     return "no complete view of the target"
   tgt = dataclasses.replace(tgt, seed=seed_det)
