@@ -13,6 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy import sparse
 
 from omni_jax.visage import features
 
@@ -227,7 +228,7 @@ def detection_cover(cams: dict, k: np.ndarray, size: tuple[int, int], margin_px:
                 & (uv[:, 1] >= margin_px) & (uv[:, 1] <= size[1] - 1 - margin_px))
   sees = np.stack(sees)
   todo = sees.any(0)
-  counts = sees.astype(np.float32)          # gains as one matrix-vector product per pick
+  counts = sparse.csr_matrix(sees, dtype=np.float32)   # each image sees a small share
   chosen = []
   while todo.any():
     best = int(np.argmax(counts @ todo.astype(np.float32)))   # exact: counts < 2**24

@@ -153,7 +153,8 @@ def run(cfg, root: Path, colours: ColourModel, costs: CostModel) -> tuple[dict, 
   for pos in order:
     r, plan = plans[pos]
     rec = records[r]
-    model, build_s, c_s, t_view_load = sites.build_site(sv, plan, cams, feats, cfg, gps_error)
+    model, build_s, c_s, t_view_load, plan = sites.build_site(sv, plan, cams, feats, cfg,
+                                                              gps_error)
     compile_s += c_s
     for (a, b), cnt in model.info["pair_inliers"].items():   # subgraph edges, confirmed
       e = g.edges.setdefault((min(a, b), max(a, b)), {"overlap": None, "source": "target"})
@@ -161,7 +162,8 @@ def run(cfg, root: Path, colours: ColourModel, costs: CostModel) -> tuple[dict, 
     comp = model.images
     base = max((np.linalg.norm(cams[a][2][:2] - cams[b][2][:2]) for a in comp for b in comp),
                default=0.0)
-    rec.update(views=comp, baseline_m=float(base), load_s=t_view_load, build_s=build_s,
+    rec.update(views=comp, crop_m=plan.crop_m, baseline_m=float(base), load_s=t_view_load,
+               build_s=build_s,
                info={kk: v for kk, v in model.info.items() if kk != "pair_inliers"})
     why = sites.baseline_failure(model, cams, cfg.local3d)
     if why is not None:                 # the edge box spent the build; nothing to upload

@@ -163,27 +163,16 @@ def refine_seed(q, tgt, view: int, images, cams, k, size):
   return None if tgt.seed.partial else tgt.seed
 
 
-def plan_site(sv: Survey, ti: int, site: list, cams: dict, lc, max_views: int | None = None
-              ) -> SitePlan | str:
-  """The site's subgraph from the tags and the cover's 2D detections (no 3D): the seed is
-  the target's complete cover detection nearest its image centre, so planning loads and
-  detects nothing new; only a target whose cover detections are all cut by the border
-  loads the view seeing it nearest its centre and detects there. The views are spread for
-  baseline. Returns the plan, or why the site cannot be built."""
-  t0 = time.perf_counter()
-  q, tgt = site[0]
-  k, size = sv.k, sv.size
-  cand = [v for v in local3d.views_of(tgt.xy, cams, k, size, lc.border_px)
-          if v != tgt.seed.image]
-  seed_det = tgt.seed
-  if seed_det.partial:
-    best = min(cand + [tgt.seed.image], key=lambda v: np.linalg.norm(
-        np.asarray(geometry.project(k, *cams[v][1:], np.array([*tgt.xy, 0.0])))
-        - (np.asarray(size) - 1) / 2))
-    sv.load([best])
-    seed_det = refine_seed(q, tgt, best, sv.images, cams, k, size)
-  if seed_det is None:
-    return "no complete view of the target"
+def _central_view(tgt, views: list[int], cams: dict, k, size) -> int:
+  """The view whose projection of the target lies nearest the image centre."""
+  return min(views, key=lambda v: np.linalg.norm(
+      np.asarray(geometry.project(k, *cams[v][1:], np.array([*tgt.xy, 0.0])))
+      - (np.asarray(size) - 1) / 2))
+
+
+def _subgraph(sv: Survey, ti: int, site: list, tgt, seed_det, cand: list[int], cams: dict, lc,
+              max_views: int | None, t0: float) -> SitePlan | str:
+  """The plan around ``seed_det``: views spread for baseline, crop from its radius."""
   tgt = dataclasses.replace(tgt, seed=seed_det)
   cand = [v for v in cand if v != seed_det.image]
   views = local3d.spread_views([seed_det.image] + cand, seed_det.image, cams,
@@ -192,22 +181,64 @@ def plan_site(sv: Survey, ti: int, site: list, cams: dict, lc, max_views: int | 
     return f"only {len(views)} views see the target"
   alt = cams[seed_det.image][2][2]
   crop_m = lc.crop_factor * seed_det.radius_px * alt / sv.focal + lc.crop_pad_m
-  feats = cost_model.site_features(len(views), crop_m, alt, size, sv.focal)
+  feats = cost_model.site_features(len(views), crop_m, alt, sv.size, sv.focal)
   return SitePlan(ti, site, tgt, views, crop_m, feats, time.perf_counter() - t0)
+
+
+def plan_site(sv: Survey, ti: int, site: list, cams: dict, lc, max_views: int | None = None
+              ) -> SitePlan | str:
+  """The site's subgraph from the tags and the cover's 2D detections (no 3D, no image
+  loaded): the seed is the target's complete cover detection nearest its image centre and
+  the views are spread for baseline. Only a target whose cover detections are all cut by the
+  border loads the view seeing it nearest its centre and detects there. Returns the plan, or
+  why the site cannot be built. The build refines the seed (:func:`refine_plan`)."""
+  t0 = time.perf_counter()
+  q, tgt = site[0]
+  cand = [v for v in local3d.views_of(tgt.xy, cams, sv.k, sv.size, lc.border_px)
+          if v != tgt.seed.image]
+  seed_det = tgt.seed
+  if seed_det.partial:
+    best = _central_view(tgt, cand + [tgt.seed.image], cams, sv.k, sv.size)
+    sv.load([best])
+    seed_det = refine_seed(q, tgt, best, sv.images, cams, sv.k, sv.size)
+  if seed_det is None:
+    return "no complete view of the target"
+  return _subgraph(sv, ti, site, tgt, seed_det, cand, cams, lc, max_views, t0)
+
+
+def refine_plan(sv: Survey, plan: SitePlan, cams: dict, lc) -> SitePlan:
+  """At build time: the target re-detected in the view that sees it nearest the image centre
+  (least parallax, the whole structure in view), and the subgraph and crop re-planned around
+  that detection; the plan as it was when that view is the seed's or finds nothing."""
+  t0 = time.perf_counter()
+  q, tgt = plan.site[0]
+  views = local3d.views_of(tgt.xy, cams, sv.k, sv.size, lc.border_px)
+  best = _central_view(tgt, views + [plan.target.seed.image], cams, sv.k, sv.size)
+  if best == plan.target.seed.image:
+    return plan
+  sv.load([best])
+  det = refine_seed(q, plan.target, best, sv.images, cams, sv.k, sv.size)
+  if det is None or det is plan.target.seed:
+    return plan
+  out = _subgraph(sv, plan.index, plan.site, plan.target, det, views, cams, lc,
+                  len(plan.views), t0)
+  return plan if isinstance(out, str) else out
 
 
 def build_site(sv: Survey, plan: SitePlan, cams: dict, feats: FeatureCache, cfg,
                gps_error: dict):
   """Builds one planned site; returns (model, measured seconds, compile seconds, load
-  seconds). Seconds count loading the views, their features (the mean per-image cost for
+  seconds, the plan as built). Seconds count refining the plan (:func:`refine_plan`: one
+  view loaded and detected), loading the views, their features (the mean per-image cost for
   every view the site uses, as if built alone: features are shared between sites) and the
   reconstruction with its measurement, compiled (a first build that compiled kernels is
   timed again)."""
   lc = cfg.local3d
+  plan, t_refine = timed(refine_plan, sv, plan, cams, lc)
   t_load = sv.load(plan.views)
   views = [v for v in plan.views if v in sv.images]
   feats.extract({v: sv.images[v] for v in views}, sv.yaws, cfg.keypoints)
-  t_feat_cost = feats.per_image_s * len(views) + t_load
+  t_feat_cost = feats.per_image_s * len(views) + t_load + t_refine
 
   def build():
     m = local3d.reconstruct(views, feats, cams, sv.k, sv.images, plan.target.xy, plan.crop_m,
@@ -224,7 +255,7 @@ def build_site(sv: Survey, plan: SitePlan, cams: dict, feats: FeatureCache, cfg,
     t_cold = t_build
     model, t_build = timed(build)
     compile_s = max(t_cold - t_build, 0.0)
-  return model, t_feat_cost + t_build, compile_s, t_load
+  return model, t_feat_cost + t_build, compile_s, t_load, plan
 
 
 def baseline_failure(model, cams: dict, lc) -> str | None:
@@ -269,7 +300,7 @@ def cost_samples(cfg, root: Path, colours, gps_error_fn) -> list[dict]:
         break
       if n > counts[0] and len(plan.views) < n:       # fewer views exist: already measured
         break
-      model, build_s, _, _ = build_site(sv, plan, cams, feats, cfg, gps_error)
+      model, build_s, _, _, _ = build_site(sv, plan, cams, feats, cfg, gps_error)
       ok = baseline_failure(model, cams, cfg.local3d) is None
       out.append(plan.features | {"build_s": build_s, "site": ti,
                                   "points": len(model.points) if ok else None})

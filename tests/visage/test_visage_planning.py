@@ -79,3 +79,19 @@ def test_a_border_cut_seed_loads_the_most_central_view_to_refine():
   # the view is asked for; it decodes to nothing here, so no complete detection exists
   assert sites.plan_site(sv, 0, [(None, tgt)], cams, LC) == "no complete view of the target"
   assert sv.loaded == [min(dist, key=dist.get)]
+
+
+def test_the_build_refines_the_seed_on_the_most_central_view():
+  cams = _cams()
+  dist = {v: np.linalg.norm(np.asarray(g.project(K, *cams[v][1:], np.array([15.0, 10.0, 0.0])))
+                            - np.array([79.5, 59.5]))
+          for v in local3d.views_of(np.array([15.0, 10.0]), cams, K, (160, 120), 20)}
+  central = min(dist, key=dist.get)
+  other = max(dist, key=dist.get)
+  for seed_image, loads in ((central, []), (other, [central])):
+    seed = Detection("q", seed_image, (80.0, 60.0), 10.0, 300.0, None)
+    tgt = local3d.Target("q", np.array([15.0, 10.0]), [seed], seed)
+    plan = sites.plan_site(_NoImages(), 0, [(None, tgt)], cams, LC)
+    sv = _Recorder()
+    # the central view decodes to nothing here: the plan stays as planned
+    assert sites.refine_plan(sv, plan, cams, LC) is plan and sv.loaded == loads
