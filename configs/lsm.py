@@ -92,12 +92,21 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
     # depressing them while their calcium climbs (without it the readout collapsed onto
     # two classes). 3x3x30 neurons: least squares on spike counts 0.952 on validation
     # against 0.919 for 3x3x15. The rule sees 2430 utterances per epoch (the paper config:
-    # 400), so 15 epochs with dw x0.85 per epoch.
+    # 400). Rule schedule (validation, float rule, after 15 epochs): p+ = p- = 0.1 with dw
+    # x0.85 per epoch 0.81; p+ = p- = 0.2 with x0.9 0.79-0.82 (two draws of the same
+    # settings differ by up to 4 points); teacher_minus -1.0 instead of -1.5 0.80; 6 neurons
+    # per class instead of 3 0.83 (the vote averages the stochastic weights). 16 epochs: a
+    # run of record on the shared 2-core machine must stay within about half an hour.
+    # Brian2: the numpy target checks the spike counts; the paper variant times all three.
     c.data.corpus = "fsdd"
     c.folds = 2                       # unused: fsdd tunes on its validation part
     c.reservoir.grid = (3, 3, 30)
     c.readout.c_init_plus = 5.3
-    c.readout.epochs, c.readout.dw_decay, c.readout.eval_every = 15, 0.85, 5
+    c.readout.p_plus = c.readout.p_minus = 0.2
+    c.readout.teacher_minus = -1.0
+    c.readout.group = 6
+    c.readout.epochs, c.readout.dw_decay, c.readout.eval_every = 16, 0.9, 8
+    c.brian2.targets = ("numpy",)
   if arg == "fsdd_tiny":    # fsdd's test and validation parts, 20 train per digit, 1 epoch
     c.fsdd.train_per_class = 20
     c.readout.epochs = 1
