@@ -16,7 +16,7 @@ from omni_jax.models import kv_cache
 from omni_jax.models.causal_lm import CausalLM
 from omni_jax.models.layers import rope_attention_factor, rope_inv_freq
 from omni_jax.models.mla import MLA
-from omni_jax.models.transformer import BackboneSpec
+from omni_jax.models.transformer import BackboneSpec, unstack_units
 
 YARN = (("beta_fast", 32.0), ("beta_slow", 1.0), ("factor", 4.0), ("mscale", 1.0),
         ("mscale_all_dim", 0.8), ("original_max_position_embeddings", 64.0), ("type", "yarn"))
@@ -158,14 +158,17 @@ def test_absorbed_latent_decode_equals_plain_forward():
   assert isinstance(cache, kv_cache.LatentCache)
   assert cache.kv.shape == (3, b, 16, 1, 12 + 6)
   assert cache.bytes_per_token_per_layer == (12 + 6) * 4
-  step = jax.jit(lambda c, t: model.apply({"params": params}, t, c))
-  logits, cache = step(cache, left)
+  step = jax.jit(lambda pr, c, t: model.apply({"params": pr}, t, c))
   scale = np.abs(ref).max()
+  # per-unit (unstacked) parameters, the dense prefix included, run one unit after another
+  split, _ = step(unstack_units(params), cache, left)
+  logits, cache = step(params, cache, left)
   for i, n in enumerate(lengths):
     np.testing.assert_allclose(np.asarray(logits[i, p - n:]), ref[i, :n], atol=1e-5 * scale)
+    np.testing.assert_allclose(np.asarray(split[i, p - n:]), ref[i, :n], atol=1e-5 * scale)
   for j in range(new):
     tok = np.asarray([[sq[n + j]] for sq, n in zip(seqs, lengths, strict=True)], np.int32)
-    logits, cache = step(cache, tok)
+    logits, cache = step(params, cache, tok)
     for i, n in enumerate(lengths):
       np.testing.assert_allclose(np.asarray(logits[i, 0]), ref[i, n + j], atol=1e-5 * scale)
 
