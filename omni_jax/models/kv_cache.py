@@ -22,6 +22,10 @@ all rows write the same slot each step (one ``dynamic_update_slice``, no scatter
 rotary position of slot ``s`` in row ``b`` is ``s - start[b]`` (:meth:`positions`). A query
 at slot ``t`` of row ``b`` sees the keys at slots ``start[b] <= s <= t``.
 
+Multi-head latent attention (``BackboneSpec.kv_lora_rank > 0``) decodes over a
+:class:`LatentCache` instead: one ``[L, B, S, 1, C + r]`` array of compressed latents and
+rotated RoPE keys, the same slots, padding and block loop (``init_cache`` picks the kind).
+
 Attention reads only the filled slots: a ``lax.fori_loop`` over key blocks of ``block``
 slots runs ``ceil((index + T) / block)`` iterations (a traced trip count) with an online
 softmax, so a step costs the filled length rounded up to a block, not the cache's size.
