@@ -30,6 +30,9 @@ _DTYPE = flags.DEFINE_string("dtype", None, "export dtype (float32, bfloat16, fl
 _SHARD_MB = flags.DEFINE_integer("max_shard_mb", 2048, "export: largest safetensors shard (MiB)")
 _LAYOUT = flags.DEFINE_string("layout", "", "import placement, e.g. 'fsdp=4+expert=2' (default: "
                               "one device)")
+_SKIP = flags.DEFINE_bool("skip_unmapped", False, "import: leave out checkpoint tensors the "
+                          "importer has no place for (listed in summary.json) instead of "
+                          "stopping with their list")
 _CHECK = flags.DEFINE_bool("check_logits", True, "compare logits with transformers when "
                            "torch and transformers are installed")
 flags.mark_flags_as_required(["workdir"])
@@ -69,7 +72,7 @@ def main(argv):
     sizes, _ = layout.parse_layout(_LAYOUT.value)
     mesh = mesh_lib.make_mesh(sizes)
   os.makedirs(workdir, exist_ok=True)
-  summary = convert.import_to_orbax(_HF_DIR.value, workdir, mesh)
+  summary = convert.import_to_orbax(_HF_DIR.value, workdir, mesh, skip_unmapped=_SKIP.value)
   summary["peak_rss_bytes"] = convert.peak_rss_bytes()
   summary["logits_max_abs_diff_vs_transformers"] = None
   if _CHECK.value and reference.available():
