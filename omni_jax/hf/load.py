@@ -5,7 +5,8 @@ tensor the model needs (present, right shape, FP8 scales where quantised) and th
 the checkpoint goes unused — all before a weight is read. :func:`build_leaf` then creates one
 parameter with ``jax.make_array_from_callback``: each device's callback reads only the rows
 and columns of the Hugging Face tensors that fall in its shard (the transposes, reshapes,
-expert stacking and FP8 dequantisation happen per shard), so each process of a multi-host
+expert stacking and FP8 dequantisation happen per shard; the tensors of one stacked
+parameter are read by :data:`READ_THREADS` threads), so each process of a multi-host
 job reads only its own slices and a checkpoint never has to fit on one host.
 """
 
@@ -16,6 +17,7 @@ import itertools
 import json
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -31,6 +33,7 @@ from omni_jax.parallel import recipes
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)   # buffers some exporters save; recomputed here
 FUSED_GATE_UP, FUSED_DOWN = "experts.gate_up_proj", "experts.down_proj"  # transformers 5
 LISTED = 20  # unmapped tensor names an error lists (then a count)
+READ_THREADS = 8  # tensors of one stacked parameter (layers, experts) read in parallel
 
 
 @dataclasses.dataclass
@@ -203,9 +206,17 @@ def read_leaf(ck: Checkpoint, lf: Leaf, index: tuple[slice, ...] = ()) -> np.nda
   stack, rest = index[:lf.stack], index[lf.stack:]
   shape = tuple(sl.stop - sl.start for sl in index)
   out = np.empty(shape, np.float32)
-  for combo in itertools.product(*(range(sl.start, sl.stop) for sl in stack)):
+
+  def one(combo):
     local = tuple(c - sl.start for c, sl in zip(combo, stack, strict=True))
     out[local] = read_item(ck, lf, lf.names(*combo), rest)
+  combos = list(itertools.product(*(range(sl.start, sl.stop) for sl in stack)))
+  if len(combos) > 1 and READ_THREADS > 1:  # preads and the dtype casts release the GIL
+    with ThreadPoolExecutor(min(READ_THREADS, len(combos))) as pool:
+      list(pool.map(one, combos))
+  else:
+    for combo in combos:
+      one(combo)
   return out
 
 
