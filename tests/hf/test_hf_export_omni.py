@@ -8,6 +8,7 @@ import os
 
 import jax
 import numpy as np
+import pytest
 from safetensors import safe_open
 
 from configs import omni_moe
@@ -79,3 +80,18 @@ def test_export_loads_in_transformers_with_equal_logits_and_greedy(hf_dirs, tmp_
   want = {p.replace("/", ".") for p in flat if p.startswith(("enc_image/", "head_image/"))}
   assert names == want
   assert meta["code_offsets"] == {"image": spec.text_vocab} and meta["vocab_size"] == v
+
+
+def test_export_of_a_run_without_summary_or_pretrained_backbone_is_one_clear_error(tmp_path):
+  from omni_jax.common.config import ConfigError
+  from omni_jax.train import export_hf
+  run = tmp_path / "run"
+  (run / "checkpoints").mkdir(parents=True)
+  assert export_hf.is_train_workdir(str(run))
+  with pytest.raises(ConfigError, match=r"summary.json is missing: export reads the run's "
+                     r"config from it"):
+    export_hf.export_workdir(str(run), str(tmp_path / "out"))
+  cfg = omni_moe.get_config("micro")
+  (run / "summary.json").write_text(json.dumps({"config": cfg.to_dict()}))
+  with pytest.raises(ConfigError, match=r"trained from scratch \(model.init_from is empty\)"):
+    export_hf.export_workdir(str(run), str(tmp_path / "out"))
