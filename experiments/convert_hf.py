@@ -58,8 +58,12 @@ def main(argv):
       except ConfigError as e:
         raise app.UsageError(str(e)) from None
     else:
-      out = convert.export_from_orbax(workdir, _HF_OUT.value, _DTYPE.value,
-                                      _SHARD_MB.value << 20)
+      try:
+        out = convert.export_from_orbax(workdir, _HF_OUT.value, _DTYPE.value,
+                                        _SHARD_MB.value << 20)
+      except FileNotFoundError as e:
+        raise app.UsageError(f"{e}; or give a train_omni workdir (one with checkpoints/)"
+                             ) from None
     out["peak_rss_bytes"] = convert.peak_rss_bytes()
     write_json_atomic(os.path.join(workdir, "export_summary.json"), out)
     logging.info("exported %d tensors in %d files to %s", out["tensors"], len(out["files"]),
