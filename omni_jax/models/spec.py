@@ -16,8 +16,10 @@ from omni_jax.models.transformer import REMAT_POLICIES, BackboneSpec
 
 MODEL_KEYS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "rope_theta", "moe",
               "remat", "dtype", "text_loss_weight", "modalities", "attention_block", "init_from",
-              "attention_impl", "lora")
-OPTIONAL_MODEL_KEYS = ("init_from", "attention_impl", "lora")  # lora: omni_jax.train.lora
+              "attention_impl", "lora", "param_dtype")
+# lora: omni_jax.train.lora; param_dtype: the stored parameters' (and AdamW moments') dtype,
+# float32 by default (master weights) whatever the compute dtype ``dtype``
+OPTIONAL_MODEL_KEYS = ("init_from", "attention_impl", "lora", "param_dtype")
 MOE_KEYS = ("num_experts", "top_k", "d_ff", "every", "renormalize", "impl", "capacity_factor",
             "shared_experts", "lb_coef", "z_coef")
 # Optional: 'aux_loss' (default) | 'bias' | 'both', and the bias step (DeepSeek-V3: 1e-3).
@@ -67,6 +69,14 @@ class OmniSpec:
     return [h.name for h in self.heads].index(name) + 1
 
 
+def param_dtype(model_cfg):
+  """``config.model.param_dtype`` (default float32): the dtype parameters are stored and
+  updated in; the model computes in ``config.model.dtype``."""
+  name = model_cfg.get("param_dtype", "float32")
+  one_of({"param_dtype": name}, "param_dtype", DTYPES, "model.")
+  return DTYPES[name]
+
+
 def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
   """Validates ``config.model`` apart from its modalities and tokenizer; returns the
   :class:`BackboneSpec` and the checked ``moe`` settings (errors name the key)."""
@@ -85,6 +95,7 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
   require(isinstance(ab, int) and ab >= 0, p + "attention_block", ab,
           "must be an integer >= 0 (0 = dense attention, n = blockwise over n-key blocks)")
   one_of(model_cfg, "dtype", DTYPES, p)
+  param_dtype(model_cfg)
   attention_impl = model_cfg.get("attention_impl", "xla")
   one_of({"attention_impl": attention_impl}, "attention_impl", ATTENTION_IMPLS, p)
   nonneg_float(model_cfg, "text_loss_weight", p)

@@ -118,13 +118,28 @@ def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], str, dict[str, str]]:
   return comps, entry, types
 
 
-def _callees(ins: Instr) -> list[tuple[str, str, float]]:
+def _condition_bound(comps, ins: Instr) -> float:
+  """A while loop's trip count read from its condition when XLA has not annotated one (the
+  HLO right after partitioning): ``ROOT compare(counter, constant(N)), direction=LT`` is a
+  ``lax.scan`` / ``fori_loop`` counting from 0 to N; 1 for any other condition."""
+  m = re.search(r"condition=%?([\w.\-]+)", ins.attrs)
+  body = comps.get(m.group(1), []) if m else []
+  consts = {i.name: i.line for i in body if i.op == "constant"}
+  if body and body[-1].op == "compare" and "direction=LT" in body[-1].attrs:
+    bound = consts.get(body[-1].operands[-1].lstrip("%")) if body[-1].operands else None
+    c = re.search(r"constant\((\d+)\)", bound or "")
+    if c:
+      return float(c.group(1))
+  return 1.0
+
+
+def _callees(ins: Instr, comps=None) -> list[tuple[str, str, float]]:
   """(computation, role, count per execution of ``ins``) for what ``ins`` calls; role is
   'control' (runs as kernels), 'fused' (inside one kernel) or 'reducer' (a scalar lambda)."""
   out = []
   if ins.op == "while":
     trip = _TRIP.search(ins.attrs)
-    n = float(trip.group(1)) if trip else 1.0
+    n = float(trip.group(1)) if trip else _condition_bound(comps or {}, ins)
     for key, count in (("body", n), ("condition", n + 1)):
       m = re.search(key + r"=%?([\w.\-]+)", ins.attrs)
       if m:
@@ -153,7 +168,7 @@ def execution_counts(comps, entry) -> dict[str, tuple[float, str]]:
   counts[entry] = 1.0
   for name in reversed(list(comps)):
     for ins in comps[name]:
-      for callee, role, k in _callees(ins):
+      for callee, role, k in _callees(ins, comps):
         counts[callee] += counts[name] * k
         roles.setdefault(callee, role if roles.get(name) != "reducer" else "reducer")
   return {c: (counts[c], roles.get(c, "control")) for c in comps if counts[c]}

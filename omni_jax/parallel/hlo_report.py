@@ -4,17 +4,26 @@ bytes, beside an analytic expectation for a layout.
 Wire bytes per device (ring algorithms, group of n devices, S = the op's result size):
 all-reduce 2(n-1)/n S, all-gather (n-1)/n S, reduce-scatter (n-1) S (S is the shard),
 all-to-all (n-1)/n S, collective-permute S.
+
+XLA:CPU widens bfloat16 collectives to float32 after partitioning (its all-reduce
+promotion), so the optimised CPU program moves twice the bytes a GPU or TPU would for bf16
+values; :func:`partitioned_hlo` reads the program as the SPMD partitioner leaves it, at the
+dtypes the target moves.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import math
+import os
 import re
+import tempfile
 from collections.abc import Mapping
 
 import jax
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "s64": 8, "s32": 4, "u32": 4,
@@ -80,6 +89,30 @@ def collectives(hlo_text: str) -> list[Collective]:
     out.append(Collective(m.group("op"), int(sum(sizes)), _group_size(line),
                           name.group(1) if name else ""))
   return out
+
+
+def partitioned_hlo(lowered) -> str:
+  """The HLO text of ``lowered`` (a ``jax.stages.Lowered``) right after SPMD partitioning:
+  every collective in place, at the dtype the program gives it, before backend passes such as
+  XLA:CPU's widening of bfloat16 all-reduces to float32. Compiles once, with the persistent
+  compilation cache off (a cache hit would skip the compiler and its dump)."""
+  with tempfile.TemporaryDirectory() as d:
+    before = jax.config.jax_enable_compilation_cache
+    # JAX decides once per process whether the cache is used: reset that decision both ways
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+      lowered.compile(compiler_options={"xla_dump_to": d,
+                                        "xla_dump_hlo_pass_re": "spmd-partitioning"})
+    finally:
+      jax.config.update("jax_enable_compilation_cache", before)
+      compilation_cache.reset_cache()
+    found = glob.glob(os.path.join(d, "*after_spmd-partitioning*.txt"))
+    if not found:
+      raise RuntimeError("the compiler wrote no HLO after SPMD partitioning (a program with "
+                         "no sharding runs no partitioner)")
+    with open(max(found, key=os.path.getsize)) as f:
+      return f.read()
 
 
 def summarize(ops: list[Collective]) -> list[dict]:

@@ -29,12 +29,12 @@ from omni_jax.hf.omni_init import load_into_omni
 from omni_jax.models import named_ops
 from omni_jax.models.flops import train_flops_per_step
 from omni_jax.models.omni import OmniModel, count_params, loss_norm, omni_loss
-from omni_jax.models.spec import OmniSpec
+from omni_jax.models.spec import OmniSpec, param_dtype
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.train import offload, offload_plan, stages
 from omni_jax.train.finetune import FineTune
-from omni_jax.train.loop import FitResult, LoopConfig, fit
+from omni_jax.train.loop import FitResult, LoopConfig, cast_floating, fit
 from omni_jax.train.spec import build_spec
 
 TOP_KEYS = ("model", "data", "optim", "train", "mesh", "parallel")
@@ -244,8 +244,10 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   put_batch, data_iter = input_placement(stream, mesh)
   example = stream.example_batch()
 
+  stored = param_dtype(config.model)  # float32 master weights unless set otherwise
+
   def init_model(key):
-    return model.init(key, example)["params"]
+    return cast_floating(model.init(key, example)["params"], stored)
   init_params = ft.init_params(init_model)
 
   op_names = parallel_op_names(config)
