@@ -36,7 +36,9 @@ import numpy as np
 
 from omni_jax.parallel import hlo_report
 
-_HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\((?P<params>.*)\)\s*->.*\{\s*$")
+# "name (params) -> type {" (compiled), or "name {" (lowered, ``as_text(dialect="hlo")``)
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*(?:\((?P<params>.*)\)\s*->.*)?"
+                     r"\{\s*$")
 _PARAM = re.compile(r"([\w.\-]+):\s*(\((?:[^()]|\([^()]*\))*\)|\w+\[[^\]]*\](?:\{[^}]*\})?)")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<rest>.*)$")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
@@ -85,8 +87,9 @@ def _parse_instr(line: str) -> Instr | None:
     return None
   close = _balanced(tail, op_m.end() - 1)
   args = tail[op_m.end():close - 1]
-  return Instr(m.group("name"), typ, op_m.group(1), re.findall(r"%([\w.\-]+)", args) or [args],
-               tail[close:], line)
+  operands = (re.findall(r"%([\w.\-]+)", args) if "%" in args  # compiled: %name
+              else re.findall(r"(?:^|,\s*)([A-Za-z_][\w.\-]*)(?=\s*(?:,|$))", args))  # lowered
+  return Instr(m.group("name"), typ, op_m.group(1), operands or [args], tail[close:], line)
 
 
 def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], str, dict[str, str]]:
@@ -103,7 +106,7 @@ def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], str, dict[str, str]]:
         comps[current] = []
         if line.startswith("ENTRY"):
           entry = current
-        for pname, ptype in _PARAM.findall(h.group("params")):
+        for pname, ptype in _PARAM.findall(h.group("params") or ""):
           types[pname] = ptype
       continue
     if line.strip() == "}":
@@ -226,6 +229,27 @@ def _flops(ins: Instr, types: dict[str, str]) -> float:
     per_out = math.prod(kernel) / (kernel[o] if 0 <= o < len(kernel) else 1)
     return 2.0 * out * per_out
   return 0.0
+
+
+def _dot_dtype(ins: Instr, types: dict[str, str]) -> str:
+  """The element type of a dot's / convolution's first operand ('bf16', 'f32', ...)."""
+  m = re.match(r"\s*(\w+)\[", types.get(ins.operands[0], "") if ins.operands else "")
+  return m.group(1) if m else "unknown"
+
+
+def flops_by_dtype(hlo_text: str) -> dict[str, float]:
+  """Dot and convolution FLOPs per input element type, loops counted: what each is priced at
+  on a target whose matmul peak depends on the dtype (bf16 vs TF32). Read it from the program
+  before backend passes (``lowered.as_text(dialect="hlo")``): XLA:CPU widens bf16 dots."""
+  comps, entry, types = parse(hlo_text)
+  out: dict[str, float] = collections.defaultdict(float)
+  for name, (count, role) in execution_counts(comps, entry).items():
+    if role == "reducer":
+      continue
+    for ins in comps[name]:
+      if ins.op in ("dot", "convolution"):
+        out[_dot_dtype(ins, types)] += count * _flops(ins, types)
+  return dict(out)
 
 
 def _fusion_bytes(ins: Instr, fused: list[Instr], types: dict[str, str]) -> float:

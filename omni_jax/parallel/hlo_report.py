@@ -25,6 +25,8 @@ import jax
 import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
+from omni_jax.parallel.ulysses import ulysses_kv_heads
+
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "s64": 8, "s32": 4, "u32": 4,
                 "s16": 2, "u16": 2, "s8": 1, "u8": 1, "pred": 1}
@@ -155,7 +157,7 @@ def sharded_bytes(params, shardings, mesh) -> Mapping[str, float]:
 def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: float,
                         num_layers: int, num_moe_layers: int = 0, top_k: int = 1,
                         sequence_op: str = "ulysses", kv_fraction: float = 1.0,
-                        microbatches: int = 1) -> float:
+                        microbatches: int = 1, num_kv_heads: int = 0) -> float:
   """Analytic wire bytes per device per train step for a layout.
 
   ``pb``: :func:`sharded_bytes`; ``activation_bytes``: one layer's [B, T, D] activations per
@@ -167,7 +169,10 @@ def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: floa
   those of the two it is not split over (``batch_group_local``: under the ``omni`` recipe an
   FSDP-sharded dense parameter is replicated over ``sequence`` and ``expert``, so its shard
   is summed there too; an earlier form counted only the fully replicated parameters);
-  sequence — Ulysses: 4 all-to-alls forward and 4 backward per layer; ring (flash-style
+  sequence — Ulysses: 4 all-to-alls forward and 4 backward per layer, q and the output at
+  a full activation each, K and V at ``kv_fraction`` of one, times the repeat that makes
+  ``num_kv_heads`` split over the sequence degree (:func:`~omni_jax.parallel.ulysses.
+  ulysses_kv_heads`: to lcm(kv, n) heads, not to all heads; 0 = no repeat); ring (flash-style
   backward): each device passes its K and V chunks (``kv_fraction`` of an activation each)
   n-1 hops forward, again n-1 hops backward beside their gradients, which take n hops (the
   last one home); ``ring_zigzag`` adds the half-chunk exchange of q, k, v and the output
@@ -192,8 +197,9 @@ def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: floa
       # two half-chunk permutes per array; at s = 2 the even-halves one is the identity
       moved = 0.5 if s == 2 else 1.0
       total += 2 * (2 + 2 * kv_fraction) * moved * activation_bytes * num_layers
-  else:
-    total += 8 * frac(s) * activation_bytes * num_layers
+  elif s > 1:
+    rep = ulysses_kv_heads(num_kv_heads, s) / num_kv_heads if num_kv_heads else 1.0
+    total += 2 * frac(s) * (2 + 2 * kv_fraction * rep) * activation_bytes * num_layers
   total += (4 * num_layers + 2) * 2 * frac(t) * activation_bytes
   p, m = mesh.shape["pipeline"], microbatches
   if p > 1:
