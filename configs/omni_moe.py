@@ -47,8 +47,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
       d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=256, rope_theta=10_000.0,
       moe=dict(num_experts=4, top_k=2, d_ff=128, every=1, renormalize=True, impl="dropless",
                capacity_factor=1.25, shared_experts=0, lb_coef=0.01, z_coef=1e-3,
-               balance="aux_loss", bias_rate=1e-3),  # or 'bias' | 'both' (aux-loss-free)
+               balance="aux_loss", bias_rate=1e-3,  # or 'bias' | 'both' (aux-loss-free)
+               ep_capacity_factor=0.0),  # EP receive buffer / mean load; 0 = worst case
       remat="none", dtype="float32", text_loss_weight=1.0,
+      param_dtype="float32",  # stored weights and AdamW moments (master weights under bf16)
       attention_block=0,  # > 0: blockwise attention over key blocks (long context)
       attention_impl="xla",  # or 'cudnn' | 'pallas_gpu' | 'pallas_tpu' (docs/attention.md)
       init_from="",  # "hf:DIR": backbone + text tokenizer from a Hugging Face checkpoint
@@ -89,7 +91,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                  grad_accum=1,  # microbatches per optimizer step (lax.scan in the step)
                  offload="none",  # or optimizer | activations | optimizer+activations | harmony
                  device_budget_bytes=0,  # harmony: device bytes its plan must fit (state+residuals)
-                 init_from_workdir="")  # start from another run's weights (a previous stage)
+                 init_from_workdir="",  # start from another run's weights (a previous stage)
+                 grad_dtype="compute")  # or 'bfloat16': every gradient and its reduction
 
   if arg == "tiny":
     pass

@@ -24,6 +24,10 @@ MOE_KEYS = ("num_experts", "top_k", "d_ff", "every", "renormalize", "impl", "cap
             "shared_experts", "lb_coef", "z_coef")
 # Optional: 'aux_loss' (default) | 'bias' | 'both', and the bias step (DeepSeek-V3: 1e-3).
 MOE_BALANCE_KEYS = ("balance", "bias_rate")
+# Optional: the expert-parallel receive buffer of the dropless path, as a multiple of the mean
+# load (n*k rows per device); what does not fit is dropped and counted (0 = the worst case
+# ep*n*k rows, nothing drops).
+MOE_EP_KEYS = ("ep_capacity_factor",)
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -52,6 +56,7 @@ class OmniSpec:
   # not compared: it follows from the fields above
   text_tokenizer: Any = dataclasses.field(default=None, compare=False)
   bias_rate: float = 0.0                     # aux-loss-free balance step (0: balance off)
+  ep_capacity_factor: float = 0.0            # EP receive buffer / mean load (0: worst case)
 
   @property
   def tokenizer(self):
@@ -104,7 +109,11 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
 
   moe = model_cfg["moe"]
   q = p + "moe."
-  check_keys(moe, MOE_KEYS + MOE_BALANCE_KEYS, q, required=MOE_KEYS)
+  check_keys(moe, MOE_KEYS + MOE_BALANCE_KEYS + MOE_EP_KEYS, q, required=MOE_KEYS)
+  ep_cf = moe.get("ep_capacity_factor", 0.0)
+  require(isinstance(ep_cf, int | float) and not isinstance(ep_cf, bool) and ep_cf >= 0,
+          q + "ep_capacity_factor", ep_cf, "must be a number >= 0 (0 = worst-case receive "
+          "buffer, nothing dropped; f > 0 = f x the mean load, the excess dropped and counted)")
   balance, bias_rate = moe.get("balance", "aux_loss"), moe.get("bias_rate", 1e-3)
   one_of({"balance": balance}, "balance", ("aux_loss", "bias", "both"), q)
   require(isinstance(bias_rate, int | float) and not isinstance(bias_rate, bool)
@@ -138,4 +147,5 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
       attention_block=model_cfg["attention_block"], attention_impl=attention_impl,
       moe_balance=balance)
   return backbone, dict(lb_coef=float(moe["lb_coef"]), z_coef=float(moe["z_coef"]),
-                        balance=balance, bias_rate=float(bias_rate))
+                        balance=balance, bias_rate=float(bias_rate),
+                        ep_capacity_factor=float(ep_cf))

@@ -191,7 +191,7 @@ def make_loss_fn(spec: OmniSpec, model: OmniModel, mesh, op_names: dict | None =
   implementations (``recipe`` places a pipeline's stage parameters); ``norm`` for gradient
   accumulation (:func:`omni_loss`). ``finetune`` with LoRA: ``params`` are ``{"base",
   "lora"}``, folded into model parameters before the forward."""
-  ops = layout.ops(mesh, op_names, microbatches, recipe)
+  ops = layout.ops(mesh, op_names, microbatches, recipe, spec.ep_capacity_factor)
 
   def loss_fn(params, batch, norm=None):
     if finetune is not None:
@@ -251,7 +251,7 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   init_params = ft.init_params(init_model)
 
   op_names = parallel_op_names(config)
-  layout_ops = layout.ops(mesh, op_names, micro, recipe_name(config))
+  layout_ops = layout.ops(mesh, op_names, micro, recipe_name(config), spec.ep_capacity_factor)
   loss_fn = make_loss_fn(spec, model, mesh, op_names, micro, recipe_name(config), ft)
   param_sharding = state_sharding(mesh, recipe_name(config))
   abstract_state_params = jax.eval_shape(init_params, jax.random.PRNGKey(0))
