@@ -7,7 +7,8 @@ under 3 minutes on 2 cores), ``generate`` (tiny, trained longer for the measured
 generation quality of ``experiments.generate``), ``small`` (a longer CPU run), ``long``
 (32K-token rows, sequence split 8 ways by ring attention), ``omni30b`` (compile-only scale plan of
 ``experiments.scale_plan``), ``bench`` (the step benchmarked by
-``experiments.bench_step``), ``files`` (the tiny model on real files: first
+``experiments.bench_step``), ``gpu_8xh100`` and ``tpu_v5p_64`` (recipes for one node of 8
+H100s and a 64-chip TPU v5p slice, docs/cluster.md), ``files`` (the tiny model on real files: first
 ``python -m experiments.make_manifest --workdir=/tmp/omni_files``), ``from_hf`` and
 ``from_hf_lora`` (the two-stage fine-tune of a pretrained LLM, docs/hf.md: stage 1 trains the
 encoders, projectors and new token rows on a frozen backbone, stage 2 adds LoRA adapters to
@@ -161,6 +162,35 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.data.update(seq_len=163_840, batch_size=16)
     c.mesh = dict(data=1, fsdp=16, expert=1, sequence=8, tensor=1, pipeline=1)
     c.train.update(steps=1000, peak_flops=989e12)  # H100 SXM dense bf16
+  elif arg in ("gpu_8xh100", "tpu_v5p_64"):
+    # Recipes for real machines (docs/cluster.md), compile-checked here only through
+    # experiments.scale_plan. The omni30b model in bf16 compute on float32 master weights and
+    # AdamW moments (16 bytes per parameter: 60 GB per device on 8 GPUs, 7.4 GB on 64 chips),
+    # full remat, the accelerator's attention kernel, bf16 gradient reductions.
+    c.model.update(d_model=2048, num_layers=48, num_heads=32, num_kv_heads=4, d_ff=6144,
+                   remat="full", dtype="bfloat16", param_dtype="float32",
+                   modalities=modalities(image_size=224, audio_samples=160_000, video_size=112,
+                                         codebook=8192, enc_dim=1024, enc_layers=4))
+    c.model.modalities.image.update(patch=14)
+    c.model.modalities.audio.update(sample_rate=16_000, n_fft=512, hop=160, n_mels=80)
+    c.model.modalities.video.update(frames=8, patch=14)
+    c.model.moe.update(num_experts=64, top_k=6, d_ff=1536, every=1, impl="dropless",
+                       ep_capacity_factor=2.0)
+    c.train.update(steps=10_000, grad_dtype="bfloat16", log_every=10, eval_every=500,
+                   checkpoint_every=500)
+    if arg == "gpu_8xh100":
+      # one node of 8 H100 80 GB: the whole state (experts too) ZeRO-sharded 8 ways over NVLink
+      c.model.update(attention_impl="cudnn", attention_block=0)
+      c.data.update(seq_len=8192, batch_size=8)
+      c.mesh = dict(data=1, fsdp=8, expert=1, sequence=1, tensor=1, pipeline=1)
+      c.train.update(peak_flops=989e12)     # H100 SXM dense bf16
+    else:
+      # a v5p-128 slice (64 chips, 95 GB each): 32K context split 4 ways by Ulysses
+      c.model.update(attention_impl="pallas_tpu", attention_block=0)
+      c.data.update(seq_len=32_768, batch_size=64)
+      c.mesh = dict(data=1, fsdp=-1, expert=4, sequence=4, tensor=1, pipeline=1)
+      c.parallel.sequence_attention = "ulysses"
+      c.train.update(peak_flops=459e12)     # TPU v5p dense bf16
   elif arg == "bench":
     # Sized so matmuls dominate: wide layers, long rows, few modality tokens per row.
     c.model.update(d_model=768, num_layers=4, num_heads=12, num_kv_heads=4, d_ff=3072,
@@ -205,6 +235,6 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
           dict(name="modalities", regex=r"^base/(enc_|head_(?!text/))", lr=3e-4),)
   else:
     raise ValueError(f"unknown variant {arg!r} of configs/omni_moe.py; choose tiny, micro, "
-                     "generate, small, long, omni30b, bench, files, from_hf or "
-                     "from_hf_lora")
+                     "generate, small, long, omni30b, gpu_8xh100, tpu_v5p_64, bench, files, "
+                     "from_hf or from_hf_lora")
   return c
