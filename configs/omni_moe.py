@@ -159,7 +159,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.model.modalities.video.update(frames=8, patch=14)
     c.model.moe.update(num_experts=64, top_k=6, d_ff=1536, every=1, impl="capacity",
                        capacity_factor=1.25)
-    c.data.update(seq_len=163_840, batch_size=16)
+    # 32 sequences: the largest batch axes of the plan's layouts; the others accumulate
+    c.data.update(seq_len=163_840, batch_size=32)
     c.mesh = dict(data=1, fsdp=16, expert=1, sequence=8, tensor=1, pipeline=1)
     c.train.update(steps=1000, peak_flops=989e12)  # H100 SXM dense bf16
   elif arg in ("gpu_8xh100", "tpu_v5p_64"):

@@ -39,7 +39,7 @@ def main(argv):
     logging.warning("device_check needs a GPU or TPU for its figures; this backend is CPU: "
                     "running the CPU self-test only (micro sizes, Pallas in interpret mode)")
   os.makedirs(_WORKDIR.value, exist_ok=True)
-  summary = run_all(backend)
+  summary = run_all(backend, logging.info)
   summary["command"] = f"python -m experiments.device_check --workdir={_WORKDIR.value}"
   path = os.path.join(_WORKDIR.value, "summary.json")
   write_json_atomic(path, summary)

@@ -162,7 +162,12 @@ def test_plan_row_carries_the_roofline_and_its_prediction():
   roof = row["roofline"]
   assert {"compute_s", "memory_s", "network_s", "step_s"} <= set(roof)
   assert row["recipe"] == "omni_zero3" and row["node_axes"] == ["fsdp", "sequence", "expert"]
-  assert roof["compute_s"] == pytest.approx(row["compiled"]["flops"] / H100["peak_flops_per_s"])
+  mix = row["compiled"]["flops_by_dtype"]
+  assert sum(mix.values()) == pytest.approx(row["compiled"]["flops"])
+  assert set(mix) == {"f32"}  # the micro model computes in float32: priced at TF32
+  assert roof["compute_s"] == pytest.approx(row["compiled"]["flops"] / 494.7e12)
+  assert roof["compute_dtype"] == "float32" and roof["attention_impl"] == "xla"
+  assert row["global_batch_sequences"] == cfg.data.batch_size and row["grad_accum"] == 2
   assert roof["step_s"] >= max(roof["compute_s"], roof["memory_s"])
   assert row["predicted_tokens_per_sec_per_gpu"] == pytest.approx(
       row["tokens_per_step"] / 8 / roof["step_s"])
