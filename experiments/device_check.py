@@ -21,6 +21,8 @@ from absl import flags, logging
 from experiments import common
 
 _WORKDIR = common.define_workdir("where summary.json goes")
+_CHECKS = flags.DEFINE_list("checks", ["attention", "grouped_matmul", "bf16_step",
+                                       "dropless_moe"], "the checks to run (default: all)")
 flags.mark_flags_as_required(["workdir"])
 
 
@@ -31,15 +33,19 @@ def main(argv):
   common.setup_devices()
   import jax
 
+  from omni_jax.common.config import UserError
   from omni_jax.common.metrics import write_json_atomic
-  from omni_jax.reports.device_check import run_all
+  from omni_jax.reports.device_check import CHECKS, run_all
 
   backend = jax.default_backend()
   if backend == "cpu":
     logging.warning("device_check needs a GPU or TPU for its figures; this backend is CPU: "
                     "running the CPU self-test only (micro sizes, Pallas in interpret mode)")
+  bad = sorted(set(_CHECKS.value) - set(CHECKS))
+  if bad:
+    raise UserError(f"--checks: unknown {bad}; allowed: {', '.join(CHECKS)}")
   os.makedirs(_WORKDIR.value, exist_ok=True)
-  summary = run_all(backend, logging.info)
+  summary = run_all(backend, logging.info, tuple(_CHECKS.value))
   summary["command"] = f"python -m experiments.device_check --workdir={_WORKDIR.value}"
   path = os.path.join(_WORKDIR.value, "summary.json")
   write_json_atomic(path, summary)

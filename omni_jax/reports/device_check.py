@@ -190,9 +190,16 @@ def check_step(sizes: Sizes, moe_impl: str = "capacity", grad_dtype: str = "bflo
   return row
 
 
-def run_all(backend: str | None = None, log: Callable[[str], None] = print) -> dict:
-  """Every check for this process's backend; the summary ``experiments.device_check`` writes.
-  ``log`` gets a line as each check starts."""
+CHECKS = ("attention", "grouped_matmul", "bf16_step", "dropless_moe")
+
+
+def run_all(backend: str | None = None, log: Callable[[str], None] = print,
+            only: tuple[str, ...] = CHECKS) -> dict:
+  """The checks ``only`` (default: all of :data:`CHECKS`) for this process's backend; the
+  summary ``experiments.device_check`` writes. ``log`` gets a line as each check starts."""
+  bad = sorted(set(only) - set(CHECKS))
+  if bad:
+    raise ValueError(f"device check: unknown checks {bad}; allowed: {', '.join(CHECKS)}")
   backend = backend or jax.default_backend()
   sizes = CPU if backend == "cpu" else ACCELERATOR
   out = {"backend": backend, "device": str(jax.devices()[0].device_kind),
@@ -202,6 +209,8 @@ def run_all(backend: str | None = None, log: Callable[[str], None] = print) -> d
             "bf16_step": lambda: check_step(sizes),
             "dropless_moe": lambda: check_step(sizes, moe_impl="dropless", grad_dtype="compute")}
   for name, fn in checks.items():
+    if name not in only:
+      continue
     log(f"device check: {name} ...")
     out[name] = _guarded(fn)
   return out

@@ -15,6 +15,21 @@ from omni_jax.train.spec import build_spec
 from tests.cli import run_module
 
 
+def test_cpu_dry_path_writes_its_summary_and_exits_0(tmp_path):
+  proc = run_module("experiments.device_check", f"--workdir={tmp_path}",
+                    "--checks=grouped_matmul")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "needs a GPU or TPU" in proc.stderr
+  s = json.load(open(os.path.join(tmp_path, "summary.json")))
+  assert s["mode"] == "cpu_self_test" and set(s) >= {"grouped_matmul", "command"}
+  assert "attention" not in s
+  for impl in ("blocked", "padded_batched", "megablox"):
+    assert s["grouped_matmul"][impl]["within_1e-5"], s["grouped_matmul"][impl]
+  bad = run_module("experiments.device_check", f"--workdir={tmp_path}", "--checks=nosuch")
+  assert bad.returncode == 2 and "nosuch" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow  # every check's CPU self-test: two bf16 step compiles (~6 min on 2 cores)
 def test_cpu_dry_path_self_test(tmp_path):
   proc = run_module("experiments.device_check", f"--workdir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-3000:]
