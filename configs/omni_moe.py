@@ -8,7 +8,8 @@ generation quality of ``experiments.generate``), ``small`` (a longer CPU run), `
 (tiny with DeepSeek-V3's latent attention and routing), ``long``
 (32K-token rows, sequence split 8 ways by ring attention), ``omni30b`` (compile-only scale plan of
 ``experiments.scale_plan``), ``bench`` (the step benchmarked by
-``experiments.bench_step``), ``files`` (the tiny model on real files: first
+``experiments.bench_step``), ``gpu_8xh100`` and ``tpu_v5p_64`` (recipes for one node of 8
+H100s and a 64-chip TPU v5p slice, docs/cluster.md), ``files`` (the tiny model on real files: first
 ``python -m experiments.make_manifest --workdir=/tmp/omni_files``), ``from_hf`` and
 ``from_hf_lora`` (the two-stage fine-tune of a pretrained LLM, docs/hf.md: stage 1 trains the
 encoders, projectors and new token rows on a frozen backbone, stage 2 adds LoRA adapters to
@@ -48,8 +49,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
       d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=256, rope_theta=10_000.0,
       moe=dict(num_experts=4, top_k=2, d_ff=128, every=1, renormalize=True, impl="dropless",
                capacity_factor=1.25, shared_experts=0, lb_coef=0.01, z_coef=1e-3,
-               balance="aux_loss", bias_rate=1e-3),  # or 'bias' | 'both' (aux-loss-free)
+               balance="aux_loss", bias_rate=1e-3,  # or 'bias' | 'both' (aux-loss-free)
+               ep_capacity_factor=0.0),  # EP receive buffer / mean load; 0 = worst case
       remat="none", dtype="float32", text_loss_weight=1.0,
+      param_dtype="float32",  # stored weights and AdamW moments (master weights under bf16)
       attention_block=0,  # > 0: blockwise attention over key blocks (long context)
       attention_impl="xla",  # or 'cudnn' | 'pallas_gpu' | 'pallas_tpu' (docs/attention.md)
       init_from="",  # "hf:DIR": backbone + text tokenizer from a Hugging Face checkpoint
@@ -93,7 +96,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                  grad_accum=1,  # microbatches per optimizer step (lax.scan in the step)
                  offload="none",  # or optimizer | activations | optimizer+activations | harmony
                  device_budget_bytes=0,  # harmony: device bytes its plan must fit (state+residuals)
-                 init_from_workdir="")  # start from another run's weights (a previous stage)
+                 init_from_workdir="",  # start from another run's weights (a previous stage)
+                 grad_dtype="compute")  # or 'bfloat16': every gradient and its reduction
 
   if arg == "tiny":
     pass
@@ -171,9 +175,39 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.model.modalities.video.update(frames=8, patch=14)
     c.model.moe.update(num_experts=64, top_k=6, d_ff=1536, every=1, impl="capacity",
                        capacity_factor=1.25)
-    c.data.update(seq_len=163_840, batch_size=16)
+    # 32 sequences: the largest batch axes of the plan's layouts; the others accumulate
+    c.data.update(seq_len=163_840, batch_size=32)
     c.mesh = dict(data=1, fsdp=16, expert=1, sequence=8, tensor=1, pipeline=1)
     c.train.update(steps=1000, peak_flops=989e12)  # H100 SXM dense bf16
+  elif arg in ("gpu_8xh100", "tpu_v5p_64"):
+    # Recipes for real machines (docs/cluster.md), compile-checked here only through
+    # experiments.scale_plan. The omni30b model in bf16 compute on float32 master weights and
+    # AdamW moments (16 bytes per parameter: 60 GB per device on 8 GPUs, 7.4 GB on 64 chips),
+    # full remat, the accelerator's attention kernel, bf16 gradient reductions.
+    c.model.update(d_model=2048, num_layers=48, num_heads=32, num_kv_heads=4, d_ff=6144,
+                   remat="full", dtype="bfloat16", param_dtype="float32",
+                   modalities=modalities(image_size=224, audio_samples=160_000, video_size=112,
+                                         codebook=8192, enc_dim=1024, enc_layers=4))
+    c.model.modalities.image.update(patch=14)
+    c.model.modalities.audio.update(sample_rate=16_000, n_fft=512, hop=160, n_mels=80)
+    c.model.modalities.video.update(frames=8, patch=14)
+    c.model.moe.update(num_experts=64, top_k=6, d_ff=1536, every=1, impl="dropless",
+                       ep_capacity_factor=2.0)
+    c.train.update(steps=10_000, grad_dtype="bfloat16", log_every=10, eval_every=500,
+                   checkpoint_every=500)
+    if arg == "gpu_8xh100":
+      # one node of 8 H100 80 GB: the whole state (experts too) ZeRO-sharded 8 ways over NVLink
+      c.model.update(attention_impl="cudnn", attention_block=0)
+      c.data.update(seq_len=8192, batch_size=8)
+      c.mesh = dict(data=1, fsdp=8, expert=1, sequence=1, tensor=1, pipeline=1)
+      c.train.update(peak_flops=989e12)     # H100 SXM dense bf16
+    else:
+      # a v5p-128 slice (64 chips, 95 GB each): 32K context split 4 ways by Ulysses
+      c.model.update(attention_impl="pallas_tpu", attention_block=0)
+      c.data.update(seq_len=32_768, batch_size=64)
+      c.mesh = dict(data=1, fsdp=-1, expert=4, sequence=4, tensor=1, pipeline=1)
+      c.parallel.sequence_attention = "ulysses"
+      c.train.update(peak_flops=459e12)     # TPU v5p dense bf16
   elif arg == "bench":
     # Sized so matmuls dominate: wide layers, long rows, few modality tokens per row.
     c.model.update(d_model=768, num_layers=4, num_heads=12, num_kv_heads=4, d_ff=3072,
@@ -218,6 +252,6 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
           dict(name="modalities", regex=r"^base/(enc_|head_(?!text/))", lr=3e-4),)
   else:
     raise ValueError(f"unknown variant {arg!r} of configs/omni_moe.py; choose tiny, micro, "
-                     "generate, small, long, mla_tiny, omni30b, bench, files, from_hf or "
-                     "from_hf_lora")
+                     "generate, small, long, mla_tiny, omni30b, gpu_8xh100, tpu_v5p_64, bench, "
+                     "files, from_hf or from_hf_lora")
   return c

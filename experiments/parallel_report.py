@@ -134,7 +134,7 @@ def main(argv):
         num_moe_layers=bb.num_moe_layers, top_k=bb.top_k,
         sequence_op=op_names["sequence_attention"],
         kv_fraction=bb.num_kv_heads * bb.head_dim / bb.d_model,
-        microbatches=micro)
+        microbatches=micro, num_kv_heads=bb.num_kv_heads)
     summary_ops = hlo_report.summarize(ops)
     measured = sum(r["bytes"] for r in summary_ops)
     ratio = measured / expected if expected else None

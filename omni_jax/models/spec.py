@@ -16,9 +16,11 @@ from omni_jax.models.transformer import REMAT_POLICIES, BackboneSpec
 
 MODEL_KEYS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "rope_theta", "moe",
               "remat", "dtype", "text_loss_weight", "modalities", "attention_block", "init_from",
-              "attention_impl", "lora", "mla")
-# lora: omni_jax.train.lora; mla: multi-head latent attention (omni_jax.models.mla)
-OPTIONAL_MODEL_KEYS = ("init_from", "attention_impl", "lora", "mla")
+              "attention_impl", "lora", "mla", "param_dtype")
+# lora: omni_jax.train.lora; mla: multi-head latent attention (omni_jax.models.mla);
+# param_dtype: the stored parameters' (and AdamW moments') dtype, float32 by default (master
+# weights) whatever the compute dtype ``dtype``
+OPTIONAL_MODEL_KEYS = ("init_from", "attention_impl", "lora", "mla", "param_dtype")
 MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 MOE_KEYS = ("num_experts", "top_k", "d_ff", "every", "renormalize", "impl", "capacity_factor",
             "shared_experts", "lb_coef", "z_coef")
@@ -27,6 +29,10 @@ MOE_BALANCE_KEYS = ("balance", "bias_rate")
 # Optional DeepSeekMoE routing (omni_jax.models.moe.route): 'softmax' (default) | 'sigmoid'
 # scores, group-limited top-k, the gates' scale, and dense layers before the first MoE layer.
 MOE_DEEPSEEK_KEYS = ("score", "n_group", "topk_group", "routed_scaling", "first_dense")
+# Optional: the expert-parallel receive buffer of the dropless path, as a multiple of the mean
+# load (n*k rows per device); what does not fit is dropped and counted (0 = the worst case
+# ep*n*k rows, nothing drops).
+MOE_EP_KEYS = ("ep_capacity_factor",)
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -55,6 +61,7 @@ class OmniSpec:
   # not compared: it follows from the fields above
   text_tokenizer: Any = dataclasses.field(default=None, compare=False)
   bias_rate: float = 0.0                     # aux-loss-free balance step (0: balance off)
+  ep_capacity_factor: float = 0.0            # EP receive buffer / mean load (0: worst case)
 
   @property
   def tokenizer(self):
@@ -70,6 +77,14 @@ class OmniSpec:
 
   def head_id(self, name: str) -> int:
     return [h.name for h in self.heads].index(name) + 1
+
+
+def param_dtype(model_cfg):
+  """``config.model.param_dtype`` (default float32): the dtype parameters are stored and
+  updated in; the model computes in ``config.model.dtype``."""
+  name = model_cfg.get("param_dtype", "float32")
+  one_of({"param_dtype": name}, "param_dtype", DTYPES, "model.")
+  return DTYPES[name]
 
 
 def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
@@ -90,6 +105,7 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
   require(isinstance(ab, int) and ab >= 0, p + "attention_block", ab,
           "must be an integer >= 0 (0 = dense attention, n = blockwise over n-key blocks)")
   one_of(model_cfg, "dtype", DTYPES, p)
+  param_dtype(model_cfg)
   attention_impl = model_cfg.get("attention_impl", "xla")
   one_of({"attention_impl": attention_impl}, "attention_impl", ATTENTION_IMPLS, p)
   nonneg_float(model_cfg, "text_loss_weight", p)
@@ -98,7 +114,12 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
 
   moe = model_cfg["moe"]
   q = p + "moe."
-  check_keys(moe, MOE_KEYS + MOE_BALANCE_KEYS + MOE_DEEPSEEK_KEYS, q, required=MOE_KEYS)
+  check_keys(moe, MOE_KEYS + MOE_BALANCE_KEYS + MOE_DEEPSEEK_KEYS + MOE_EP_KEYS, q,
+             required=MOE_KEYS)
+  ep_cf = moe.get("ep_capacity_factor", 0.0)
+  require(isinstance(ep_cf, int | float) and not isinstance(ep_cf, bool) and ep_cf >= 0,
+          q + "ep_capacity_factor", ep_cf, "must be a number >= 0 (0 = worst-case receive "
+          "buffer, nothing dropped; f > 0 = f x the mean load, the excess dropped and counted)")
   balance, bias_rate = moe.get("balance", "aux_loss"), moe.get("bias_rate", 1e-3)
   one_of({"balance": balance}, "balance", ("aux_loss", "bias", "both"), q)
   require(isinstance(bias_rate, int | float) and not isinstance(bias_rate, bool)
@@ -135,7 +156,8 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
       attention_block=model_cfg["attention_block"], attention_impl=attention_impl,
       moe_balance=balance, **extra)
   return backbone, dict(lb_coef=float(moe["lb_coef"]), z_coef=float(moe["z_coef"]),
-                        balance=balance, bias_rate=float(bias_rate))
+                        balance=balance, bias_rate=float(bias_rate),
+                        ep_capacity_factor=float(ep_cf))
 
 
 def _deepseek_fields(model_cfg, moe, num_experts: int) -> dict:

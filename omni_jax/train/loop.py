@@ -8,6 +8,12 @@
   twice), updated by one ``jax.jit``-ed step with the state donated;
 * resume: rerunning with the same workdir restores the latest checkpoint and goes on;
   because batches depend only on the step, N + resume + N steps equal 2N straight;
+* mixed precision: the parameters and the optimizer state stay in their own dtype (float32
+  master weights). Under bfloat16 compute the matmul weights' gradients already leave their
+  dots, and are reduced across devices, in bfloat16 (XLA reduces a partial sum where it is
+  made); norm scales, the router and biases stay float32. ``train.grad_dtype = 'bfloat16'``
+  differentiates a bfloat16 copy of all parameters, so every gradient and its all-reduce /
+  reduce-scatter is bfloat16; gradients are widened to the parameters' dtype for the update;
 * a NaN/Inf guard: losses are checked at every log and checkpoint boundary; a non-finite
   loss stops the run with :class:`NonFiniteLossError` before anything after it is saved,
   so the last checkpoint on disk is a good one;
@@ -44,7 +50,11 @@ OPTIONAL_TRAIN_KEYS = ("profile_steps",   # "a:b": jax.profiler trace of steps a
                        "grad_accum",      # microbatches per optimizer step (default 1)
                        "offload",         # 'none' | 'optimizer' | 'activations' | 'harmony'
                        "device_budget_bytes",  # what 'harmony' must fit (offload_plan.py)
-                       "init_from_workdir")    # start from another run's weights (stages.py)
+                       "init_from_workdir",    # start from another run's weights (stages.py)
+                       "grad_dtype")     # 'compute' | 'bfloat16': gradients and their reduction
+# 'compute': each gradient in the dtype its computation gives (bf16 for matmul weights under
+# bf16 compute); 'bfloat16': every gradient taken with respect to a bfloat16 parameter copy
+GRAD_DTYPES = {"compute": None, "bfloat16": jnp.bfloat16}
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -73,6 +83,7 @@ class LoopConfig:
   offload: str = "none"   # what lives in host memory (omni_jax.train.offload)
   device_budget_bytes: int = 0         # 'harmony': device bytes its plan must fit
   offload_plan: dict | None = None     # the followed plan (omni_jax.train.offload_plan)
+  grad_dtype: str = "compute"  # dtype gradients are computed and reduced in (GRAD_DTYPES)
 
   @classmethod
   def from_config(cls, train_cfg) -> LoopConfig:
@@ -92,8 +103,18 @@ class LoopConfig:
                                "config.train.profile_steps")
     mode = offload_lib.check_mode(train_cfg.get("offload", "none"))
     budget = offload_lib.check_budget(mode, train_cfg.get("device_budget_bytes", 0))
+    grad_dtype = train_cfg.get("grad_dtype", "compute")
+    require(grad_dtype in GRAD_DTYPES, "train.grad_dtype", grad_dtype,
+            f"must be one of {sorted(GRAD_DTYPES)} (the dtype of gradients and their "
+            "reduction across devices)")
     return cls(**{k: train_cfg[k] for k in TRAIN_KEYS}, profile_steps=prof, grad_accum=accum,
-               offload=mode, device_budget_bytes=budget)
+               offload=mode, device_budget_bytes=budget, grad_dtype=grad_dtype)
+
+
+def cast_floating(tree, dtype):
+  """Every floating leaf of ``tree`` cast to ``dtype`` (integer leaves unchanged)."""
+  return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating)
+                      else a, tree)
 
 
 def split_microbatches(batch, k: int):
@@ -130,11 +151,13 @@ def accumulate_gradients(loss_fn: Callable, params, batch, k: int,
   grad_fn = jax.value_and_grad(share, has_aux=True)
   first = jax.tree.map(lambda a: a[0], micro)
   shapes = jax.eval_shape(grad_fn, params, first)
-  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), (shapes[0][1], shapes[1]))
+  # sums in at least float32, whatever the gradients' dtype (bfloat16 with train.grad_dtype)
+  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.promote_types(a.dtype, jnp.float32)),
+                       (shapes[0][1], shapes[1]))
 
   def body(acc, mb):
     (_, metrics), grads = grad_fn(params, mb)
-    return jax.tree.map(jnp.add, acc, (metrics, grads)), None
+    return jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, (metrics, grads)), None
   (metrics, grads), _ = jax.lax.scan(body, zeros, micro)
   return grads, metrics
 
@@ -142,7 +165,7 @@ def accumulate_gradients(loss_fn: Callable, params, batch, k: int,
 def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, grad_accum: int = 1,
                     loss_norm: Callable | None = None,
                     opt_transfer: offload_lib.OptimizerTransfer | None = None,
-                    frozen: Any = None) -> Callable:
+                    frozen: Any = None, grad_dtype: str = "compute") -> Callable:
   """``(state, batch) -> (state, metrics)``: one AdamW step on ``loss_fn``'s gradient.
 
   ``grad_accum > 1``: the gradient is accumulated over that many microbatches inside the
@@ -152,6 +175,9 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, grad_ac
   bools like the params; ``True`` leaves are cut from the gradient (no weight gradient is
   computed for them) and passed through unchanged — bit for bit, not ``p + 0``, which would
   turn a ``-0.0`` into ``+0.0`` (the optimizer gives them zero updates too).
+  ``grad_dtype = 'bfloat16'`` (``GRAD_DTYPES``): the gradient is taken with respect to a
+  bfloat16 copy of the parameters, so every gradient and its cross-device reduction is
+  bfloat16; they are widened back to the parameters' dtype before clipping and the update.
   """
   if frozen is not None:
     inner = loss_fn
@@ -160,11 +186,16 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, grad_ac
       cut = jax.tree.map(lambda p, f: jax.lax.stop_gradient(p) if f else p, params, frozen)
       return inner(cut, *args)
 
+  low = GRAD_DTYPES[grad_dtype]
+
   def step(state: TrainState, batch):
+    wrt = state.params if low is None else cast_floating(state.params, low)
     if grad_accum == 1:
-      (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+      (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(wrt, batch)
     else:
-      grads, metrics = accumulate_gradients(loss_fn, state.params, batch, grad_accum, loss_norm)
+      grads, metrics = accumulate_gradients(loss_fn, wrt, batch, grad_accum, loss_norm)
+    if low is not None:
+      grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
     opt_state = state.opt_state if opt_transfer is None else opt_transfer.fetch(state.opt_state)
     updates, opt_state = tx.update(grads, opt_state, state.params)
     if opt_transfer is not None:
@@ -250,7 +281,8 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   replicated = jax.sharding.NamedSharding(named[0].mesh, jax.sharding.PartitionSpec()) \
       if named else None
   step_fn = jax.jit(make_train_step(loss_fn, tx, loop.grad_accum, loss_norm,
-                                    offload_lib.OptimizerTransfer.of(shardings), frozen),
+                                    offload_lib.OptimizerTransfer.of(shardings), frozen,
+                                    loop.grad_dtype),
                     donate_argnums=0, out_shardings=(shardings, replicated))
   start = int(jax.device_get(state.step))
   if start >= loop.steps:

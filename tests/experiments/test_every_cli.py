@@ -27,6 +27,7 @@ BAD = {
     "compress_table": ((), "workdir"),
     "convert_dataset": (("--input=/nonexistent/m.jsonl", "--output=W"), "/nonexistent/m.jsonl"),
     "convert_hf": ((), "workdir"),
+    "device_check": ((), "workdir"),
     "doc_tables": (("--nosuch",), "allowed: --check"),
     "dpad": (("--config=configs/dpad.py:nosuch", "--workdir=W"), "nosuch"),
     "dpad_severity": (("--runs=a=/nonexistent",), "/nonexistent/summary.json does not exist"),
