@@ -59,7 +59,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   )
   c.data = dict(source="synthetic", seq_len=64, batch_size=32, seed=0, text_weight=1.0,
                 manifest="", on_error="skip", codebook_samples=64,
-                pack=False,  # True: fill each training row's padding with text samples
+                # 'documents': several samples per row with document masks (as manifest
+                # rows); 'text': a sample's padding filled with text samples, no mask
+                pack="none",
                 tokenizer="bytes")  # or a tokenizer.json / SentencePiece .model path
   # The Grain pipeline of data.source = 'manifest' (docs/data.md): stop past this fraction of
   # bad records; worker processes and prefetched windows; epochs (0 = endless); reader shards
@@ -92,7 +94,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                  init_from_workdir="")  # start from another run's weights (a previous stage)
 
   if arg == "tiny":
-    pass
+    c.data.pack = "documents"  # several samples per row, document masks (docs/data.md)
   elif arg == "micro":
     # For tests: every code path (MoE, three modalities, two generated) at minimal size.
     c.model.update(d_model=32, num_layers=2, num_heads=2, num_kv_heads=1, d_ff=64,
@@ -138,7 +140,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.model.modalities.audio.update(n_fft=128, hop=64, n_mels=16)
     c.model.modalities.video.update(frames=2)
     c.model.moe.update(num_experts=4, top_k=2, d_ff=32)
-    c.data.update(seq_len=32_768, batch_size=1, pack=True, codebook_samples=16)
+    c.data.update(seq_len=32_768, batch_size=1, pack="text", codebook_samples=16)
     c.mesh = dict(data=1, fsdp=1, expert=1, sequence=8, tensor=1, pipeline=1)
     c.parallel.sequence_attention = "ring"
     c.optim.update(lr=3e-3, warmup_steps=2)

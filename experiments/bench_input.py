@@ -62,6 +62,7 @@ def main(argv):
                       "'manifest' and config.data.manifest")
   config.data.workers = _WORKERS.value
   os.makedirs(workdir, exist_ok=True)
+  load = [os.getloadavg()[0]]  # the machine's 1-minute load average: is it shared?
   t0, c0 = time.perf_counter(), time.process_time()
   spec, stream, _ = validate(config)  # opens the datasets (indexes), fits the codebooks
   stream.bind()
@@ -84,7 +85,8 @@ def main(argv):
   step = measure_step(config, spec, stream, host_batch, _STEPS.value)
   summary = {**inp, **step, **slow, "input_over_step":
              inp["input_tokens_per_sec"] / step["step_tokens_per_sec"],
-             "workers": _WORKERS.value, "batch_size": stream.batch_size,
+             "workers": _WORKERS.value, "load_average_1m": [*load, os.getloadavg()[0]],
+             "batch_size": stream.batch_size,
              "seq_len": stream.seq_len, "config": to_dict(config),
              "command": "python -m experiments.bench_input " + " ".join(sys.argv[1:])}
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)

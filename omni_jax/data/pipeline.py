@@ -118,7 +118,7 @@ class PipelineStream:
   process_local = True
 
   def __init__(self, spec: OmniSpec, data_cfg, data_keys):
-    # data.pack (fill synthetic rows with text) is the synthetic stream's: manifest rows are
+    # data.pack (how synthetic rows are filled) is the synthetic stream's: manifest rows are
     # always packed with document masks.
     check_keys(data_cfg, (*data_keys, "pack", "tokenizer", *PIPELINE_DEFAULTS), "data.",
                required=data_keys)
