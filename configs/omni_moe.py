@@ -70,9 +70,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # end); unknown record keys are metadata unless strict_keys; a document longer than seq_len
   # is cut into seq_len windows whose positions restart (or 'continue'). sources: several
   # datasets mixed by weight, [dict(path=..., weight=..., modalities=[...])] (data.manifest '').
+  # Audio longer than its window: a random window in training, centred in eval ('head': first).
   c.data.update(max_bad_fraction=0.001, workers=0, prefetch=2, epochs=0, shards=0,
                 eval_fraction=0.1, pack_window=256, min_records_before_cap=1000,
-                strict_keys=False, chunk_positions="restart", sources=(),
+                strict_keys=False, chunk_positions="restart", sources=(), audio_crop="random",
                 allow_changed_data=False)  # True: resume over changed data (from its start)
   c.optim = dict(lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.01, b1=0.9, b2=0.95,
                  eps=1e-8, clip_norm=1.0,

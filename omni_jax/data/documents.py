@@ -9,7 +9,9 @@ codebook. A document longer than ``seq_len`` is cut into ``seq_len`` windows
 trains. Keys that are neither ``id``, ``text`` nor a modality's ``source_key`` are metadata
 and ignored (``data.strict_keys = True``: an error naming the allowed keys). A data source
 may feed only some modalities (``data.sources[i].modalities``): the others' keys are
-ignored in its records.
+ignored in its records. Audio longer than its modality's window is cropped
+(``data.audio_crop``: 'random' windows in training, centred for held-out records; 'head':
+the first ``num_samples``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from omni_jax.data.sequences import TASK_TEXT, RowBuilder, generate_task, unders
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.models.spec import OmniSpec
 
+AUDIO_CROPS = ("random", "head")
 NEAREST_CHUNK_BYTES = 1 << 24  # nearest_codes' working memory (its distance block), bytes
 
 
@@ -56,7 +59,10 @@ class DocMaker:
 
   def __init__(self, spec: OmniSpec, seq_len: int, codebooks, tasks, *,
                source_modalities=(None,), strict_keys: bool = False,
-               continue_positions: bool = False):
+               continue_positions: bool = False, audio_crop: str = "head", seed: int = 0):
+    if audio_crop not in AUDIO_CROPS:
+      raise ValueError(f"audio_crop must be one of {AUDIO_CROPS}, got {audio_crop!r}")
+    self.audio_crop, self.seed = audio_crop, int(seed)
     self.spec, self.seq_len = spec, seq_len
     self.codebooks = dict(codebooks)
     self.tasks = list(tasks)
@@ -69,8 +75,19 @@ class DocMaker:
     self.feeds = [None if ms is None else set(ms) for ms in source_modalities]
     self._builder = None
 
-  def record(self, item: Item) -> tuple[str, dict[str, np.ndarray]]:
-    """The text and modality inputs of one record; ValueError says what is wrong."""
+  def crop_offset(self, index: int | None) -> float:
+    """Where a long audio file's window lies: ``audio_crop = 'random'``: uniform, drawn from
+    (seed, the element's index in the training stream: a new draw every epoch, the same on
+    resume), centred (0.5) for held-out and codebook records (``index`` None); 'head': 0."""
+    if self.audio_crop == "head":
+      return 0.0
+    if index is None:
+      return 0.5
+    return float(np.random.default_rng([self.seed, 0x617564, int(index)]).random())
+
+  def record(self, item: Item, index: int | None = None) -> tuple[str, dict[str, np.ndarray]]:
+    """The text and modality inputs of one record; ValueError says what is wrong.
+    ``index``: the record's element index in the training stream (:meth:`crop_offset`)."""
     rec = item.payload
     if not isinstance(rec, dict):
       try:
@@ -84,7 +101,8 @@ class DocMaker:
     drop = self.drop[item.source]
     if drop:
       rec = {k: v for k, v in rec.items() if k not in drop}
-    inputs = decode_record(rec, self.spec, item.base_dir, strict_keys=self.strict_keys)
+    inputs = decode_record(rec, self.spec, item.base_dir, strict_keys=self.strict_keys,
+                           audio_offset=self.crop_offset(index))
     feeds = self.feeds[item.source]
     if feeds is not None:  # e.g. a video's audio track when the source feeds only video
       inputs = {m: x for m, x in inputs.items() if m in feeds}
@@ -113,14 +131,15 @@ class DocMaker:
         out += chunk(b.generate_ids(m, text, codes), {}, generate_task(m))
     return out
 
-  def __call__(self, item: Item) -> dict[str, Any]:
+  def __call__(self, item: Item, index: int | None = None) -> dict[str, Any]:
     base = {"source": item.source, "rid": item.index}
     try:
-      text, x = self.record(item)
+      text, x = self.record(item, index)
       return {"docs": self.docs(text, x), "bad": None, **base}
     except ValueError as e:
       return {"docs": [], "bad": f"{item.where}: {e}", **base}
 
   def indexed(self, index: int, item: Item) -> dict[str, Any]:
-    """:meth:`__call__` plus the element's index in its stream (names carried documents)."""
-    return {**self(item), "index": index}
+    """A training element: :meth:`__call__` with its index in the stream (names carried
+    documents; draws its audio crop)."""
+    return {**self(item, index), "index": index}
