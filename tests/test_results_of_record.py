@@ -31,8 +31,13 @@ KEYS = {
                "cost_model_build_s_median_rel_error", "cost_model.samples", "order"],
     "harmony": ["device_budget_bytes", "model_bytes", "schedules", "swap_reduction_vs_baseline",
                 "predicted_speedup_vs_baseline", "baselines.*.swap_reduction_of_harmony"],
-    "omni_moe": ["layouts", "hardware", "params_total", "params_active",
-                 "seed_tokens_per_sec_per_gpu"],
+    "omni_moe": {
+        "omni30b": ["layouts", "hardware", "params_total", "params_active",
+                    "seed_tokens_per_sec_per_gpu"],
+        "files": ["step_slowdown_with_input", "step_seconds_with_input",
+                  "step_seconds_cached_batch", "input_over_step", "input_tokens_per_sec",
+                  "step_tokens_per_sec", "packing_efficiency", "workers", "machine.note"],
+    },
     # per config variant where a job's variants report different things
     "lsm": {
         "paper": ["accuracy_test_voices", "accuracy", "accuracy_test_dir", "test_speakers",
