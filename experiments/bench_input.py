@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments import common
 
@@ -98,4 +98,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

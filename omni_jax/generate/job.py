@@ -48,7 +48,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from PIL import Image
 
-from omni_jax.common.config import ConfigError, to_dict
+from omni_jax.common.config import ConfigError, UserError, to_dict
 from omni_jax.common.metrics import to_jsonable, write_json_atomic
 from omni_jax.data import vq
 from omni_jax.data.decode import RecordError, decode_record, record_keys
@@ -70,7 +70,7 @@ from omni_jax.train.spec import build_spec
 TEXT = "text"
 
 
-class PromptError(ValueError):
+class PromptError(UserError, ValueError):
   """A prompt line is unusable; the message starts with ``line N:``."""
 
 

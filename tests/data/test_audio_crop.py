@@ -57,16 +57,16 @@ def test_training_windows_are_drawn_per_element_and_eval_is_centred(tmp_path):
   maker = DocMaker(spec, 64, {}, ["text", "audio:understand"], audio_crop="random", seed=3)
   starts = {}
   for index in range(6):
-    _, x = maker.record(item, index)
+    _, x = maker.record(item, index=index)
     first = int(round(x["audio"][0] * 32768))
     np.testing.assert_allclose(x["audio"] * 32768, np.arange(first, first + n), atol=1e-3)
     assert first == int(round(maker.crop_offset(index) * 3 * n))
     starts[index] = first
   assert len(set(starts.values())) == 6  # a new window per element (epoch)
-  assert maker.record(item, 4)[1]["audio"][0] * 32768 == pytest.approx(starts[4])  # same draw
+  assert maker.record(item, index=4)[1]["audio"][0] * 32768 == pytest.approx(starts[4])  # same draw
   _, held = maker.record(item)  # held-out / codebook records: the centre
   assert int(round(held["audio"][0] * 32768)) == int(round(0.5 * 3 * n))
   head = DocMaker(spec, 64, {}, ["text", "audio:understand"], audio_crop="head")
-  assert head.record(item, 5)[1]["audio"][0] == 0.0
+  assert head.record(item, index=5)[1]["audio"][0] == 0.0
   with pytest.raises(ValueError, match="audio_crop must be one of"):
     DocMaker(spec, 64, {}, ["text"], audio_crop="middle")
