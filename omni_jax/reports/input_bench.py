@@ -55,15 +55,18 @@ def measure_input(stream, batches: int) -> dict[str, float]:
           "packing_efficiency": it.packing_efficiency}
 
 
-def rss_mb() -> float:
-  """Resident memory of this process and its children (the Grain workers), MB."""
+def rss_mb(field: str = "rss") -> float:
+  """Memory of this process and its children (the Grain workers), MB: ``field`` 'rss'
+  (resident: a page shared by several of the processes, such as a library's, counts once per
+  process) or 'pss' (proportional: a shared page is split among its sharers, so the sum
+  counts each page once; Linux)."""
   import psutil  # noqa: PLC0415  (optional: only the benchmark's memory figure needs it)
   me = psutil.Process()
   procs = [me, *me.children(recursive=True)]
   total = 0
   for p in procs:
     try:
-      total += p.memory_info().rss
+      total += p.memory_info().rss if field == "rss" else p.memory_full_info().pss
     except psutil.Error:  # a worker that just exited
       pass
   return total / 2 ** 20
@@ -73,13 +76,16 @@ def measure_records(stream, records: int) -> dict[str, float]:
   """An input pass reading ``records`` records (after a first, untimed batch): its rates and
   the growth of resident memory over it (the peak of a sample per batch, minus the start);
   also the growth after the first tenth of the records, which leaves out the workers' own
-  start-up (imports, first decodes) and shows whether streaming itself grows."""
+  start-up (imports, first decodes) and shows whether streaming itself grows, and the growth
+  of the proportional set size (``pss_growth_mb``: pages the workers share with each other
+  and the trainer counted once)."""
   if stream.iterator is None:
     stream.bind()
   it = stream.iterator
   stream.batch(0)
   read0, nonpad0, step = it.records_read, it.nonpad, 1
   rss0 = peak = rss_mb()
+  pss0 = pss_peak = rss_mb("pss")
   warm = warm_peak = None  # after a tenth of the records: the workers have started and warmed
   t0 = time.perf_counter()
   while it.records_read - read0 < records:
@@ -87,6 +93,7 @@ def measure_records(stream, records: int) -> dict[str, float]:
     step += 1
     now = rss_mb()
     peak = max(peak, now)
+    pss_peak = max(pss_peak, rss_mb("pss"))
     if warm is None and it.records_read - read0 >= records // 10:
       warm = warm_peak = now
     elif warm is not None:
@@ -99,7 +106,8 @@ def measure_records(stream, records: int) -> dict[str, float]:
           "input_nonpad_tokens_per_sec": (it.nonpad - nonpad0) / dt,
           "packing_efficiency": it.packing_efficiency,
           "rss_start_mb": rss0, "rss_growth_mb": peak - rss0,
-          "rss_growth_after_first_tenth_mb": None if warm is None else warm_peak - warm}
+          "rss_growth_after_first_tenth_mb": None if warm is None else warm_peak - warm,
+          "pss_start_mb": pss0, "pss_growth_mb": pss_peak - pss0}
 
 
 def _train_step(config, spec, host_batch: dict[str, np.ndarray]
