@@ -27,11 +27,11 @@ def test_nearest_codes_equal_the_brute_force_nearest_codeword():
 
 
 def test_nearest_codes_memory_is_bounded_by_its_block():
-  """8192 codes x 80 dims x 2000 vectors: the broadcast form needed 5.2 GB; blocks of
-  1 MB keep the peak of new allocations to a few blocks plus the output."""
+  """4096 codes x 64 dims x 1000 vectors: the broadcast form needed 1 GB; blocks of 1 MB
+  keep the peak of new allocations to a few blocks plus the output."""
   rng = np.random.default_rng(1)
-  book = rng.normal(size=(8192, 80)).astype(np.float32)
-  x = rng.normal(size=(2000, 80)).astype(np.float32)
+  book = rng.normal(size=(4096, 64)).astype(np.float32)
+  x = rng.normal(size=(1000, 64)).astype(np.float32)
   tracemalloc.start()
   try:
     nearest_codes(book, x[:10], 1 << 20)  # warm-up: numpy's one-time allocations
@@ -42,6 +42,6 @@ def test_nearest_codes_memory_is_bounded_by_its_block():
   finally:
     tracemalloc.stop()
   assert peak < 4 * (1 << 20) + book.nbytes + got.nbytes, peak
-  some = rng.choice(2000, 8, replace=False)
+  some = rng.choice(1000, 8, replace=False)
   d2 = ((x[some, None, :] - book[None]) ** 2).sum(-1)
   np.testing.assert_allclose(d2[np.arange(8), got[some]], d2.min(-1), rtol=1e-4)
