@@ -37,6 +37,7 @@ KEYS = {
         "files": ["step_slowdown_with_input", "step_seconds_with_input",
                   "step_seconds_cached_batch", "input_over_step", "input_tokens_per_sec",
                   "step_tokens_per_sec", "packing_efficiency", "workers", "machine.note"],
+        "mla_tiny": ["cache_bytes_per_token_per_layer", "kv_speedup_64", "outputs_match_64"],
     },
     # per config variant where a job's variants report different things
     "lsm": {

@@ -16,12 +16,17 @@ from omni_jax.models.transformer import REMAT_POLICIES, BackboneSpec
 
 MODEL_KEYS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "rope_theta", "moe",
               "remat", "dtype", "text_loss_weight", "modalities", "attention_block", "init_from",
-              "attention_impl", "lora")
-OPTIONAL_MODEL_KEYS = ("init_from", "attention_impl", "lora")  # lora: omni_jax.train.lora
+              "attention_impl", "lora", "mla")
+# lora: omni_jax.train.lora; mla: multi-head latent attention (omni_jax.models.mla)
+OPTIONAL_MODEL_KEYS = ("init_from", "attention_impl", "lora", "mla")
+MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 MOE_KEYS = ("num_experts", "top_k", "d_ff", "every", "renormalize", "impl", "capacity_factor",
             "shared_experts", "lb_coef", "z_coef")
 # Optional: 'aux_loss' (default) | 'bias' | 'both', and the bias step (DeepSeek-V3: 1e-3).
 MOE_BALANCE_KEYS = ("balance", "bias_rate")
+# Optional DeepSeekMoE routing (omni_jax.models.moe.route): 'softmax' (default) | 'sigmoid'
+# scores, group-limited top-k, the gates' scale, and dense layers before the first MoE layer.
+MOE_DEEPSEEK_KEYS = ("score", "n_group", "topk_group", "routed_scaling", "first_dense")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -93,7 +98,7 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
 
   moe = model_cfg["moe"]
   q = p + "moe."
-  check_keys(moe, MOE_KEYS + MOE_BALANCE_KEYS, q, required=MOE_KEYS)
+  check_keys(moe, MOE_KEYS + MOE_BALANCE_KEYS + MOE_DEEPSEEK_KEYS, q, required=MOE_KEYS)
   balance, bias_rate = moe.get("balance", "aux_loss"), moe.get("bias_rate", 1e-3)
   one_of({"balance": balance}, "balance", ("aux_loss", "bias", "both"), q)
   require(isinstance(bias_rate, int | float) and not isinstance(bias_rate, bool)
@@ -112,10 +117,13 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
             "must be > 0")
     require(isinstance(moe["shared_experts"], int) and moe["shared_experts"] >= 0,
             q + "shared_experts", moe["shared_experts"], "must be an integer >= 0")
-    require(model_cfg["num_layers"] % moe["every"] == 0, p + "num_layers",
-            model_cfg["num_layers"], f"must be a multiple of moe.every={moe['every']}")
+    first = moe.get("first_dense", 0) if isinstance(moe.get("first_dense", 0), int) else 0
+    require((model_cfg["num_layers"] - first) % moe["every"] == 0, p + "num_layers",
+            model_cfg["num_layers"], f"minus moe.first_dense={first} must be a multiple of "
+            f"moe.every={moe['every']}")
   nonneg_float(moe, "lb_coef", q)
   nonneg_float(moe, "z_coef", q)
+  extra = _deepseek_fields(model_cfg, moe, e if moe["every"] else 0)
 
   backbone = BackboneSpec(
       d_model=d, num_layers=model_cfg["num_layers"], num_heads=nh, num_kv_heads=nkv,
@@ -125,6 +133,45 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
       capacity_factor=float(moe["capacity_factor"]), shared_experts=moe["shared_experts"],
       remat=model_cfg["remat"], dtype=DTYPES[model_cfg["dtype"]],
       attention_block=model_cfg["attention_block"], attention_impl=attention_impl,
-      moe_balance=balance)
+      moe_balance=balance, **extra)
   return backbone, dict(lb_coef=float(moe["lb_coef"]), z_coef=float(moe["z_coef"]),
                         balance=balance, bias_rate=float(bias_rate))
+
+
+def _deepseek_fields(model_cfg, moe, num_experts: int) -> dict:
+  """The MLA and DeepSeekMoE fields of :class:`BackboneSpec` from ``model.mla`` and the
+  optional ``moe`` keys (checked; errors name the key)."""
+  out: dict = {}
+  mla = model_cfg.get("mla")
+  if mla:
+    p = "model.mla."
+    check_keys(mla, MLA_KEYS, p, required=[k for k in MLA_KEYS if k != "q_lora_rank"])
+    for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+      positive_int(mla, k, p)
+    require(mla["qk_rope_head_dim"] % 2 == 0, p + "qk_rope_head_dim", mla["qk_rope_head_dim"],
+            "must be even for rotary embeddings")
+    q_lora = mla.get("q_lora_rank", 0)
+    require(isinstance(q_lora, int) and q_lora >= 0, p + "q_lora_rank", q_lora,
+            "must be an integer >= 0 (0: queries straight from the input)")
+    out.update({k: mla.get(k, 0) for k in MLA_KEYS})
+  q = "model.moe."
+  score = moe.get("score", "softmax")
+  one_of({"score": score}, "score", ("softmax", "sigmoid"), q)
+  n_group, topk_group = moe.get("n_group", 1), moe.get("topk_group", 1)
+  require(isinstance(n_group, int) and n_group >= 1 and (not num_experts
+                                                          or num_experts % n_group == 0),
+          q + "n_group", n_group, "must be an integer >= 1 dividing num_experts")
+  require(isinstance(topk_group, int) and 1 <= topk_group <= n_group, q + "topk_group",
+          topk_group, f"must be an integer in [1, n_group={n_group}]")
+  scaling = moe.get("routed_scaling", 1.0)
+  require(isinstance(scaling, int | float) and scaling > 0, q + "routed_scaling", scaling,
+          "must be a number > 0")
+  first = moe.get("first_dense", 0)
+  layers = model_cfg["num_layers"]
+  require(isinstance(first, int) and 0 <= first < layers and (
+      not (num_experts and moe["every"]) or (layers - first) % moe["every"] == 0),
+      q + "first_dense", first, f"must be an integer in [0, num_layers={layers}) leaving a "
+      "multiple of moe.every layers")
+  out.update(router_score=score, n_group=n_group, topk_group=topk_group,
+             routed_scaling=float(scaling), first_dense=first)
+  return out
