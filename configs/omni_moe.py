@@ -63,7 +63,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   )
   c.data = dict(source="synthetic", seq_len=64, batch_size=32, seed=0, text_weight=1.0,
                 manifest="", on_error="skip", codebook_samples=64,
-                pack=False,  # True: fill each training row's padding with text samples
+                # 'documents': several samples per row with document masks (as manifest
+                # rows); 'text': a sample's padding filled with text samples, no mask
+                pack="none",
                 tokenizer="bytes",  # or a tokenizer.json / SentencePiece .model path
                 # synthetic task: hold out about 1/k of the attribute combinations from
                 # training (0: none); generate --judge reports them apart
@@ -75,9 +77,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # end); unknown record keys are metadata unless strict_keys; a document longer than seq_len
   # is cut into seq_len windows whose positions restart (or 'continue'). sources: several
   # datasets mixed by weight, [dict(path=..., weight=..., modalities=[...])] (data.manifest '').
+  # Audio longer than its window: a random window in training, centred in eval ('head': first).
   c.data.update(max_bad_fraction=0.001, workers=0, prefetch=2, epochs=0, shards=0,
                 eval_fraction=0.1, pack_window=256, min_records_before_cap=1000,
-                strict_keys=False, chunk_positions="restart", sources=(),
+                strict_keys=False, chunk_positions="restart", sources=(), audio_crop="random",
                 allow_changed_data=False)  # True: resume over changed data (from its start)
   c.optim = dict(lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.01, b1=0.9, b2=0.95,
                  eps=1e-8, clip_norm=1.0,
@@ -100,7 +103,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                  grad_dtype="compute")  # or 'bfloat16': every gradient and its reduction
 
   if arg == "tiny":
-    pass
+    c.data.pack = "documents"  # several samples per row, document masks (docs/data.md)
   elif arg == "micro":
     # For tests: every code path (MoE, three modalities, two generated) at minimal size.
     c.model.update(d_model=32, num_layers=2, num_heads=2, num_kv_heads=1, d_ff=64,
@@ -147,7 +150,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.model.modalities.audio.update(n_fft=128, hop=64, n_mels=16)
     c.model.modalities.video.update(frames=2)
     c.model.moe.update(num_experts=4, top_k=2, d_ff=32)
-    c.data.update(seq_len=32_768, batch_size=1, pack=True, codebook_samples=16)
+    c.data.update(seq_len=32_768, batch_size=1, pack="text", codebook_samples=16)
     c.mesh = dict(data=1, fsdp=1, expert=1, sequence=8, tensor=1, pipeline=1)
     c.parallel.sequence_attention = "ring"
     c.optim.update(lr=3e-3, warmup_steps=2)

@@ -34,7 +34,12 @@ KEYS = {
     "omni_moe": {
         "omni30b": ["layouts", "hardware", "params_total", "params_active",
                     "seed_tokens_per_sec_per_gpu"],
+        "files": ["step_slowdown_with_input", "step_seconds_with_input",
+                  "step_seconds_cached_batch", "input_over_step", "input_tokens_per_sec",
+                  "step_tokens_per_sec", "packing_efficiency", "workers", "machine.note"],
         "mla_tiny": ["cache_bytes_per_token_per_layer", "kv_speedup_64", "outputs_match_64"],
+        "tiny": ["startup_s", "rss_growth_mb", "pss_growth_mb",
+                 "rss_growth_after_first_tenth_mb", "records", "machine.note"],
     },
     # per config variant where a job's variants report different things
     "lsm": {

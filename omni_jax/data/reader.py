@@ -198,7 +198,7 @@ class ShardReader:
     self.bad_ids = {tuple(b) for b in state["bad_ids"]}
     self.docs_made = state["docs_made"]
     self.window, self.offset = None, 0
-    self.carry = [(self.maker(self.records[i])["docs"][j], (i, j, n))
+    self.carry = [(self.maker.indexed(i, self.records[i])["docs"][j], (i, j, n))
                   for i, j, n in state.get("carry", [])]
     self.before = {"carry": [], **{k: state[k] for k in state if k not in ("window", "offset")}}
     if state["window"]:

@@ -18,7 +18,10 @@
   loss stops the run with :class:`NonFiniteLossError` before anything after it is saved,
   so the last checkpoint on disk is a good one;
 * records: a progress line every ``log_every`` steps (loss, tokens/s, MFU, ETA),
-  ``metrics.jsonl``, and the numbers ``summary.json`` is built from.
+  ``metrics.jsonl``, and the numbers ``summary.json`` is built from;
+* input stalls: the seconds the loop waits for each batch (``get_batch`` + ``put_batch``,
+  until the batch is on the devices) over the wall time, ``input_wait_fraction``, and the
+  input iterator's records per second when it counts them (``records_per_sec``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from omni_jax.common.checkpoint import Checkpointer, abstract_like
 from omni_jax.common.config import check_keys, positive_int, require
 from omni_jax.common.metrics import MetricsLog
 from omni_jax.common.progress import Progress
-from omni_jax.common.timing import RateMeter
+from omni_jax.common.timing import RateMeter, timed
 from omni_jax.train import offload as offload_lib
 from omni_jax.train.profiling import StepProfiler, parse_profile_steps
 
@@ -240,12 +243,52 @@ def _check_finite(losses: list, step: int, ckpt: Checkpointer) -> None:
         "step was saved). Lower optim.lr or raise optim.clip_norm, then rerun to resume.")
 
 
+class InputMeter:
+  """Seconds the loop waited for its batches and records the input iterator read, per log
+  window and over the run (the first, compiling step excluded, like :class:`RateMeter`).
+
+  The wait is the host's: with asynchronous dispatch the devices may still be running the
+  previous step while the host waits, so it bounds the devices' idle time from above."""
+
+  def __init__(self, data_iter=None):
+    self.count = (lambda: int(data_iter.records_read)) if hasattr(
+        data_iter, "records_read") else None
+    self.wait = self.total_wait = 0.0
+    self.total_records = 0
+    self.records0 = 0
+
+  def start(self) -> None:
+    self.wait = 0.0
+    self.records0 = self.count() if self.count else 0
+
+  def window(self, seconds: float) -> dict[str, float]:
+    """``input_wait_fraction`` (and ``records_per_sec``) of a window of ``seconds``; adds
+    the window to the run totals and restarts."""
+    out = {"input_wait_fraction": self.wait / seconds}
+    self.total_wait += self.wait
+    if self.count:
+      n = self.count() - self.records0
+      self.total_records += n
+      out["records_per_sec"] = n / seconds
+    self.start()
+    return out
+
+  def summary(self, seconds: float) -> dict[str, float | None]:
+    """The run's ``input_wait_fraction`` and ``records_per_sec`` over ``seconds`` of timed
+    windows (None without any, or without a record count)."""
+    if not seconds:
+      return {"input_wait_fraction": None, "records_per_sec": None}
+    return {"input_wait_fraction": self.total_wait / seconds,
+            "records_per_sec": self.total_records / seconds if self.count else None}
+
+
 @dataclasses.dataclass
 class FitResult:
   state: TrainState
   records: list[dict]          # every metrics.jsonl record of the run (resumed ones included)
   mean_step_time: float        # seconds per step over this invocation (compile excluded)
   resumed_from: int | None
+  input: dict = dataclasses.field(default_factory=dict)  # InputMeter.summary of this run
 
 
 def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Callable,
@@ -292,12 +335,15 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
     log.write({"step": 0, **{f"eval/{k}": v for k, v in eval_fn(state.params, 0).items()}})
 
   meter, window, losses = RateMeter(), [], []
+  inputs = InputMeter(data_iter)
   profiler = StepProfiler(workdir, loop.profile_steps)
   t_start = time.perf_counter()
   try:
     for step in range(start + 1, loop.steps + 1):
       profiler.before(step)
-      state, metrics = step_fn(state, put_batch(get_batch(step - 1)))
+      batch, waited = timed(lambda s=step: put_batch(get_batch(s - 1)))
+      inputs.wait += waited
+      state, metrics = step_fn(state, batch)
       profiler.after(step, metrics)
       window.append(metrics)
       losses.append(metrics["loss"])
@@ -305,6 +351,7 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
         jax.block_until_ready(metrics["loss"])
         logging.info("first step (incl. compile) took %.1f s", time.perf_counter() - t_start)
         meter.start()
+        inputs.start()
         prog = Progress("step", loop.steps, unit="steps", start=step)
       else:
         meter.tick()
@@ -322,6 +369,7 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
           sps = dt / n
           rec["step_time_s"] = sps
           rec["tokens_per_sec"] = tokens_per_step / sps
+          rec.update(inputs.window(dt))
           if flops_per_step and loop.peak_flops:
             rec["mfu"] = flops_per_step / sps / loop.peak_flops
         if eval_fn is not None and (last or (loop.eval_every and step % loop.eval_every == 0)):
@@ -331,6 +379,7 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
             f"  {rec['tokens_per_sec']:.0f} tok/s  mfu {rec.get('mfu', math.nan):.3f}"
             if "tokens_per_sec" in rec else ""), force=True)
         meter.start()
+        inputs.start()
       if do_ckpt:
         ckpt.save(step, state, data=data_iter)
     if start < loop.steps:
@@ -338,4 +387,5 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   finally:
     profiler.close()
     ckpt.close()
-  return FitResult(state, log.read(), meter.mean_step_time, resumed)
+  return FitResult(state, log.read(), meter.mean_step_time, resumed,
+                   inputs.summary(meter.total_time))

@@ -285,10 +285,12 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
       data_iter.close()  # stops Grain's worker processes
   summary = make_summary(spec, config, result, params_total, params_active, flops, loop)
   summary.update(trained, trainable_fraction=trained["params_trainable"] / params_total)
-  summary["data"] = data_summary(stream, spec, config)
+  summary["data"] = {**data_summary(stream, spec, config), **result.input}
   d = summary["data"]
-  logging.info("data (%s): %d records read, %d skipped, packing efficiency %s", d["source"],
-               d["records_read"], d["records_skipped"], d["packing_efficiency"])
+  logging.info("data (%s): %d records read, %d skipped, packing efficiency %s, input wait "
+               "fraction %s, records/s %s", d["source"], d["records_read"],
+               d["records_skipped"], d["packing_efficiency"], d["input_wait_fraction"],
+               d["records_per_sec"])
   if jax.process_index() != 0:  # process 0 writes the records of a multi-process job
     return summary
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)
@@ -318,8 +320,10 @@ def input_placement(stream, mesh):
 
 def data_summary(stream, spec: OmniSpec, config) -> dict[str, Any]:
   """summary.json's ``data``: source, records read / skipped, tokenizer, vocabulary size and
-  packing efficiency (non-pad fraction of training tokens). Manifest counts are this
-  process's (process 0's in a multi-process job); synthetic rows hold one sample each."""
+  packing efficiency (non-pad fraction of training tokens); ``train_omni`` adds the loop's
+  ``input_wait_fraction`` and ``records_per_sec`` (:class:`~omni_jax.train.loop.InputMeter`).
+  Manifest counts are this process's (process 0's in a multi-process job); synthetic rows
+  hold one sample each."""
   out = dict(stream.summary())
   out.setdefault("packing_efficiency", None)
   out["tokenizer"] = spec.tokenizer_source
