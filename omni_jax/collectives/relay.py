@@ -130,7 +130,7 @@ class Relay:
     self.filled = [0] * n
     self.version = [0] * n    # version each worker's in-flight gradient is computed on (cv)
     self.pending: list[int] = []
-    self.acc = np.zeros(size, np.float64)
+    self.acc = np.zeros(size, np.float32)   # float32 sums in arrival order, as a switch
     if mode == "ps":
       tx, params = optimizer
       if np.size(params) + 1 != size:
@@ -207,7 +207,7 @@ class Relay:
     with self.lock:
       if step in self.closed:
         return   # a copy past the threshold of a finished step
-      acc, cnt = self.open.setdefault(step, (np.zeros(self.size, np.float64),
+      acc, cnt = self.open.setdefault(step, (np.zeros(self.size, np.float32),
                                              np.zeros(len(self.slices), np.int64)))
       if cnt[seg] >= self.h:
         return   # the threshold dropped this copy
@@ -216,7 +216,7 @@ class Relay:
       cnt[seg] += 1
       if cnt[seg] < self.h:
         return
-      out = (acc[sl] / self.h).astype(np.float32)
+      out = acc[sl] / np.float32(self.h)
       if (cnt >= self.h).all():
         del self.open[step]
         self.closed.add(step)
@@ -253,7 +253,7 @@ class Relay:
       return
     if any(self.version[w] < k + 1 - self.s for w in running):
       return   # wait for the straggler: its gradient would exceed the bound
-    agg = (self.acc / len(self.pending)).astype(np.float32)
+    agg = self.acc / np.float32(len(self.pending))
     mask = sum(1 << w for w in self.pending)
     self.staleness_log.append([k - self.version[w] for w in self.pending])
     self.counts.append(len(self.pending))
@@ -264,10 +264,10 @@ class Relay:
     self._broadcast(k, 0, mask, agg)
 
   def _server_step(self) -> None:
-    g = (self.acc[:-1] / self.n).astype(np.float32)
+    g = self.acc[:-1] / np.float32(self.n)
     self.params, self.opt_state = self.opt_step(self.params, self.opt_state, g)
     self.params = np.asarray(self.params)
-    out = np.append(self.params, np.float32(self.acc[-1]))
+    out = np.append(self.params, self.acc[-1])
     self.aggregations += 1
     self.counts.append(self.n)
     self.pending, self.acc[:] = [], 0
