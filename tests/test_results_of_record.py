@@ -45,10 +45,17 @@ KEYS = {
                  "chosen_bits", "energy_saving_gating", "energy_saving_total", "split.test",
                  "brian2_spikes_by_target.numpy", "brian2_spikes_ours"],
     },
-    "netlab": ["measured_speedup", "baseline_comm_fraction", "predicted_speedup",
-               "model_error_median", "socket_over_program_bytes", "codecs.*.measured_speedup",
-               "codecs.*.socket_over_program_bytes", "codecs.*.final_accuracy", "machine.note",
-               "rows"],
+    "netlab": {
+        **{v: ["measured_speedup", "baseline_comm_fraction", "predicted_speedup",
+               "model_error_median", "socket_over_program_bytes",
+               "codecs.*.measured_speedup", "codecs.*.socket_over_program_bytes",
+               "codecs.*.final_accuracy", "machine.note", "rows"]
+           for v in ("inceptionn", "gradiveq", "pipesgd")},
+        "iswitch": ["measured_speedup", "baseline_comm_fraction", "predicted_speedup",
+                    "model_error_median", "async_over_sync_speedup", "async_predicted_speedup",
+                    "time_to_target_s.*", "staleness_histogram", "model.latency_s",
+                    "model.efficiency", "machine.note", "rows"],
+    },
 }
 
 
