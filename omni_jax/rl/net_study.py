@@ -256,10 +256,15 @@ def plot(summary: dict, curve: dict, path: str) -> None:
   measured seconds per aggregation against link rate per sync method, with the calibrated
   model's curves (modelled)."""
   plt = pyplot()
+  from matplotlib.ticker import NullFormatter, ScalarFormatter  # loaded after the Agg backend
   fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.4))
+  ttt = summary["time_to_target_s"]
   for k, (name, pts) in enumerate(curve.items()):
     t, ret = zip(*pts, strict=True) if pts else ((), ())
-    a.plot(t, ret, color=f"C{k}", lw=1.2, label=name)
+    reach = f", target at {ttt[name]:.1f} s" if ttt.get(name) else ", target not reached"
+    a.plot(t, ret, color=f"C{k}", lw=1.2, label=name + reach)
+    if ttt.get(name):
+      a.axvline(ttt[name], color=f"C{k}", ls="--", lw=0.8)
   a.axhline(summary["target_return"], color="grey", ls=":", lw=1, label="target")
   a.set_xlabel("wall-clock seconds (measured)")
   a.set_ylabel(f"training return (mean, last {summary['config']['window']} iterations)")
@@ -282,8 +287,13 @@ def plot(summary: dict, curve: dict, path: str) -> None:
                   for g in grid], "-", color=f"C{k}", lw=1, alpha=0.7,
            label=f"{meth}: model (modelled)")
   b.axvline(summary["rate_mbit"], color="grey", ls=":", lw=1)
+  lo, hi = b.get_ylim()
+  b.set_yticks([t for t in (2, 5, 10, 20, 50, 100, 200, 500) if lo <= t <= hi])
   b.set_xscale("log")
   b.set_yscale("log")
+  for axis in (b.xaxis, b.yaxis):
+    axis.set_major_formatter(ScalarFormatter())
+    axis.set_minor_formatter(NullFormatter())
   b.set_xlabel("link rate (Mbit/s per link)")
   b.set_ylabel("ms per aggregation")
   b.set_title("time per aggregation (calibration rates and the reported rate)")
