@@ -143,6 +143,8 @@ class Relay:
         u, o = tx.update(g, o, p)
         return optax.apply_updates(p, u), o
       self.opt_step = jax.jit(step)
+      # compiled now, before GO: a first-call compile would count against the server's clock
+      jax.block_until_ready(self.opt_step(self.params, self.opt_state, np.zeros_like(self.params)))
 
   # ------------------------------------------------------------ plumbing
   def _send(self, w: int, *args, **kw) -> None:
