@@ -128,8 +128,8 @@ class Client:
     if not was_stopped:
       self.log.append((compute, slept, self._last - t_in - slept))
     self.step += 1
-    last = out[0][max(int(out[1]) - 1, 0)] if self.method == "async" else out
-    if last[-1] > 0:
+    flag = out[0][:int(out[1]), -1].max(initial=0.0) if self.method == "async" else out[-1]
+    if flag > 0:   # async: any aggregate applied here may carry it
       self.stopped = True
     return out
 

@@ -147,7 +147,8 @@ def row(cfg, res: dict) -> dict:
   log0 = np.asarray(w0["exchange_log"])
   wall = float(log0.sum())
   per_worker = [np.asarray(w["exchange_log"])[:, :2].sum(1).mean() for w in ws]
-  aggs = res["relay"]["aggregations"] if "relay" in res else len(log0)
+  # aggregations worker 0 took part in (async: every aggregate it applied, its own or not)
+  aggs = w0.get("aggregates_applied", len(log0)) if run["method"] == "async" else len(log0)
   ttt = w0["time_to_target"]
   r = {"run": run["name"], "method": run["method"], "rate_mbit": run["rate_mbit"],
        "straggler": run["straggler"], "phase": run["phase"],
@@ -245,9 +246,10 @@ def summarise(cfg, results: list[dict]) -> dict:
 
 
 def curves(results: list[dict]) -> dict:
-  """Worker 0's (seconds, window return) per training run, for the plot."""
+  """Worker 0's (seconds, window return) per training run, for the plot (iterations whose
+  window saw no episode end are left out: their return is undefined, stored as 0)."""
   return {r["run"]["name"]: [(it["seconds"], it["window_return"])
-                             for it in r["workers"][0]["iterations"]]
+                             for it in r["workers"][0]["iterations"] if it["window_return"]]
           for r in results if r["run"]["phase"] == "train"}
 
 
@@ -287,6 +289,7 @@ def plot(summary: dict, curve: dict, path: str) -> None:
                   for g in grid], "-", color=f"C{k}", lw=1, alpha=0.7,
            label=f"{meth}: model (modelled)")
   b.axvline(summary["rate_mbit"], color="grey", ls=":", lw=1)
+  b.set_xticks(rates, [f"{r:g}" for r in rates])
   lo, hi = b.get_ylim()
   b.set_yticks([t for t in (2, 5, 10, 20, 50, 100, 200, 500) if lo <= t <= hi])
   b.set_xscale("log")

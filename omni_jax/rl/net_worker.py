@@ -61,7 +61,8 @@ def main(spec_path: str) -> None:
   client.close()
   out = {"worker": w, "method": spec["method"], "iterations": its, "time_to_target": reached,
          "exchange_log": client.log, "stopped": client.stopped,
-         "num_params": algo.num_params, "slow_factor": client.slow}
+         "num_params": algo.num_params, "slow_factor": client.slow,
+         "aggregates_applied": client.version if spec["method"] == "async" else client.step}
   with open(spec["out"] + ".tmp", "w") as f:
     json.dump(out, f)
   os.replace(spec["out"] + ".tmp", spec["out"])
