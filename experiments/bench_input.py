@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments import common
 
@@ -76,4 +76,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -48,4 +48,4 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  common.run(main)

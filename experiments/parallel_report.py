@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments import common
 from omni_jax.reports.layout_report import (
@@ -176,4 +176,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

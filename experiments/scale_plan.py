@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import re
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments import common
 from omni_jax.reports.scale_plan import (
@@ -119,4 +119,4 @@ def _summary(config, spec, rows) -> dict:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -32,6 +32,7 @@ import scipy.io.wavfile
 import scipy.signal
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from omni_jax.common.config import UserError
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.modalities.sources import RESERVED_KEYS
 
@@ -40,7 +41,7 @@ _WIDE_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")  # one channel, > 8 
 MAX_VIDEO_BYTES = 1 << 30  # decoded frames (at the modality's size) kept per clip, at most
 
 
-class RecordError(ValueError):
+class RecordError(UserError, ValueError):
   """A manifest record has a wrong key or value (not a file problem)."""
 
 

@@ -9,7 +9,8 @@ codebook. A document longer than ``seq_len`` is cut into ``seq_len`` windows
 trains. Keys that are neither ``id``, ``text`` nor a modality's ``source_key`` are metadata
 and ignored (``data.strict_keys = True``: an error naming the allowed keys). A data source
 may feed only some modalities (``data.sources[i].modalities``): the others' keys are
-ignored in its records.
+ignored in its records. A record with ``messages`` is a chat record
+(:mod:`omni_jax.data.chat`): one document whose loss covers the assistant turns.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from omni_jax.data.decode import decode_record
+from omni_jax.data import chat
+from omni_jax.data.decode import RecordError, decode_record
 from omni_jax.data.packing import Doc, chunk_document
 from omni_jax.data.records import Item
 from omni_jax.data.sequences import TASK_TEXT, RowBuilder, generate_task, understand_task
@@ -53,9 +55,10 @@ class DocMaker:
                  for ms in source_modalities]
     self.feeds = [None if ms is None else set(ms) for ms in source_modalities]
     self._builder = None
+    self._chat = None  # the chat template, read on the first chat record
 
-  def record(self, item: Item) -> tuple[str, dict[str, np.ndarray]]:
-    """The text and modality inputs of one record; ValueError says what is wrong."""
+  def parse(self, item: Item) -> dict:
+    """The record as a dict; ValueError says what is wrong."""
     rec = item.payload
     if not isinstance(rec, dict):
       try:
@@ -66,6 +69,14 @@ class DocMaker:
         raise ValueError(f"line is not valid UTF-8: {e}") from None
     if not isinstance(rec, dict):
       raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+    return rec
+
+  def record(self, item: Item, rec: dict | None = None) -> tuple[str, dict[str, np.ndarray]]:
+    """The text and modality inputs of one record (``rec``: already parsed); ValueError says
+    what is wrong."""
+    rec = self.parse(item) if rec is None else rec
+    if chat.CHAT_KEY in rec:
+      raise ValueError(f"a chat record ('{chat.CHAT_KEY}') has no single caption")
     drop = self.drop[item.source]
     if drop:
       rec = {k: v for k, v in rec.items() if k not in drop}
@@ -98,10 +109,40 @@ class DocMaker:
         out += chunk(b.generate_ids(m, text, codes), {}, generate_task(m))
     return out
 
+  def chat_docs(self, item: Item, rec: dict) -> list[Doc]:
+    """A chat record's one document (:mod:`omni_jax.data.chat`): loss on assistant turns."""
+    extra = sorted(set(rec) - {"id", chat.CHAT_KEY})
+    if extra and (self.strict_keys or "text" in extra):
+      raise RecordError(f"a chat record has the keys 'id' and '{chat.CHAT_KEY}' only, got "
+                        f"also {extra}")
+    if self._chat is None:
+      self._chat = chat.ChatFormat.for_tokenizer(self.spec.tokenizer)
+    by_key = {ms["source_key"]: m for m, ms in self.spec.modalities}
+    messages, media = chat.parse_messages(rec[chat.CHAT_KEY], by_key)
+    feeds = self.feeds[item.source]
+    files = {self.mods[m]["source_key"]: p for m, p in media.items()
+             if feeds is None or m in feeds}
+    x = decode_record(files, self.spec, item.base_dir)
+    if self._builder is None:
+      self._builder = RowBuilder(self.spec, self.seq_len)
+    tok, n = self.spec.tokenizer, self._builder.num_tokens
+    runs = {m: [tok.special(f"<{m}>")] + [tok.special(f"<{m}:slot>")] * n[m]
+            + [tok.special(f"</{m}>")] if m in x else [] for m in media}
+    slot = {m: tok.special(f"<{m}:slot>") for m in media}
+    ids, heads, local, slots = chat.chat_ids(self._chat, tok, messages, runs, slot)
+    slots = {m: p for m, p in slots.items() if m in x}
+    present = [m for m in self.mods if m in x]
+    task = understand_task(present[0]) if present else TASK_TEXT
+    return chunk_document(ids, heads, local, slots, x, self.tasks.index(task), self.seq_len,
+                          self.continue_positions)
+
   def __call__(self, item: Item) -> dict[str, Any]:
     base = {"source": item.source, "rid": item.index}
     try:
-      text, x = self.record(item)
+      rec = self.parse(item)
+      if chat.CHAT_KEY in rec:
+        return {"docs": self.chat_docs(item, rec), "bad": None, **base}
+      text, x = self.record(item, rec)
       return {"docs": self.docs(text, x), "bad": None, **base}
     except ValueError as e:
       return {"docs": [], "bad": f"{item.where}: {e}", **base}

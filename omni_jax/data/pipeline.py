@@ -120,8 +120,11 @@ class PipelineStream:
   def __init__(self, spec: OmniSpec, data_cfg, data_keys):
     # data.pack (fill synthetic rows with text) is the synthetic stream's: manifest rows are
     # always packed with document masks.
-    check_keys(data_cfg, (*data_keys, "pack", "tokenizer", *PIPELINE_DEFAULTS), "data.",
-               required=data_keys)
+    check_keys(data_cfg, (*data_keys, "pack", "tokenizer", "heldout_every", *PIPELINE_DEFAULTS),
+               "data.", required=data_keys)
+    require(not data_cfg.get("heldout_every", 0), "data.heldout_every",
+            data_cfg.get("heldout_every"), "0 with manifest data (it holds out attribute "
+            "combinations of the synthetic task)")
     self.source = "manifest"
     self.seq_len = positive_int(data_cfg, "seq_len", "data.")
     self.batch_size = positive_int(data_cfg, "batch_size", "data.")

@@ -24,6 +24,7 @@ from omni_jax.data.pipeline import PIPELINE_DEFAULTS, PipelineStream
 from omni_jax.data.sequences import TASK_TEXT, RowBuilder, collate, generate_task, understand_task
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.modalities.base import gen_codes
+from omni_jax.modalities.heldout import train_labels
 from omni_jax.models.spec import OmniSpec
 from omni_jax.tokenizers import omni_codes
 
@@ -47,8 +48,8 @@ class OmniStream:
   """Deterministic batches for an :class:`OmniSpec` from ``config.data``."""
 
   def __init__(self, spec: OmniSpec, data_cfg):
-    check_keys(data_cfg, (*DATA_KEYS, "pack", "tokenizer", "task_weights", *PIPELINE_DEFAULTS),
-               "data.", required=DATA_KEYS)
+    check_keys(data_cfg, (*DATA_KEYS, "pack", "tokenizer", "task_weights", "heldout_every",
+                          *PIPELINE_DEFAULTS), "data.", required=DATA_KEYS)
     tokenizer = str(data_cfg.get("tokenizer", "bytes"))
     built_with = "bytes" if spec.init_from else spec.tokenizer_source  # init_from: its own
     require(tokenizer == built_with, "data.tokenizer", tokenizer,
@@ -69,6 +70,10 @@ class OmniStream:
     self.builder = RowBuilder(spec, self.seq_len)
     self.mods = dict(spec.modalities)
     self.kinds = {m: MODALITY_KINDS.get(ms["kind"]) for m, ms in spec.modalities}
+    # data.heldout_every: attribute combinations no training row shows (modalities/heldout)
+    every = data_cfg.get("heldout_every", 0)
+    self.train_labels = {m: train_labels(ms, every, len(self.kinds[m].labels(ms)))
+                         for m, ms in self.mods.items()}
     self.tasks = [TASK_TEXT] + [understand_task(m) for m in self.mods] + [
         generate_task(m) for m, ms in self.mods.items() if ms["codebook_size"]]
     # data.task_weights: {task: weight} for the non-text tasks (default 1 each), e.g.
@@ -94,11 +99,19 @@ class OmniStream:
       if not ms["codebook_size"] or kind.code_vectors is None or ms.get("tokenizer"):
         continue
       rng = _rng(self.seed, 1_000_003, len(m))
-      labels = rng.integers(0, len(kind.labels(ms)), n)
+      labels = self._draw(m, rng, n)
       xs = np.stack([kind.synthesize(ms, rng, int(lab)) for lab in labels])
       vecs = kind.code_vectors(ms, xs)
       self.codebooks[m] = vq.fit_codebook(vecs.reshape(-1, vecs.shape[-1]),
                                           ms["codebook_size"], seed=self.seed)
+
+  def _draw(self, m: str, rng: np.random.Generator, n: int | None = None):
+    """Training classes of modality ``m``: uniform over ``train_labels`` (the same draws as
+    before any hold-out when nothing is held out)."""
+    labels = self.train_labels[m]
+    if len(labels) == len(self.kinds[m].labels(self.mods[m])):
+      return rng.integers(0, len(labels), n)
+    return rng.choice(labels, n)
 
   def codes(self, m: str, xs: np.ndarray) -> np.ndarray:
     """Discrete targets [B, N] of modality ``m`` for raw inputs ``xs`` [B, ...]."""
@@ -124,7 +137,9 @@ class OmniStream:
 
   # ---------------------------------------------------------------- synthetic
   def _synthetic_batch(self, rng: np.random.Generator, task_ids: np.ndarray | None = None,
-                       pack: bool = False) -> dict[str, np.ndarray]:
+                       pack: bool = False, train: bool = True) -> dict[str, np.ndarray]:
+    """Training rows draw their classes from ``train_labels`` (held-out combinations
+    never appear); evaluation rows from every class."""
     b = self.batch_size
     if task_ids is None:
       task_ids = rng.choice(len(self.tasks), size=b, p=self.task_probs)
@@ -136,7 +151,8 @@ class OmniStream:
         continue
       m = task.split(":")[0]
       ms, kind = self.mods[m], self.kinds[m]
-      label = int(rng.integers(0, len(kind.labels(ms))))
+      label = (int(self._draw(m, rng)) if train
+               else int(rng.integers(0, len(kind.labels(ms)))))
       plans.append((task, m, kind.labels(ms)[label], kind.synthesize(ms, rng, label)))
     codes = {}
     for m in self.mods:
@@ -182,7 +198,7 @@ class OmniStream:
     """Held-out batch ``i``: a disjoint random stream with tasks in rotation, so every task
     is measured on equally many rows."""
     rotation = (i * self.batch_size + np.arange(self.batch_size)) % len(self.tasks)
-    return self._synthetic_batch(_rng(self.seed, EVAL_DOMAIN, i), rotation)
+    return self._synthetic_batch(_rng(self.seed, EVAL_DOMAIN, i), rotation, train=False)
 
 
 def make_stream(spec: OmniSpec, data_cfg):

@@ -104,9 +104,15 @@ def test_missing_tensor_and_unused_tensor(ckpt, tmp_path):
   tensors["model.layers.0.block_sparse_moe.gate.weight"] = router
   tensors["model.vision_tower.proj.weight"] = router
   save_file(tensors, path)
-  with pytest.raises(CheckpointError, match=r"1 tensors have no place in the MixtralForCausalLM "
-                     r"backbone \(e\.g\. \['model\.vision_tower\.proj\.weight'\]\)"):
+  tensors["lm_head.extra"] = router
+  save_file(tensors, path)
+  with pytest.raises(CheckpointError, match=r"2 tensor\(s\) have no place in the "
+                     r"MixtralForCausalLM backbone: \['lm_head.extra', 'model\.vision_tower\."
+                     r"proj\.weight'\]; .* --skip_unmapped"):
     load.open_checkpoint(single)
+  ck = load.open_checkpoint(single, skip_unmapped=True)
+  assert ck.skipped == ("lm_head.extra", "model.vision_tower.proj.weight")
+  assert "model.vision_tower.proj.weight" not in ck.tensors
 
 
 def test_unsupported_quantisation(ckpt):
