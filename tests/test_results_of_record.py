@@ -56,10 +56,17 @@ KEYS = {
     "rl": ["algo", "env", "workers", "aggregation", "staleness", "env_steps", "final_return",
            "eval_return", "env_steps_per_sec", "comm_fraction_measured", "predicted",
            "switch_over_allreduce", "time_to_reward_modelled"],
-    "netlab": ["measured_speedup", "baseline_comm_fraction", "predicted_speedup",
-               "model_error_median", "socket_over_program_bytes", "codecs.*.measured_speedup",
-               "codecs.*.socket_over_program_bytes", "codecs.*.final_accuracy", "machine.note",
-               "rows"],
+    "netlab": {
+        **{v: ["measured_speedup", "baseline_comm_fraction", "predicted_speedup",
+               "model_error_median", "socket_over_program_bytes",
+               "codecs.*.measured_speedup", "codecs.*.socket_over_program_bytes",
+               "codecs.*.final_accuracy", "machine.note", "rows"]
+           for v in ("inceptionn", "gradiveq", "pipesgd")},
+        "iswitch": ["measured_speedup", "baseline_comm_fraction", "predicted_speedup",
+                    "model_error_median", "async_over_sync_speedup", "async_predicted_speedup",
+                    "time_to_target_s.*", "staleness_histogram", "model.latency_s",
+                    "model.efficiency", "machine.note", "rows"],
+    },
 }
 
 
