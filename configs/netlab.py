@@ -1,7 +1,9 @@
 """Compressed data-parallel training across processes on a shaped link (experiments.netlab).
 
-Variants: ``inceptionn`` and ``gradiveq`` (the headline codec of the summary; both run the
-same codecs, so one measurement serves both: a rerun with the other variant and the same
+Variants: ``iswitch`` (:func:`iswitch`: PPO workers through the in-switch relay, a parameter
+server and a TCP ring, :mod:`omni_jax.rl.net_study`); ``inceptionn`` and ``gradiveq`` (the
+headline codec of the summary; both run the same codecs, so one measurement serves both: a
+rerun with the other variant and the same
 ``--workdir`` reuses it); ``pipesgd``: the uncompressed ring synchronous (``none``) against
 Pipe-SGD width 2 (``none@2``) at links where communication and compute are comparable. Each
 optionally ``,tiny`` (seconds: smoke tests). The model, data and
@@ -17,9 +19,9 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import compress
+from configs import compress, rl
 
-HEADLINES = ("inceptionn", "gradiveq", "pipesgd")
+HEADLINES = ("inceptionn", "gradiveq", "pipesgd", "iswitch")
 
 
 def get_config(arg: str = "inceptionn") -> ml_collections.ConfigDict:
@@ -29,6 +31,8 @@ def get_config(arg: str = "inceptionn") -> ml_collections.ConfigDict:
   if len(heads) > 1 or any(p not in HEADLINES for p in heads):
     raise ValueError(f"unknown netlab config variant {arg!r}; allowed: one of "
                      f"{list(HEADLINES)}, optionally followed by ',tiny'")
+  if heads == ["iswitch"]:
+    return iswitch(tiny)
   c = ml_collections.ConfigDict()
   c.headline = heads[0] if heads else "inceptionn"
   c.codecs = ("none", "inceptionn", "gradiveq")
@@ -85,4 +89,52 @@ def get_config(arg: str = "inceptionn") -> ml_collections.ConfigDict:
     c.rounds = 1
     c.target_accuracy = 0.5
     c.timeout_s = 600
+  return c
+
+
+def iswitch(tiny: bool = False) -> ml_collections.ConfigDict:
+  """PPO CartPole through the in-switch relay against a parameter server and a ring.
+
+  The regime (iSwitch's): small gradients (PPO's 9,155-parameter actor-critic, 37 KB) whose
+  aggregation is bound by the links: at 20 Mbit/s per link the switch moves one gradient up
+  and one down each worker's link (15 ms each way, overlapped per packet), while the
+  parameter server's one link carries all 2N = 8 messages (59 ms each way); a minibatch
+  gradient computes in a few ms. The relay's own cost per aggregation (Python sockets on
+  this shared 2-core machine) was about 20 ms when measured at 200 Mbit/s, so from about
+  50 Mbit/s up the aggregation is bound by that, not by the link (measured at 50 Mbit/s:
+  the PS took 1.25x the switch's time to target). Links are per host (an htb class per NIC
+  by port), MTU 9000; a switch packet is ``segment`` = 2048 floats (8 KB, one frame).
+  """
+  c = ml_collections.ConfigDict()
+  c.headline = "iswitch"
+  c.workers = 4                       # processes; the straggler is the last
+  c.env = "CartPole-v1"
+  c.hp = rl.hyperparameters("ppo")
+  c.hp.anneal_lr = False              # async workers apply more updates than a schedule counts
+  c.seed = 0
+  c.rate_mbit = 20.0                  # every link (each worker's NIC, or the server's)
+  c.calibration_rates_mbit = (50.0,)  # the model's constants are fitted here only
+  c.calibration_iterations = 6
+  c.link = ml_collections.ConfigDict(dict(mtu=9000, burst_bytes=10000))
+  c.segment = 2048                    # floats per switch packet
+  c.target_return = 150.0             # mean training return over the last `window` iterations
+  c.window = 5
+  c.max_iterations = 250
+  c.straggler_factor = 4.0            # the last worker sleeps 3x its compute per gradient
+  c.async_threshold = 3               # H: the relay fires once 3 gradients wait
+  c.staleness = 4                     # S
+  c.base_port = 31000                 # worker w's server port: base_port + w
+  c.timeout_s = 900
+  c.machine_note = ""
+  if tiny:
+    c.workers = 2
+    c.async_threshold = 1
+    c.staleness = 2
+    c.rate_mbit = 400.0
+    c.calibration_rates_mbit = (800.0,)
+    c.calibration_iterations = 2
+    c.max_iterations = 3
+    c.target_return = 1.0
+    c.window = 1
+    c.timeout_s = 300
   return c

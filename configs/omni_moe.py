@@ -4,10 +4,12 @@ r"""The main job: an omni-modal (text, image, audio, video) MoE LLM.
 
 Variants after ':' — ``micro`` (tests), ``tiny`` (the quick start: 8 emulated CPU devices,
 under 3 minutes on 2 cores), ``generate`` (tiny, trained longer for the measured
-generation quality of ``experiments.generate``), ``small`` (a longer CPU run), ``long``
+generation quality of ``experiments.generate``), ``small`` (a longer CPU run), ``mla_tiny``
+(tiny with DeepSeek-V3's latent attention and routing), ``long``
 (32K-token rows, sequence split 8 ways by ring attention), ``omni30b`` (compile-only scale plan of
 ``experiments.scale_plan``), ``bench`` (the step benchmarked by
-``experiments.bench_step``), ``files`` (the tiny model on real files: first
+``experiments.bench_step``), ``gpu_8xh100`` and ``tpu_v5p_64`` (recipes for one node of 8
+H100s and a 64-chip TPU v5p slice, docs/cluster.md), ``files`` (the tiny model on real files: first
 ``python -m experiments.make_manifest --workdir=/tmp/omni_files``), ``from_hf`` and
 ``from_hf_lora`` (the two-stage fine-tune of a pretrained LLM, docs/hf.md: stage 1 trains the
 encoders, projectors and new token rows on a frozen backbone, stage 2 adds LoRA adapters to
@@ -47,8 +49,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
       d_model=128, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=256, rope_theta=10_000.0,
       moe=dict(num_experts=4, top_k=2, d_ff=128, every=1, renormalize=True, impl="dropless",
                capacity_factor=1.25, shared_experts=0, lb_coef=0.01, z_coef=1e-3,
-               balance="aux_loss", bias_rate=1e-3),  # or 'bias' | 'both' (aux-loss-free)
+               balance="aux_loss", bias_rate=1e-3,  # or 'bias' | 'both' (aux-loss-free)
+               ep_capacity_factor=0.0),  # EP receive buffer / mean load; 0 = worst case
       remat="none", dtype="float32", text_loss_weight=1.0,
+      param_dtype="float32",  # stored weights and AdamW moments (master weights under bf16)
       attention_block=0,  # > 0: blockwise attention over key blocks (long context)
       attention_impl="xla",  # or 'cudnn' | 'pallas_gpu' | 'pallas_tpu' (docs/attention.md)
       init_from="",  # "hf:DIR": backbone + text tokenizer from a Hugging Face checkpoint
@@ -59,8 +63,13 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   )
   c.data = dict(source="synthetic", seq_len=64, batch_size=32, seed=0, text_weight=1.0,
                 manifest="", on_error="skip", codebook_samples=64,
-                pack=False,  # True: fill each training row's padding with text samples
-                tokenizer="bytes")  # or a tokenizer.json / SentencePiece .model path
+                # 'documents': several samples per row with document masks (as manifest
+                # rows); 'text': a sample's padding filled with text samples, no mask
+                pack="none",
+                tokenizer="bytes",  # or a tokenizer.json / SentencePiece .model path
+                # synthetic task: hold out about 1/k of the attribute combinations from
+                # training (0: none); generate --judge reports them apart
+                heldout_every=0)
   # The Grain pipeline of data.source = 'manifest' (docs/data.md): stop past this fraction of
   # bad records; worker processes and prefetched windows; epochs (0 = endless); reader shards
   # (0 = one per process); held-out fraction (by record-id hash); records packed per window.
@@ -68,9 +77,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # end); unknown record keys are metadata unless strict_keys; a document longer than seq_len
   # is cut into seq_len windows whose positions restart (or 'continue'). sources: several
   # datasets mixed by weight, [dict(path=..., weight=..., modalities=[...])] (data.manifest '').
+  # Audio longer than its window: a random window in training, centred in eval ('head': first).
   c.data.update(max_bad_fraction=0.001, workers=0, prefetch=2, epochs=0, shards=0,
                 eval_fraction=0.1, pack_window=256, min_records_before_cap=1000,
-                strict_keys=False, chunk_positions="restart", sources=(),
+                strict_keys=False, chunk_positions="restart", sources=(), audio_crop="random",
                 allow_changed_data=False)  # True: resume over changed data (from its start)
   c.optim = dict(lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.01, b1=0.9, b2=0.95,
                  eps=1e-8, clip_norm=1.0,
@@ -89,10 +99,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                  grad_accum=1,  # microbatches per optimizer step (lax.scan in the step)
                  offload="none",  # or optimizer | activations | optimizer+activations | harmony
                  device_budget_bytes=0,  # harmony: device bytes its plan must fit (state+residuals)
-                 init_from_workdir="")  # start from another run's weights (a previous stage)
+                 init_from_workdir="",  # start from another run's weights (a previous stage)
+                 grad_dtype="compute")  # or 'bfloat16': every gradient and its reduction
 
   if arg == "tiny":
-    pass
+    c.data.pack = "documents"  # several samples per row, document masks (docs/data.md)
   elif arg == "micro":
     # For tests: every code path (MoE, three modalities, two generated) at minimal size.
     c.model.update(d_model=32, num_layers=2, num_heads=2, num_kv_heads=1, d_ff=64,
@@ -115,7 +126,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     del mods["video"]
     mods["image"].update(patch=4)
     c.model.modalities = mods
-    c.data.update(seq_len=96, text_weight=0.25,
+    # about 1/8 of the attribute combinations never trained: judged apart (unseen)
+    c.data.update(seq_len=96, text_weight=0.25, heldout_every=8,
                   task_weights={"image:understand": 3.0, "image:generate": 1.5,
                                 "audio:understand": 0.75, "audio:generate": 1.0})
     c.train.update(steps=1500, eval_every=500, checkpoint_every=250)
@@ -138,11 +150,22 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.model.modalities.audio.update(n_fft=128, hop=64, n_mels=16)
     c.model.modalities.video.update(frames=2)
     c.model.moe.update(num_experts=4, top_k=2, d_ff=32)
-    c.data.update(seq_len=32_768, batch_size=1, pack=True, codebook_samples=16)
+    c.data.update(seq_len=32_768, batch_size=1, pack="text", codebook_samples=16)
     c.mesh = dict(data=1, fsdp=1, expert=1, sequence=8, tensor=1, pipeline=1)
     c.parallel.sequence_attention = "ring"
     c.optim.update(lr=3e-3, warmup_steps=2)
     c.train.update(steps=16, log_every=2, eval_every=0, checkpoint_every=8)
+  elif arg == "mla_tiny":
+    # DeepSeek-V3's architecture at tiny size (docs/hf.md, "DeepSeek-V3"): multi-head latent
+    # attention (the decode cache holds the 32-wide latent + the 16-wide RoPE key), one dense
+    # layer, then DeepSeekMoE (8 fine-grained experts in 4 groups, a token's 2 from its 2 best
+    # groups, sigmoid scores, bias balance, scaled gates, one shared expert).
+    c.model.update(num_layers=3, num_kv_heads=4,
+                   mla=dict(kv_lora_rank=32, q_lora_rank=64, qk_nope_head_dim=32,
+                            qk_rope_head_dim=16, v_head_dim=32))
+    c.model.moe.update(num_experts=8, top_k=2, d_ff=64, shared_experts=1, score="sigmoid",
+                       n_group=4, topk_group=2, routed_scaling=2.5, first_dense=1,
+                       balance="bias")
   elif arg == "omni30b":
     # experiments.scale_plan only (compile, never run): ~30B total / ~3B active omni MoE at
     # 160K tokens of context on 128 devices (the seed's setting).
@@ -155,9 +178,39 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.model.modalities.video.update(frames=8, patch=14)
     c.model.moe.update(num_experts=64, top_k=6, d_ff=1536, every=1, impl="capacity",
                        capacity_factor=1.25)
-    c.data.update(seq_len=163_840, batch_size=16)
+    # 32 sequences: the largest batch axes of the plan's layouts; the others accumulate
+    c.data.update(seq_len=163_840, batch_size=32)
     c.mesh = dict(data=1, fsdp=16, expert=1, sequence=8, tensor=1, pipeline=1)
     c.train.update(steps=1000, peak_flops=989e12)  # H100 SXM dense bf16
+  elif arg in ("gpu_8xh100", "tpu_v5p_64"):
+    # Recipes for real machines (docs/cluster.md), compile-checked here only through
+    # experiments.scale_plan. The omni30b model in bf16 compute on float32 master weights and
+    # AdamW moments (16 bytes per parameter: 60 GB per device on 8 GPUs, 7.4 GB on 64 chips),
+    # full remat, the accelerator's attention kernel, bf16 gradient reductions.
+    c.model.update(d_model=2048, num_layers=48, num_heads=32, num_kv_heads=4, d_ff=6144,
+                   remat="full", dtype="bfloat16", param_dtype="float32",
+                   modalities=modalities(image_size=224, audio_samples=160_000, video_size=112,
+                                         codebook=8192, enc_dim=1024, enc_layers=4))
+    c.model.modalities.image.update(patch=14)
+    c.model.modalities.audio.update(sample_rate=16_000, n_fft=512, hop=160, n_mels=80)
+    c.model.modalities.video.update(frames=8, patch=14)
+    c.model.moe.update(num_experts=64, top_k=6, d_ff=1536, every=1, impl="dropless",
+                       ep_capacity_factor=2.0)
+    c.train.update(steps=10_000, grad_dtype="bfloat16", log_every=10, eval_every=500,
+                   checkpoint_every=500)
+    if arg == "gpu_8xh100":
+      # one node of 8 H100 80 GB: the whole state (experts too) ZeRO-sharded 8 ways over NVLink
+      c.model.update(attention_impl="cudnn", attention_block=0)
+      c.data.update(seq_len=8192, batch_size=8)
+      c.mesh = dict(data=1, fsdp=8, expert=1, sequence=1, tensor=1, pipeline=1)
+      c.train.update(peak_flops=989e12)     # H100 SXM dense bf16
+    else:
+      # a v5p-128 slice (64 chips, 95 GB each): 32K context split 4 ways by Ulysses
+      c.model.update(attention_impl="pallas_tpu", attention_block=0)
+      c.data.update(seq_len=32_768, batch_size=64)
+      c.mesh = dict(data=1, fsdp=-1, expert=4, sequence=4, tensor=1, pipeline=1)
+      c.parallel.sequence_attention = "ulysses"
+      c.train.update(peak_flops=459e12)     # TPU v5p dense bf16
   elif arg == "bench":
     # Sized so matmuls dominate: wide layers, long rows, few modality tokens per row.
     c.model.update(d_model=768, num_layers=4, num_heads=12, num_kv_heads=4, d_ff=3072,
@@ -202,6 +255,6 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
           dict(name="modalities", regex=r"^base/(enc_|head_(?!text/))", lr=3e-4),)
   else:
     raise ValueError(f"unknown variant {arg!r} of configs/omni_moe.py; choose tiny, micro, "
-                     "generate, small, long, omni30b, bench, files, from_hf or "
-                     "from_hf_lora")
+                     "generate, small, long, mla_tiny, omni30b, gpu_8xh100, tpu_v5p_64, bench, "
+                     "files, from_hf or from_hf_lora")
   return c

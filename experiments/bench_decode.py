@@ -5,7 +5,8 @@ r"""Decode tokens/s with the KV cache against recomputing the full prefix every 
 Measures, in one run, greedy decoding of ``--new_tokens`` (default 64 and 512) tokens for a
 batch of random prompts with both paths of omni_jax/generate/bench.py (same layers, same
 parameters), and writes summary.json: ``kv_speedup_512`` (and ``kv_speedup_64``), tokens/s
-of each path, ``outputs_match_<n>`` (fraction of greedy tokens the two paths agree on).
+of each path, ``outputs_match_<n>`` (fraction of greedy tokens the two paths agree on) and
+``cache_bytes_per_token_per_layer`` (read from the decode cache's arrays).
 The model is ``--config`` (default configs/omni_moe.py:tiny, untrained parameters: speed
 does not depend on the weights). Runs on one device (--cpu_devices=1).
 
@@ -62,6 +63,7 @@ def main(argv):
   summary = bench_decode(spec, new_tokens=[int(n) for n in _NEW.value], batch=_BATCH.value,
                          prompt_len=_PROMPT.value, bucket=_BUCKET.value,
                          repeats=_REPEATS.value, log=logging.info)
+  summary["command"] = "python -m experiments.bench_decode " + " ".join(sys.argv[1:])
   os.makedirs(_WORKDIR.value, exist_ok=True)
   write_json_atomic(os.path.join(_WORKDIR.value, "summary.json"), summary)
   logging.info("kv speedup: %s", {k: round(v, 2) for k, v in summary.items()
@@ -87,4 +89,4 @@ def main_hf():
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -133,4 +133,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.FLAGS.set_default("cpu_devices", 1)
-  app.run(main)
+  common.run(main)

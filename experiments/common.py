@@ -16,7 +16,9 @@ import os
 import sys
 
 from absl import flags, logging
+from ml_collections.config_flags import config_flags
 
+from omni_jax.common.config import UserError
 from omni_jax.parallel import cluster
 
 _CPU_DEVICES = flags.DEFINE_integer(
@@ -101,12 +103,29 @@ class _ConfigWithModalities:
     return cfg
 
 
+class _CleanConfigParser(config_flags.ConfigFileFlagParser):
+  """ml_collections' config-file parser, whose error for a bad ``--config`` (an unknown
+  variant, a file that does not load) is the config's own message, not a traceback."""
+
+  def parse(self, path):
+    try:
+      config = super().parse(path)
+    except (TypeError, ValueError) as e:
+      cause = e.__context__ if e.__context__ is not None else e
+      raise type(e)(f"{cause}") from None
+    if type(config).__name__ == "_ErrorConfig":  # the file did not load (kept for later)
+      raise ValueError(f"cannot load the config file {path.split(':', 1)[0]!r}: expected "
+                       "configs/<job>.py:<variant> relative to the repository root")
+    return config
+
+
 def define_config(help_text: str, **kwargs):
   """``--config`` (an ml_collections config file) and the repeatable ``--modality`` flag,
   defined once per process."""
-  from ml_collections import config_flags
   if "config" not in flags.FLAGS:
     config_flags.DEFINE_config_file("config", None, help_text, **kwargs)
+    flags.FLAGS["config"].parser = _CleanConfigParser(
+        name="config", lock_config=kwargs.get("lock_config", True))
     flags.DEFINE_multi_string(
         "modality", [], "NAME='{json}' adds or replaces config.model.modalities.NAME (e.g. "
         "thermal='{\"kind\": \"patch\", \"size\": [16, 16], \"channels\": 1}'); "
@@ -180,3 +199,20 @@ def define_profile_steps():
   return flags.DEFINE_string(
       "profile_steps", None, "a:b: write a jax.profiler trace of steps a..b (from 1) under "
       "WORKDIR/profile; overrides config.train.profile_steps")
+
+
+def run(main) -> None:
+  """``absl.app.run(main)`` for an experiment: a mistake in the user's input (a
+  :class:`~omni_jax.common.config.UserError`: a config value, a file, a prompt, a checkpoint)
+  ends the run with its message on stderr and exit status 2, no traceback."""
+  from absl import app
+
+  def guarded(argv):
+    try:
+      return main(argv)
+    except (UserError, flags.ValidationError) as e:
+      logging.flush()
+      print(f"error: {e}", file=sys.stderr)
+      raise SystemExit(2) from None
+
+  app.run(guarded)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
 from experiments import common
 from omni_jax.collectives import study
@@ -42,4 +42,4 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  common.run(main)

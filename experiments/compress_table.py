@@ -14,7 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from configs import compress as compress_configs
 from experiments import common, compress
@@ -146,4 +146,4 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["workdir"])
-  app.run(main)
+  common.run(main)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import sys
 import time
 
-from absl import app, flags, logging
+from absl import flags, logging
 
+from experiments import common
 from omni_jax.data.convert import FORMATS, convert
 
 _INPUT = flags.DEFINE_string("input", None, "the JSONL manifest to convert")
@@ -37,4 +38,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -2,6 +2,7 @@ r"""Convert a Hugging Face decoder checkpoint to the omni backbone and back.
 
   python -m experiments.convert_hf --hf_dir=DIR --workdir=W            # import
   python -m experiments.convert_hf --export --workdir=W --hf_out=DIR2  # export
+  python -m experiments.convert_hf --export --workdir=RUN --hf_out=DIR3  # a train_omni run
 
 Import writes ``W/params/`` (an orbax item per parameter, streamed: one parameter in memory
 at a time), ``W/hf_config.json`` and ``W/summary.json`` with ``family``, ``params``,
@@ -9,7 +10,9 @@ at a time), ``W/hf_config.json`` and ``W/summary.json`` with ``family``, ``param
 and ``logits_max_abs_diff_vs_transformers`` (float32 logits of the converted parameters vs
 ``transformers`` on random tokens; null when torch / transformers are not installed or with
 ``--nocheck_logits``). Export writes a checkpoint ``transformers`` loads as is, and
-``W/export_summary.json``.
+``W/export_summary.json``; from a ``train_omni`` workdir (one with ``checkpoints/``) it writes
+the trained omni model: backbone with the extended vocabulary (LoRA merged), tokenizer files
+and the modality encoders beside it (:mod:`omni_jax.hf.export_omni`).
 """
 
 import os
@@ -27,6 +30,9 @@ _DTYPE = flags.DEFINE_string("dtype", None, "export dtype (float32, bfloat16, fl
 _SHARD_MB = flags.DEFINE_integer("max_shard_mb", 2048, "export: largest safetensors shard (MiB)")
 _LAYOUT = flags.DEFINE_string("layout", "", "import placement, e.g. 'fsdp=4+expert=2' (default: "
                               "one device)")
+_SKIP = flags.DEFINE_bool("skip_unmapped", False, "import: leave out checkpoint tensors the "
+                          "importer has no place for (listed in summary.json) instead of "
+                          "stopping with their list")
 _CHECK = flags.DEFINE_bool("check_logits", True, "compare logits with transformers when "
                            "torch and transformers are installed")
 flags.mark_flags_as_required(["workdir"])
@@ -43,8 +49,21 @@ def main(argv):
   if _EXPORT.value:
     if not _HF_OUT.value:
       raise app.UsageError("--export needs --hf_out=DIR")
-    out = convert.export_from_orbax(workdir, _HF_OUT.value, _DTYPE.value,
-                                    _SHARD_MB.value << 20)
+    from omni_jax.common.config import ConfigError
+    from omni_jax.train import export_hf
+    if export_hf.is_train_workdir(workdir):
+      try:
+        out = export_hf.export_workdir(workdir, _HF_OUT.value, _DTYPE.value,
+                                       _SHARD_MB.value << 20)
+      except ConfigError as e:
+        raise app.UsageError(str(e)) from None
+    else:
+      try:
+        out = convert.export_from_orbax(workdir, _HF_OUT.value, _DTYPE.value,
+                                        _SHARD_MB.value << 20)
+      except FileNotFoundError as e:
+        raise app.UsageError(f"{e}; or give a train_omni workdir (one with checkpoints/)"
+                             ) from None
     out["peak_rss_bytes"] = convert.peak_rss_bytes()
     write_json_atomic(os.path.join(workdir, "export_summary.json"), out)
     logging.info("exported %d tensors in %d files to %s", out["tensors"], len(out["files"]),
@@ -57,7 +76,7 @@ def main(argv):
     sizes, _ = layout.parse_layout(_LAYOUT.value)
     mesh = mesh_lib.make_mesh(sizes)
   os.makedirs(workdir, exist_ok=True)
-  summary = convert.import_to_orbax(_HF_DIR.value, workdir, mesh)
+  summary = convert.import_to_orbax(_HF_DIR.value, workdir, mesh, skip_unmapped=_SKIP.value)
   summary["peak_rss_bytes"] = convert.peak_rss_bytes()
   summary["logits_max_abs_diff_vs_transformers"] = None
   if _CHECK.value and reference.available():
@@ -77,4 +96,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -110,6 +110,10 @@ def docs() -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
+  unknown = [a for a in argv if a != "--check"]
+  if unknown:
+    print(f"doc_tables: unknown argument(s) {unknown}; allowed: --check", file=sys.stderr)
+    return 2
   check = "--check" in argv
   stale = []
   try:

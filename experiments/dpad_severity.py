@@ -15,6 +15,7 @@ from pathlib import Path
 
 from absl import app, flags
 
+from experiments import common
 from omni_jax.dpad import plots
 
 _RUNS = flags.DEFINE_list("runs", [], "label=workdir entries, in chart order")
@@ -48,7 +49,10 @@ def collect(runs: list[str], model: str = "resnet") -> list[dict]:
 
 def main(argv):
   del argv
-  points = collect(_RUNS.value, _MODEL.value)
+  try:
+    points = collect(_RUNS.value, _MODEL.value)
+  except (ValueError, FileNotFoundError) as e:  # a wrong --runs entry: the message says which
+    raise app.UsageError(str(e)) from None
   for p in points:
     eers = " / ".join(f"{100 * p['eer'][m]:.1f}" for m in METHODS)
     gain = 100 * (p["eer"]["baseline_aug"] - p["eer"]["fmag_m2fm"])
@@ -59,4 +63,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

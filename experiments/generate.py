@@ -112,4 +112,4 @@ def main_hf():
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
+from experiments import common
 from omni_jax.data import speech
 
 _OUT = flags.DEFINE_string("out", None, "output folder (reused if made with the same settings)")
@@ -32,4 +33,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

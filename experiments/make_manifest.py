@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments import common
 from omni_jax.common.metrics import write_json_atomic
@@ -38,4 +38,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

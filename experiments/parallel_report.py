@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments import common
 from omni_jax.reports.layout_report import (
@@ -134,7 +134,7 @@ def main(argv):
         num_moe_layers=bb.num_moe_layers, top_k=bb.top_k,
         sequence_op=op_names["sequence_attention"],
         kv_fraction=bb.num_kv_heads * bb.head_dim / bb.d_model,
-        microbatches=micro)
+        microbatches=micro, num_kv_heads=bb.num_kv_heads)
     summary_ops = hlo_report.summarize(ops)
     measured = sum(r["bytes"] for r in summary_ops)
     ratio = measured / expected if expected else None
@@ -176,4 +176,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments import common
 from omni_jax.query import study
@@ -41,4 +41,4 @@ if __name__ == "__main__":
   # threads compete with faiss's OpenMP threads on a small machine.
   flags.FLAGS.set_default("cpu_devices", 1)
   flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  common.run(main)

@@ -12,7 +12,10 @@ constants and overlap model), which gives the modelled tokens/s/GPU — beside t
 2,800 tokens/s/GPU on 128 GPUs.
 
 Layouts: ``[recipe:]axis=size+...[@op]``; ``omni_zero3:`` shards the state over every data
-axis; the axes are listed outermost first, the last ones filling a node of 8 GPUs (which
+axis; ``data=2+sequence=8+fsdp=8`` is HSDP (the state FSDP-split inside each node, whole
+replicas across the ``data`` groups); every layout runs ``config.data.batch_size`` sequences
+(gradient accumulation where its batch axes hold fewer); the axes are listed outermost
+first, the last ones filling a node of 8 GPUs (which
 links a collective crosses). CPU compilation stands in for the GPU compiler: buffer sizes
 follow the same shardings, but XLA:CPU fuses differently, so treat memory and HBM bytes as
 estimates (the collectives and parameter shards are exact). summary.json: ``layouts``
@@ -26,7 +29,7 @@ from __future__ import annotations
 import os
 import re
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments import common
 from omni_jax.reports.scale_plan import (
@@ -45,7 +48,8 @@ _WORKDIR = common.define_workdir("where summary.json and scale_plan.png go")
 _LAYOUTS = flags.DEFINE_list(
     "layouts", ["fsdp=16+sequence=8", "omni_zero3:fsdp=16+sequence=8",
                 "omni_zero3:fsdp=2+expert=8+sequence=8", "omni_zero3:fsdp=2+sequence=8+expert=8",
-                "omni_zero3:fsdp=4+sequence=4+expert=8", "omni_zero3:tensor=4+fsdp=4+sequence=8"],
+                "omni_zero3:fsdp=4+sequence=4+expert=8", "omni_zero3:tensor=4+fsdp=4+sequence=8",
+                "data=2+sequence=8+fsdp=8"],  # HSDP: FSDP inside a node, replicas across
     "candidate layouts: [recipe:]'+'-joined axis=size items (outermost first: the last "
     "ones fill a node), optional '@ring'; comma-separated")
 _MFU = flags.DEFINE_float("mfu", 0.35, "an assumed MFU, for the comparison figures "
@@ -119,4 +123,4 @@ def _summary(config, spec, rows) -> dict:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

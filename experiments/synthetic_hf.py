@@ -5,7 +5,9 @@ r"""Write a random Hugging Face checkpoint of a supported family (no torch neede
       --num_layers=16 --num_experts=16 --moe_d_ff=512 --vocab=32000 --max_shard_mb=256
 """
 
-from absl import app, flags, logging
+from absl import flags, logging
+
+from experiments import common
 
 _OUT = flags.DEFINE_string("out", None, "output directory")
 _FAMILY = flags.DEFINE_enum("family", "qwen3_moe", ["qwen3_moe", "qwen2_moe", "mixtral",
@@ -44,4 +46,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -10,7 +10,7 @@ emulated devices (data parallel over all of them).
 
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments import common
 
@@ -39,4 +39,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from absl import app, logging
+from absl import logging
 
 from experiments import common
 from omni_jax.common.config import ConfigError, check_keys, positive_int, require
@@ -77,4 +77,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -21,7 +21,7 @@ import json
 import time
 from pathlib import Path
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments import common
 from omni_jax.common.config import ConfigError, check_keys, positive_int, to_dict
@@ -131,4 +131,4 @@ def main(argv) -> None:
 if __name__ == "__main__":
   flags.FLAGS.set_default("cpu_devices", 1)
   flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  common.run(main)

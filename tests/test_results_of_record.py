@@ -31,8 +31,16 @@ KEYS = {
                "cost_model_build_s_median_rel_error", "cost_model.samples", "order"],
     "harmony": ["device_budget_bytes", "model_bytes", "schedules", "swap_reduction_vs_baseline",
                 "predicted_speedup_vs_baseline", "baselines.*.swap_reduction_of_harmony"],
-    "omni_moe": ["layouts", "hardware", "params_total", "params_active",
-                 "seed_tokens_per_sec_per_gpu"],
+    "omni_moe": {
+        "omni30b": ["layouts", "hardware", "params_total", "params_active",
+                    "seed_tokens_per_sec_per_gpu"],
+        "files": ["step_slowdown_with_input", "step_seconds_with_input",
+                  "step_seconds_cached_batch", "input_over_step", "input_tokens_per_sec",
+                  "step_tokens_per_sec", "packing_efficiency", "workers", "machine.note"],
+        "mla_tiny": ["cache_bytes_per_token_per_layer", "kv_speedup_64", "outputs_match_64"],
+        "tiny": ["startup_s", "rss_growth_mb", "pss_growth_mb",
+                 "rss_growth_after_first_tenth_mb", "records", "machine.note"],
+    },
     # per config variant where a job's variants report different things
     "lsm": {
         "paper": ["accuracy_test_voices", "accuracy", "accuracy_test_dir", "test_speakers",
@@ -45,10 +53,20 @@ KEYS = {
                  "chosen_bits", "energy_saving_gating", "energy_saving_total", "split.test",
                  "brian2_spikes_by_target.numpy", "brian2_spikes_ours"],
     },
-    "netlab": ["measured_speedup", "baseline_comm_fraction", "predicted_speedup",
-               "model_error_median", "socket_over_program_bytes", "codecs.*.measured_speedup",
-               "codecs.*.socket_over_program_bytes", "codecs.*.final_accuracy", "machine.note",
-               "rows"],
+    "rl": ["algo", "env", "workers", "aggregation", "staleness", "env_steps", "final_return",
+           "eval_return", "env_steps_per_sec", "comm_fraction_measured", "predicted",
+           "switch_over_allreduce", "time_to_reward_modelled"],
+    "netlab": {
+        **{v: ["measured_speedup", "baseline_comm_fraction", "predicted_speedup",
+               "model_error_median", "socket_over_program_bytes",
+               "codecs.*.measured_speedup", "codecs.*.socket_over_program_bytes",
+               "codecs.*.final_accuracy", "machine.note", "rows"]
+           for v in ("inceptionn", "gradiveq", "pipesgd")},
+        "iswitch": ["measured_speedup", "baseline_comm_fraction", "predicted_speedup",
+                    "model_error_median", "async_over_sync_speedup", "async_predicted_speedup",
+                    "time_to_target_s.*", "staleness_histogram", "model.latency_s",
+                    "model.efficiency", "machine.note", "rows"],
+    },
 }
 
 

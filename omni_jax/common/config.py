@@ -12,7 +12,13 @@ from typing import Any
 import ml_collections
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+  """A mistake in what the user gave (a config value, a file, a prompt, a checkpoint): the
+  command lines print its message and exit with status 2, no traceback
+  (``experiments.common.run``). Each package's input error derives from it."""
+
+
+class ConfigError(UserError, ValueError):
   """A config value is missing, unknown or out of range."""
 
 

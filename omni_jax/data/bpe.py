@@ -19,13 +19,13 @@ byte-level BPE from an iterator of texts (``experiments/train_tokenizer.py``).
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from omni_jax.data import spm
+from omni_jax.data.records import open_dataset
 from omni_jax.data.tokenizer import ByteTokenizer, SpecialTokens, special_token_names
 
 BYTES = "bytes"
@@ -163,32 +163,33 @@ def make_tokenizer(value: str | os.PathLike, modalities: Sequence[str]):
   return _load(value, modalities, (st.st_size, st.st_mtime_ns))
 
 
-def heldout(record_id: str, fraction: float) -> bool:
-  """Whether a record is held out: a stable hash of its id (sha1) below ``fraction``."""
-  digest = hashlib.sha1(record_id.encode("utf-8")).digest()
-  return int.from_bytes(digest[:8], "big") / 2.0 ** 64 < fraction
-
-
 def manifest_texts(path: str | os.PathLike, heldout_fraction: float
                    ) -> tuple[list[str], list[str]]:
-  """(train texts, held-out texts) of a JSONL manifest's ``text`` fields, split by
-  :func:`heldout` of each record's ``id`` (``"line N"`` when it has none). A line that is not
-  a JSON object with a string ``text`` raises ValueError naming ``path:line``."""
+  """(train texts, held-out texts) of a dataset's ``text`` fields (a JSONL manifest, a
+  folder of shards or a glob: :func:`~omni_jax.data.records.open_dataset`), split by the
+  training pipeline's own record-id hash (:func:`~omni_jax.data.records.is_eval`), so a
+  record the pipeline evaluates on is held out here too and never trains the tokenizer. A
+  record that is not a JSON object with a string ``text`` raises ValueError naming where it
+  is."""
   if not 0.0 <= heldout_fraction < 1.0:
     raise ValueError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
-  train, held = [], []
-  with open(path, encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{lineno}: invalid JSON: {e.msg}") from None
+  ds = open_dataset(path, heldout_fraction)
+  out = []
+  for name in ("train", "eval"):
+    texts, src = [], ds.split(name)
+    for i in range(len(src)):
+      item = src[i]
+      record = item.payload
+      if not isinstance(record, dict):
+        try:
+          record = json.loads(record)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+          raise ValueError(f"{item.where}: invalid JSON: {e}") from None
       if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-        raise ValueError(f"{path}:{lineno}: expected an object with a string 'text'")
-      rid = str(record.get("id", f"line {lineno}"))
-      (held if heldout(rid, heldout_fraction) else train).append(record["text"])
+        raise ValueError(f"{item.where}: expected an object with a string 'text'")
+      texts.append(record["text"])
+    out.append(texts)
+  train, held = out
   if not train:
     raise ValueError(f"{path}: no training text (empty manifest or everything held out)")
   return train, held

@@ -32,6 +32,7 @@ import scipy.io.wavfile
 import scipy.signal
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from omni_jax.common.config import UserError
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.modalities.sources import RESERVED_KEYS
 
@@ -40,7 +41,7 @@ _WIDE_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")  # one channel, > 8 
 MAX_VIDEO_BYTES = 1 << 30  # decoded frames (at the modality's size) kept per clip, at most
 
 
-class RecordError(ValueError):
+class RecordError(UserError, ValueError):
   """A manifest record has a wrong key or value (not a file problem)."""
 
 
@@ -119,15 +120,19 @@ def resample_filter(up: int, down: int) -> np.ndarray:
 
 
 def fit_audio(x: np.ndarray, rate: int, *, sample_rate: int, num_samples: int, channels: int,
-              path: str | os.PathLike = "<audio>") -> np.ndarray:
+              path: str | os.PathLike = "<audio>", offset: float = 0.0) -> np.ndarray:
   """Samples ``x`` [frames, file_channels] at ``rate`` Hz -> the modality's float32 input.
 
   Mono targets average the file's channels; multi-channel targets need the same channel
-  count. Resampled to ``sample_rate`` with ``resample_poly`` (only the input the output
-  needs plus the filter's reach is resampled, so long files cost what their head costs),
-  then trimmed or zero-padded to ``num_samples``. Returns [num_samples] (channels == 1) or
-  [num_samples, channels].
+  count. A signal longer than ``num_samples`` (at ``sample_rate``) is cropped to a window
+  ``offset`` of the way through its excess (0: its head, 0.5: centred, 1: its tail); a
+  shorter one is zero-padded at the end. Resampling (``resample_poly``) covers only the
+  window plus the filter's reach, so a long file costs what its window costs; the window
+  starts on the input sample grid (within ``up - 1`` output samples of the asked start).
+  Returns [num_samples] (channels == 1) or [num_samples, channels].
   """
+  if not 0.0 <= offset <= 1.0:
+    raise ValueError(f"audio crop offset must be in [0, 1], got {offset}")
   x = np.asarray(x, np.float64)
   if x.ndim == 1:
     x = x[:, None]
@@ -142,8 +147,17 @@ def fit_audio(x: np.ndarray, rate: int, *, sample_rate: int, num_samples: int, c
     g = math.gcd(int(rate), int(sample_rate))
     up, down = sample_rate // g, rate // g
     reach = math.ceil(10 * max(up, down) / up) + 1  # resample_poly's default filter half-width
+    total = math.ceil(x.shape[0] * up / down)  # the whole file's resampled length
+    k = int(round(offset * max(0, total - num_samples))) // up  # window start: input k*down
+    pre = min(k, math.ceil(reach / down)) * down  # input before the window (filter warm-up)
+    a = k * down - pre
     need = math.ceil(num_samples * down / up) + reach
-    x = scipy.signal.resample_poly(x[:need], up, down, axis=0, window=resample_filter(up, down))
+    y = scipy.signal.resample_poly(x[a:k * down + need], up, down, axis=0,
+                                   window=resample_filter(up, down))
+    x = y[pre * up // down:]
+  else:
+    start = int(round(offset * max(0, x.shape[0] - num_samples)))
+    x = x[start:]
   out = np.zeros((num_samples, channels), np.float32)
   keep = min(num_samples, x.shape[0])
   out[:keep] = x[:keep]
@@ -179,11 +193,12 @@ def read_wav(path: str | os.PathLike) -> tuple[np.ndarray, int]:
 
 
 def decode_wav(path: str | os.PathLike, *, sample_rate: int, num_samples: int,
-               channels: int = 1) -> np.ndarray:
-  """A WAV at any rate / channel count -> float32 [num_samples] (or [num_samples, channels])."""
+               channels: int = 1, offset: float = 0.0) -> np.ndarray:
+  """A WAV at any rate / channel count -> float32 [num_samples] (or [num_samples, channels]);
+  ``offset``: where a longer file's window lies (:func:`fit_audio`)."""
   x, rate = read_wav(path)
   return fit_audio(x, rate, sample_rate=sample_rate, num_samples=num_samples,
-                   channels=channels, path=path)
+                   channels=channels, path=path, offset=offset)
 
 
 def _collect_audio(path, resampler, frame, chunks: list, rate: int | None) -> int:
@@ -225,14 +240,15 @@ def read_av_audio(path: str | os.PathLike) -> tuple[np.ndarray, int]:
 
 
 def decode_audio(path: str | os.PathLike, *, sample_rate: int, num_samples: int,
-                 channels: int = 1) -> np.ndarray:
+                 channels: int = 1, offset: float = 0.0) -> np.ndarray:
   """Like :func:`decode_wav` for any audio file: ``.wav`` through scipy (:func:`read_wav`),
   other suffixes through PyAV (:func:`read_av_audio`)."""
   if Path(path).suffix.lower() == ".wav":
-    return decode_wav(path, sample_rate=sample_rate, num_samples=num_samples, channels=channels)
+    return decode_wav(path, sample_rate=sample_rate, num_samples=num_samples, channels=channels,
+                      offset=offset)
   x, rate = read_av_audio(path)
   return fit_audio(x, rate, sample_rate=sample_rate, num_samples=num_samples,
-                   channels=channels, path=path)
+                   channels=channels, path=path, offset=offset)
 
 
 # ------------------------------------------------------------------------------- video
@@ -375,14 +391,16 @@ def _decode_npy(path: Path, ms, kind) -> np.ndarray:
 
 
 def decode_record(record: Mapping[str, Any], spec, base_dir: str | os.PathLike,
-                  strict_keys: bool = True) -> dict[str, np.ndarray]:
+                  strict_keys: bool = True, audio_offset: float = 0.0
+                  ) -> dict[str, np.ndarray]:
   """One manifest record -> ``{modality name: model input}`` (shape ``input_shape``, dtype
   ``input_dtype`` of the modality's kind), for the modalities the record carries.
 
   ``spec`` is an :class:`~omni_jax.models.omni.OmniSpec`; relative paths resolve against
   ``base_dir`` (the manifest's folder). Keys other than :func:`record_keys` raise
   RecordError with ``strict_keys``, else are metadata and ignored; ``null`` values mean
-  "absent". A video modality with ``audio_track`` also
+  "absent". Audio files longer than their modality's window are cropped ``audio_offset`` of
+  the way through (:func:`fit_audio`). A video modality with ``audio_track`` also
   fills that modality from the clip's track; a record that gives the same modality both ways
   raises RecordError. File problems raise DecodeError. ``text`` is not touched here.
   """
@@ -410,7 +428,8 @@ def decode_record(record: Mapping[str, Any], spec, base_dir: str | os.PathLike,
       out[name] = decode_image(path, tuple(ms["size"]), ms["channels"])
     elif decoder == "audio":
       out[name] = decode_audio(path, sample_rate=ms["sample_rate"],
-                               num_samples=ms["num_samples"], channels=ms["channels"])
+                               num_samples=ms["num_samples"], channels=ms["channels"],
+                               offset=audio_offset)
     elif decoder == "video":
       track_to = ms["audio_track"]
       frames, track = decode_video(path, frames=ms["frames"], size=tuple(ms["size"]),

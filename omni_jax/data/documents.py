@@ -9,7 +9,10 @@ codebook. A document longer than ``seq_len`` is cut into ``seq_len`` windows
 trains. Keys that are neither ``id``, ``text`` nor a modality's ``source_key`` are metadata
 and ignored (``data.strict_keys = True``: an error naming the allowed keys). A data source
 may feed only some modalities (``data.sources[i].modalities``): the others' keys are
-ignored in its records.
+ignored in its records. A record with ``messages`` is a chat record
+(:mod:`omni_jax.data.chat`): one document whose loss covers the assistant turns. Audio
+longer than its modality's window is cropped (``data.audio_crop``: 'random' windows in
+training, centred for held-out records; 'head': the first ``num_samples``).
 """
 
 from __future__ import annotations
@@ -19,20 +22,37 @@ from typing import Any
 
 import numpy as np
 
-from omni_jax.data.decode import decode_record
+from omni_jax.data import chat
+from omni_jax.data.decode import RecordError, decode_record
 from omni_jax.data.packing import Doc, chunk_document
 from omni_jax.data.records import Item
 from omni_jax.data.sequences import TASK_TEXT, RowBuilder, generate_task, understand_task
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.models.spec import OmniSpec
 
+AUDIO_CROPS = ("random", "head")
+NEAREST_CHUNK_BYTES = 1 << 24  # nearest_codes' working memory (its distance block), bytes
 
-def nearest_codes(codebook: np.ndarray, vectors: np.ndarray) -> np.ndarray:
-  """Index of the nearest codebook row for each vector [..., D] (numpy: runs in workers)."""
+
+def nearest_codes(codebook: np.ndarray, vectors: np.ndarray,
+                  max_bytes: int = NEAREST_CHUNK_BYTES) -> np.ndarray:
+  """Index of the nearest codebook row (squared L2) for each vector [..., D], in numpy (runs in
+  the workers). Distances use the expanded form ``|v|^2 - 2 v.c + |c|^2`` of
+  :func:`omni_jax.data.vq.squared_distances` (the codes the synthetic stream and the fit
+  use) over blocks of vectors: the working memory is a few ``[rows, K]`` blocks of at most
+  ``max_bytes`` each (at least one row), not ``[N, K, D]`` (at the omni30b audio setting,
+  8192 codes x 80 mel bands x 1000 frames, that was 2.6 GB per record)."""
   v = np.asarray(vectors, np.float32)
+  c = np.asarray(codebook, np.float32)
   flat = v.reshape(-1, v.shape[-1])
-  d2 = ((flat[:, None, :] - codebook[None].astype(np.float32)) ** 2).sum(-1)
-  return d2.argmin(-1).astype(np.int32).reshape(v.shape[:-1])
+  c2 = (c * c).sum(-1)
+  rows = max(1, int(max_bytes) // (4 * len(c)))
+  out = np.empty(len(flat), np.int32)
+  for a in range(0, len(flat), rows):
+    x = flat[a:a + rows]
+    d2 = (x * x).sum(-1, keepdims=True) - 2.0 * (x @ c.T) + c2
+    out[a:a + rows] = d2.argmin(-1)
+  return out.reshape(v.shape[:-1])
 
 
 class DocMaker:
@@ -41,7 +61,10 @@ class DocMaker:
 
   def __init__(self, spec: OmniSpec, seq_len: int, codebooks, tasks, *,
                source_modalities=(None,), strict_keys: bool = False,
-               continue_positions: bool = False):
+               continue_positions: bool = False, audio_crop: str = "head", seed: int = 0):
+    if audio_crop not in AUDIO_CROPS:
+      raise ValueError(f"audio_crop must be one of {AUDIO_CROPS}, got {audio_crop!r}")
+    self.audio_crop, self.seed = audio_crop, int(seed)
     self.spec, self.seq_len = spec, seq_len
     self.codebooks = dict(codebooks)
     self.tasks = list(tasks)
@@ -53,9 +76,20 @@ class DocMaker:
                  for ms in source_modalities]
     self.feeds = [None if ms is None else set(ms) for ms in source_modalities]
     self._builder = None
+    self._chat = None  # the chat template, read on the first chat record
 
-  def record(self, item: Item) -> tuple[str, dict[str, np.ndarray]]:
-    """The text and modality inputs of one record; ValueError says what is wrong."""
+  def crop_offset(self, index: int | None) -> float:
+    """Where a long audio file's window lies: ``audio_crop = 'random'``: uniform, drawn from
+    (seed, the element's index in the training stream: a new draw every epoch, the same on
+    resume), centred (0.5) for held-out and codebook records (``index`` None); 'head': 0."""
+    if self.audio_crop == "head":
+      return 0.0
+    if index is None:
+      return 0.5
+    return float(np.random.default_rng([self.seed, 0x617564, int(index)]).random())
+
+  def parse(self, item: Item) -> dict:
+    """The record as a dict; ValueError says what is wrong."""
     rec = item.payload
     if not isinstance(rec, dict):
       try:
@@ -66,10 +100,21 @@ class DocMaker:
         raise ValueError(f"line is not valid UTF-8: {e}") from None
     if not isinstance(rec, dict):
       raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+    return rec
+
+  def record(self, item: Item, rec: dict | None = None, index: int | None = None
+             ) -> tuple[str, dict[str, np.ndarray]]:
+    """The text and modality inputs of one record (``rec``: already parsed); ValueError says
+    what is wrong. ``index``: the record's element index in the training stream
+    (:meth:`crop_offset`)."""
+    rec = self.parse(item) if rec is None else rec
+    if chat.CHAT_KEY in rec:
+      raise ValueError(f"a chat record ('{chat.CHAT_KEY}') has no single caption")
     drop = self.drop[item.source]
     if drop:
       rec = {k: v for k, v in rec.items() if k not in drop}
-    inputs = decode_record(rec, self.spec, item.base_dir, strict_keys=self.strict_keys)
+    inputs = decode_record(rec, self.spec, item.base_dir, strict_keys=self.strict_keys,
+                           audio_offset=self.crop_offset(index))
     feeds = self.feeds[item.source]
     if feeds is not None:  # e.g. a video's audio track when the source feeds only video
       inputs = {m: x for m, x in inputs.items() if m in feeds}
@@ -98,14 +143,45 @@ class DocMaker:
         out += chunk(b.generate_ids(m, text, codes), {}, generate_task(m))
     return out
 
-  def __call__(self, item: Item) -> dict[str, Any]:
+  def chat_docs(self, item: Item, rec: dict) -> list[Doc]:
+    """A chat record's one document (:mod:`omni_jax.data.chat`): loss on assistant turns."""
+    extra = sorted(set(rec) - {"id", chat.CHAT_KEY})
+    if extra and (self.strict_keys or "text" in extra):
+      raise RecordError(f"a chat record has the keys 'id' and '{chat.CHAT_KEY}' only, got "
+                        f"also {extra}")
+    if self._chat is None:
+      self._chat = chat.ChatFormat.for_tokenizer(self.spec.tokenizer)
+    by_key = {ms["source_key"]: m for m, ms in self.spec.modalities}
+    messages, media = chat.parse_messages(rec[chat.CHAT_KEY], by_key)
+    feeds = self.feeds[item.source]
+    files = {self.mods[m]["source_key"]: p for m, p in media.items()
+             if feeds is None or m in feeds}
+    x = decode_record(files, self.spec, item.base_dir)
+    if self._builder is None:
+      self._builder = RowBuilder(self.spec, self.seq_len)
+    tok, n = self.spec.tokenizer, self._builder.num_tokens
+    runs = {m: [tok.special(f"<{m}>")] + [tok.special(f"<{m}:slot>")] * n[m]
+            + [tok.special(f"</{m}>")] if m in x else [] for m in media}
+    slot = {m: tok.special(f"<{m}:slot>") for m in media}
+    ids, heads, local, slots = chat.chat_ids(self._chat, tok, messages, runs, slot)
+    slots = {m: p for m, p in slots.items() if m in x}
+    present = [m for m in self.mods if m in x]
+    task = understand_task(present[0]) if present else TASK_TEXT
+    return chunk_document(ids, heads, local, slots, x, self.tasks.index(task), self.seq_len,
+                          self.continue_positions)
+
+  def __call__(self, item: Item, index: int | None = None) -> dict[str, Any]:
     base = {"source": item.source, "rid": item.index}
     try:
-      text, x = self.record(item)
+      rec = self.parse(item)
+      if chat.CHAT_KEY in rec:
+        return {"docs": self.chat_docs(item, rec), "bad": None, **base}
+      text, x = self.record(item, rec, index)
       return {"docs": self.docs(text, x), "bad": None, **base}
     except ValueError as e:
       return {"docs": [], "bad": f"{item.where}: {e}", **base}
 
   def indexed(self, index: int, item: Item) -> dict[str, Any]:
-    """:meth:`__call__` plus the element's index in its stream (names carried documents)."""
-    return {**self(item), "index": index}
+    """A training element: :meth:`__call__` with its index in the stream (names carried
+    documents; draws its audio crop)."""
+    return {**self(item, index), "index": index}

@@ -38,7 +38,7 @@ from absl import logging
 
 from omni_jax.common.config import ConfigError, check_keys, one_of, positive_int, require
 from omni_jax.data import vq
-from omni_jax.data.documents import DocMaker, nearest_codes  # noqa: F401  (re-exported)
+from omni_jax.data.documents import AUDIO_CROPS, DocMaker, nearest_codes  # noqa: F401
 from omni_jax.data.packing import collate_packed
 from omni_jax.data.reader import (  # noqa: F401
   MAX_LISTED,
@@ -56,7 +56,8 @@ from omni_jax.models.spec import OmniSpec
 PIPELINE_DEFAULTS = dict(max_bad_fraction=0.001, workers=0, prefetch=2, epochs=0, shards=0,
                          eval_fraction=0.1, pack_window=256, slots_per_row=1,
                          min_records_before_cap=1000, strict_keys=False,
-                         chunk_positions="restart", sources=(), allow_changed_data=False)
+                         chunk_positions="restart", sources=(), allow_changed_data=False,
+                         audio_crop="random")
 SOURCE_KEYS = ("path", "weight", "modalities")
 EVAL_SEED = 7_919
 
@@ -77,6 +78,7 @@ def pipeline_options(data_cfg) -> dict[str, Any]:
   for k in ("strict_keys", "allow_changed_data"):
     require(isinstance(o[k], bool), f"data.{k}", o[k], "must be True or False")
   one_of(o, "chunk_positions", ("restart", "continue"), "data.")
+  one_of(o, "audio_crop", AUDIO_CROPS, "data.")
   return o
 
 
@@ -118,10 +120,13 @@ class PipelineStream:
   process_local = True
 
   def __init__(self, spec: OmniSpec, data_cfg, data_keys):
-    # data.pack (fill synthetic rows with text) is the synthetic stream's: manifest rows are
+    # data.pack (how synthetic rows are filled) is the synthetic stream's: manifest rows are
     # always packed with document masks.
-    check_keys(data_cfg, (*data_keys, "pack", "tokenizer", *PIPELINE_DEFAULTS), "data.",
-               required=data_keys)
+    check_keys(data_cfg, (*data_keys, "pack", "tokenizer", "heldout_every", *PIPELINE_DEFAULTS),
+               "data.", required=data_keys)
+    require(not data_cfg.get("heldout_every", 0), "data.heldout_every",
+            data_cfg.get("heldout_every"), "0 with manifest data (it holds out attribute "
+            "combinations of the synthetic task)")
     self.source = "manifest"
     self.seq_len = positive_int(data_cfg, "seq_len", "data.")
     self.batch_size = positive_int(data_cfg, "batch_size", "data.")
@@ -154,7 +159,8 @@ class PipelineStream:
     self.weights = [s["weight"] for s in self.sources]
     maker_args = dict(source_modalities=[s["modalities"] for s in self.sources],
                       strict_keys=self.opts["strict_keys"],
-                      continue_positions=self.opts["chunk_positions"] == "continue")
+                      continue_positions=self.opts["chunk_positions"] == "continue",
+                      audio_crop=self.opts["audio_crop"], seed=self.seed)
     self.codebooks = self._fit_codebooks(positive_int(data_cfg, "codebook_samples", "data."),
                                          maker_args)
     self.maker = DocMaker(spec, self.seq_len, self.codebooks, self.tasks, **maker_args)

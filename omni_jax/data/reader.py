@@ -33,6 +33,7 @@ import grain
 import numpy as np
 from absl import logging
 
+from omni_jax.common.config import UserError
 from omni_jax.data.documents import DocMaker
 from omni_jax.data.packing import Doc, collate_packed, efficiency, hold_open, pack
 from omni_jax.data.records import RecordSource
@@ -42,7 +43,7 @@ MAX_LISTED = 10
 MAX_LOGGED = 100  # bad records logged one by one (per shard)
 
 
-class DataError(RuntimeError):
+class DataError(UserError, RuntimeError):
   """The input ran out, or held too many bad records."""
 
 
@@ -197,7 +198,7 @@ class ShardReader:
     self.bad_ids = {tuple(b) for b in state["bad_ids"]}
     self.docs_made = state["docs_made"]
     self.window, self.offset = None, 0
-    self.carry = [(self.maker(self.records[i])["docs"][j], (i, j, n))
+    self.carry = [(self.maker.indexed(i, self.records[i])["docs"][j], (i, j, n))
                   for i, j, n in state.get("carry", [])]
     self.before = {"carry": [], **{k: state[k] for k in state if k not in ("window", "offset")}}
     if state["window"]:

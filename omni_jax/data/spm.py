@@ -19,12 +19,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from omni_jax.common.config import UserError
+
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 UNIGRAM = 1
 HIDDEN = "\ue000"  # private-use prefix of pieces that text must never reach
 
 
-class SentencePieceError(ValueError):
+class SentencePieceError(UserError, ValueError):
   """The file is not a usable SentencePiece model (message says why and what to do)."""
 
 

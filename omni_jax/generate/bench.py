@@ -102,7 +102,10 @@ def bench_decode(spec: OmniSpec, *, new_tokens=(64, 512), batch: int = 4,
   out = {"batch": batch, "prompt_len": prompt_len, "bucket": bucket, "repeats": repeats,
          "params_total": total, "params_active": active, "backend": jax.default_backend(),
          "d_model": spec.backbone.d_model, "num_layers": spec.backbone.num_layers,
-         "num_experts": spec.backbone.num_experts}
+         "num_experts": spec.backbone.num_experts,
+         # read from the decode cache's own arrays (MLA: the latent + RoPE key only)
+         "cache_bytes_per_token_per_layer":
+             kv_cache.init_cache(spec.backbone, 1, 1).bytes_per_token_per_layer}
   for n in new_tokens:
     t_kv, ids_kv = kv_decode(spec, params, prompts, n, repeats)
     log(f"{n} tokens, kv cache: {t_kv:.3f} s ({batch * n / t_kv:.0f} tokens/s)")

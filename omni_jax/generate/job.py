@@ -8,16 +8,15 @@ A prompts file is JSONL, one prompt per line::
 
 ``output`` is ``text`` or a generated modality whose codes decode to a file
 (:func:`allowed_outputs`); ``text`` (default "") is the prompt text, or ``ids`` the same as
-text token ids; any modality's source
-key (``image``, ``audio``, ...; paths relative to the prompts file) adds that input;
+text token ids; any modality's source key (``image``, ``audio``, ...; paths relative to the
+prompts file) adds that input;
 ``expect`` (text outputs) is a reference scored in ``caption_accuracy`` (exact match, per
 input modality). :func:`write_demo_prompts` writes such a file for the synthetic task. The
 token layout follows training (:mod:`omni_jax.data.sequences`): inputs first
 (``<bos> <m> <m:slot>*N </m>``), then the text; a modality output is forced by constrained
 decoding to ``<m:gen>``, exactly the modality's number of codes from its head, ``<eos>``; a
 text output is up to ``max_new_tokens`` text ids, cut at ``<eos>``. Prompts with inputs are
-prefilled through the KV-cached path too (the model's own forward with a cache: the
-encoders run and their features fill the slot tokens, as in training).
+prefilled through the model's own forward with a cache (the encoders fill the slot tokens).
 
 A bad line (not JSON, unknown key, an output with no head or decoder, an input file that does
 not decode, a prompt longer than the context ``config.data.seq_len``) is one error naming the
@@ -26,8 +25,8 @@ lists the errors per line.
 
 With ``judge`` (``--judge``), image / audio outputs whose prompt text is a synthetic caption
 are classified by judges trained on real renders (:mod:`omni_jax.generate.judge`):
-``conditional_accuracy`` per modality and attribute, beside the chance levels and the judges'
-own held-out accuracy.
+``conditional_accuracy`` per modality and attribute (and over the combinations training held
+out, ``conditional_accuracy_unseen``), beside the chance levels and the judges' accuracy.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from PIL import Image
 
-from omni_jax.common.config import ConfigError, to_dict
+from omni_jax.common.config import ConfigError, UserError, to_dict
 from omni_jax.common.metrics import to_jsonable, write_json_atomic
 from omni_jax.data import vq
 from omni_jax.data.decode import RecordError, decode_record, record_keys
@@ -59,6 +58,7 @@ from omni_jax.generate import judge as jd
 from omni_jax.generate import outputs as outs
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.modalities.base import gen_codes
+from omni_jax.modalities.heldout import heldout_labels
 from omni_jax.models import sampling
 from omni_jax.models.omni import OmniModel
 from omni_jax.models.spec import OmniSpec
@@ -70,7 +70,7 @@ from omni_jax.train.spec import build_spec
 TEXT = "text"
 
 
-class PromptError(ValueError):
+class PromptError(UserError, ValueError):
   """A prompt line is unusable; the message starts with ``line N:``."""
 
 
@@ -191,7 +191,7 @@ def abstract_train_state(config, spec: OmniSpec):
 # What the decoders are rebuilt from: the model, and the data settings the k-means codebooks
 # of the generate heads (and the judges' codec views) are fitted with.
 TRAIN_KEYS = ("model", "data.source", "data.manifest", "data.seed", "data.codebook_samples",
-              "data.tokenizer")
+              "data.tokenizer", "data.heldout_every")
 
 
 def _leaves(tree: Any, prefix: str) -> dict[str, Any]:
@@ -366,7 +366,7 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
                                      for m, d in sorted(words.items())},
   }
   if judge:
-    summary.update(score_judged(spec, judges, judged))
+    summary.update(score_judged(spec, judges, judged, config.data.get("heldout_every", 0)))
   write_json_atomic(out / "summary.json", summary)
   return summary
 
@@ -411,11 +411,15 @@ def judge_outputs(spec: OmniSpec, books: dict[str, np.ndarray], cache_dir: str,
 
 
 def score_judged(spec: OmniSpec, judges: dict[str, jd.Judge],
-                 judged: dict[str, list[tuple[int, np.ndarray, dict]]]) -> dict[str, Any]:
+                 judged: dict[str, list[tuple[int, np.ndarray, dict]]],
+                 heldout_every: int = 0) -> dict[str, Any]:
   """The summary's judge part: ``conditional_accuracy`` (modality -> attribute -> rate over
   the judged outputs, plus ``all``), the chance levels, the judges' own held-out accuracy; each
-  judged output's record gets ``judged`` (the attribute values the judge saw)."""
-  acc, info = {}, {}
+  judged output's record gets ``judged`` (the attribute values the judge saw). With
+  ``heldout_every`` (the training run's ``data.heldout_every``), also the same rates over the
+  combinations training showed (``conditional_accuracy_seen``) and those it held out
+  (``conditional_accuracy_unseen``)."""
+  acc, info, split = {}, {}, {"seen": {}, "unseen": {}}
   for m, j in judges.items():
     items = judged[m]
     info[m] = {"outputs_judged": len(items), "heldout": j.info["heldout"],
@@ -426,12 +430,18 @@ def score_judged(spec: OmniSpec, judges: dict[str, jd.Judge],
     labels = np.asarray([lab for lab, _, _ in items])
     xs = np.stack([x for _, x, _ in items])
     acc[m] = j.score(xs, labels)
+    held = np.isin(labels, sorted(heldout_labels(spec.modality(m), heldout_every)))
+    for part, rows in (("seen", ~held), ("unseen", held)):
+      if heldout_every and rows.any():
+        split[part][m] = j.score(xs[rows], labels[rows])
     pred = j.predict(xs)
     for i, (_, _, rec) in enumerate(items):
       rec["judged"] = {a: j.attrs[a][int(pred[a][i])] for a in j.attrs}
-  return {"conditional_accuracy": acc,
-          "conditional_chance": {m: jd.chance(spec.modality(m)) for m in judges},
-          "judge": info}
+  out = {"conditional_accuracy": acc,
+         "conditional_chance": {m: jd.chance(spec.modality(m)) for m in judges}, "judge": info}
+  if heldout_every:
+    out.update(conditional_accuracy_seen=split["seen"], conditional_accuracy_unseen=split["unseen"])
+  return out
 
 
 def caption_attributes(ms, expect: str, text: str) -> dict[str, bool]:

@@ -1,6 +1,7 @@
 """Export of backbone parameters to a Hugging Face checkpoint that ``transformers`` loads as is.
 
-Writes ``config.json`` (:func:`~omni_jax.hf.families.to_hf_config`) and the safetensors
+Writes ``config.json`` (:func:`~omni_jax.hf.families.to_hf_config`, with the legacy RoPE keys
+beside ``rope_parameters``) and the safetensors
 tensors in the family's names and ``[out, in]`` layout, sharded by size
 (``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``; a single
 ``model.safetensors`` when it fits one shard). Parameters are fetched one at a time through
@@ -35,6 +36,18 @@ def to_hf(lf: Leaf, item: np.ndarray) -> np.ndarray:
   if lf.kind == "vector":
     return np.ascontiguousarray(item.reshape(-1))
   return np.ascontiguousarray(item)
+
+
+def with_legacy_rope(cfg: dict) -> dict:
+  """``cfg`` with transformers 4's ``rope_theta`` / ``rope_scaling`` beside transformers 5's
+  ``rope_parameters`` (readers of either version find the RoPE settings)."""
+  params = dict(cfg.get("rope_parameters") or {})
+  scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+  if scaling.get("rope_type", "default") != "default":
+    scaling["type"] = scaling["rope_type"]
+  else:
+    scaling = None
+  return {**cfg, "rope_theta": params.get("rope_theta", 10_000.0), "rope_scaling": scaling}
 
 
 def export(model: HFModel, get_leaf: Callable[[str], np.ndarray], out_dir: str,
@@ -84,5 +97,6 @@ def export(model: HFModel, get_leaf: Callable[[str], np.ndarray], out_dir: str,
       json.dump({"metadata": {"total_size": total},
                  "weight_map": {k: names[v] for k, v in sorted(weight_map.items())}}, f, indent=2)
   with open(os.path.join(out_dir, "config.json"), "w") as f:
-    json.dump({**to_hf_config(model, dtype), **(extra_config or {})}, f, indent=2)
+    json.dump(with_legacy_rope({**to_hf_config(model, dtype), **(extra_config or {})}), f,
+              indent=2)
   return {"files": names, "tensors": len(weight_map), "total_size": total}

@@ -35,6 +35,8 @@ class Family:
   shared_expert: bool = False
   renormalize_key: str | None = "norm_topk_prob"   # None: always renormalised (Mixtral)
   sparse_step: bool = True   # honours decoder_sparse_step / mlp_only_layers
+  shared_prefix: str = "mlp.shared_expert"
+  mla: bool = False          # multi-head latent attention, DeepSeekMoE routing (DeepSeek-V3)
 
 
 FAMILIES = {f.architecture: f for f in (
@@ -47,6 +49,8 @@ FAMILIES = {f.architecture: f for f in (
            renormalize_key=None, sparse_step=False),
     Family("qwen3", "Qwen3ForCausalLM", qk_norm=True),
     Family("llama", "LlamaForCausalLM"),
+    Family("deepseek_v3", "DeepseekV3ForCausalLM", ("n_routed_experts",), sparse_step=False,
+           shared_prefix="mlp.shared_experts", mla=True),
 )}
 BY_NAME = {f.name: f for f in FAMILIES.values()}
 
@@ -81,13 +85,49 @@ def rope_config(cfg: dict, where: str) -> tuple[float, tuple | None]:
   if kind not in ROPE_SCALINGS:
     raise CheckpointError(f"{where}: RoPE scaling type {kind!r} cannot be honoured; supported: "
                           f"default, {', '.join(ROPE_SCALINGS)}")
+  if kind == "yarn" and params.get("factor") is None and "max_position_embeddings" in cfg:
+    params["factor"] = cfg["max_position_embeddings"] / params.get(
+        "original_max_position_embeddings", cfg["max_position_embeddings"])
   need = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-                                            "original_max_position_embeddings")}[kind]
+                                            "original_max_position_embeddings"),
+          "yarn": ("factor", "original_max_position_embeddings")}[kind]
   missing = [k for k in need if k not in params]
   if missing:
     raise CheckpointError(f"{where}: RoPE scaling {kind!r} needs {list(need)}, missing "
                           f"{missing}")
-  return float(theta), tuple(sorted([("type", kind)] + [(k, float(params[k])) for k in need]))
+  optional = YARN_OPTIONAL if kind == "yarn" else ()
+  keys = list(need) + [k for k in optional if params.get(k) is not None]
+  return float(theta), tuple(sorted([("type", kind)] + [(k, float(params[k])) for k in keys]))
+
+
+YARN_OPTIONAL = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor",
+                 "truncate")
+
+
+def mla_fields(cfg: dict, where: str, bad) -> dict:
+  """The :class:`BackboneSpec` switches of a DeepSeek-V3 ``config.json``: MLA widths, RoPE
+  layout, DeepSeekMoE routing, the leading dense layers."""
+  if cfg.get("attention_bias"):
+    raise bad("attention_bias", "MLA projections without biases only")
+  if cfg.get("topk_method", "noaux_tc") != "noaux_tc" or cfg.get("scoring_func",
+                                                                  "sigmoid") != "sigmoid":
+    raise bad("topk_method", "only sigmoid scores with group-limited top-k (noaux_tc)")
+  layers = _get(cfg, "num_hidden_layers", where)
+  first = cfg.get("first_k_dense_replace") or 0
+  if cfg.get("moe_layer_freq", 1) != 1 or not 0 <= first <= layers:
+    raise bad("first_k_dense_replace", f"every layer after the first k (0 <= k <= "
+              f"{layers}) is MoE (moe_layer_freq 1)")
+  nope, rope = _get(cfg, "qk_nope_head_dim", where), _get(cfg, "qk_rope_head_dim", where)
+  n_shared = cfg.get("n_shared_experts") or 0
+  return dict(
+      kv_lora_rank=_get(cfg, "kv_lora_rank", where), q_lora_rank=cfg.get("q_lora_rank") or 0,
+      qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=_get(cfg, "v_head_dim", where),
+      head_dim=nope + rope, num_kv_heads=_get(cfg, "num_attention_heads", where),
+      rope_interleave=bool(cfg.get("rope_interleave", True)), router_score="sigmoid",
+      n_group=cfg.get("n_group") or 1, topk_group=cfg.get("topk_group") or 1,
+      routed_scaling=float(cfg.get("routed_scaling_factor", 1.0)), first_dense=first,
+      shared_experts=n_shared, shared_gate=False, shared_d_ff=0, moe_balance="bias",
+      renormalize=bool(cfg.get("norm_topk_prob", False)))
 
 
 def translate(cfg: dict, where: str = "config.json", **runtime: Any) -> HFModel:
@@ -117,7 +157,7 @@ def translate(cfg: dict, where: str = "config.json", **runtime: Any) -> HFModel:
   lt = cfg.get("layer_types")
   if lt and any(t != "full_attention" for t in lt):
     raise bad("layer_types", "only 'full_attention' layers are supported")
-  if cfg.get("attention_bias") and not fam.qkv_bias:
+  if cfg.get("attention_bias") and not fam.qkv_bias and not fam.mla:
     raise bad("attention_bias", "projection biases are supported on Qwen2 layouts only")
   if cfg.get("mlp_bias"):
     raise bad("mlp_bias", "MLP biases are not supported")
@@ -128,10 +168,10 @@ def translate(cfg: dict, where: str = "config.json", **runtime: Any) -> HFModel:
   d = _get(cfg, "hidden_size", where)
   nh = _get(cfg, "num_attention_heads", where)
   nkv = cfg.get("num_key_value_heads") or nh
-  dh = cfg.get("head_dim") or d // nh
+  dh = (cfg.get("head_dim") or d // nh) if not fam.mla else 0
   layers = _get(cfg, "num_hidden_layers", where)
   theta, scaling = rope_config(cfg, where)
-  if nh % nkv:
+  if nh % nkv and not fam.mla:
     raise bad("num_key_value_heads", f"must divide num_attention_heads={nh}")
   moe: dict[str, Any] = dict(num_experts=0, moe_every=1)
   num_experts = next((cfg[k] for k in fam.experts_keys if cfg.get(k) is not None), 0)
@@ -150,6 +190,11 @@ def translate(cfg: dict, where: str = "config.json", **runtime: Any) -> HFModel:
     if fam.shared_expert:
       moe.update(shared_experts=1, shared_gate=True,
                  shared_d_ff=_get(cfg, "shared_expert_intermediate_size", where))
+  if fam.mla:
+    moe.update(mla_fields(cfg, where, bad))
+    if not num_experts or moe["first_dense"] == layers:
+      moe.update(num_experts=0, first_dense=0)
+    dh, nkv = moe.pop("head_dim"), moe.pop("num_kv_heads")
   dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
   spec = BackboneSpec(
       d_model=d, num_layers=layers, num_heads=nh, num_kv_heads=nkv, head_dim=dh,
@@ -184,11 +229,26 @@ def to_hf_config(m: HFModel, dtype: str = "float32") -> dict:
                 "num_experts_per_tok": s.top_k})
     if fam.name == "mixtral":
       cfg["intermediate_size"] = s.moe_d_ff
+    elif fam.mla:
+      cfg.update(moe_intermediate_size=s.moe_d_ff, norm_topk_prob=s.renormalize)
     else:
       cfg.update(moe_intermediate_size=s.moe_d_ff, norm_topk_prob=s.renormalize,
                  decoder_sparse_step=s.unit_size, mlp_only_layers=[])
     if fam.shared_expert:
       cfg.update(shared_expert_intermediate_size=s.shared_d_ff, qkv_bias=True)
+  if fam.mla:
+    cfg.update(kv_lora_rank=s.kv_lora_rank, q_lora_rank=s.q_lora_rank or None,
+               qk_nope_head_dim=s.qk_nope_head_dim, qk_rope_head_dim=s.qk_rope_head_dim,
+               v_head_dim=s.v_head_dim, head_dim=s.qk_rope_head_dim,
+               num_key_value_heads=s.num_heads, rope_interleave=s.rope_interleave,
+               n_group=s.n_group, topk_group=s.topk_group,
+               routed_scaling_factor=s.routed_scaling,
+               first_k_dense_replace=s.first_dense if s.num_moe_layers else s.num_layers,
+               n_shared_experts=s.shared_experts, attention_bias=False,
+               num_nextn_predict_layers=0)
+    if s.num_moe_layers and s.moe_balance == "aux_loss":
+      raise ValueError("a DeepSeek-V3 export needs the routing bias (moe_balance 'bias' or "
+                       "'both'): the checkpoint holds e_score_correction_bias")
   return cfg
 
 
@@ -228,48 +288,83 @@ class Leaf:
 
 def leaf_table(m: HFModel) -> list[Leaf]:
   """Every parameter of ``CausalLM(m.spec, m.vocab_size, m.tied)`` with its sources."""
-  s, fam = m.spec, m.family
-  d, h, kv, dh, u = s.d_model, s.num_heads, s.num_kv_heads, s.head_dim, s.num_units
+  s = m.spec
+  d = s.d_model
   out = [Leaf("embed/embedding", (m.vocab_size, d), "same", lambda: "model.embed_tokens.weight"),
          Leaf("final_norm/scale", (d,), "vector", lambda: "model.norm.weight")]
   if not m.tied:
     out.append(Leaf("head_text/kernel", (d, m.vocab_size), "linear", lambda: "lm_head.weight"))
-  n = s.unit_size
+  if s.first_dense:   # leading dense layers: model.layers.0 .. first_dense - 1
+    out += _unit_leaves(m, "dense_units", s.first_dense, 1, 0, False)
+  return out + _unit_leaves(m, "units", s.num_units, s.unit_size, s.first_dense,
+                            bool(s.num_moe_layers))
+
+
+def _attention_leaves(s: BackboneSpec, per_layer) -> list[Leaf]:
+  d, h, kv, dh = s.d_model, s.num_heads, s.num_kv_heads, s.head_dim
+  if s.mla:
+    qk, c, r = s.qk_nope_head_dim + s.qk_rope_head_dim, s.kv_lora_rank, s.qk_rope_head_dim
+    if s.q_lora_rank:
+      q = [per_layer("attn/q_a/kernel", (d, s.q_lora_rank), "linear", "self_attn.q_a_proj.weight"),
+           per_layer("attn/q_a_norm/scale", (s.q_lora_rank,), "vector",
+                     "self_attn.q_a_layernorm.weight"),
+           per_layer("attn/q_b/kernel", (s.q_lora_rank, h, qk), "linear",
+                     "self_attn.q_b_proj.weight")]
+    else:
+      q = [per_layer("attn/q/kernel", (d, h, qk), "linear", "self_attn.q_proj.weight")]
+    return q + [
+        per_layer("attn/kv_a/kernel", (d, c + r), "linear", "self_attn.kv_a_proj_with_mqa.weight"),
+        per_layer("attn/kv_a_norm/scale", (c,), "vector", "self_attn.kv_a_layernorm.weight"),
+        per_layer("attn/kv_b/kernel", (c, h, s.qk_nope_head_dim + s.v_head_dim), "linear",
+                  "self_attn.kv_b_proj.weight"),
+        per_layer("attn/o/kernel", (h, s.v_head_dim, d), "linear", "self_attn.o_proj.weight", 2)]
+  out = []
+  for name, heads in (("q", h), ("k", kv), ("v", kv)):
+    out.append(per_layer(f"attn/{name}/kernel", (d, heads, dh), "linear",
+                         f"self_attn.{name}_proj.weight"))
+    if s.qkv_bias:
+      out.append(per_layer(f"attn/{name}_bias", (heads, dh), "vector",
+                           f"self_attn.{name}_proj.bias"))
+  out.append(per_layer("attn/o/kernel", (h, dh, d), "linear", "self_attn.o_proj.weight", 2))
+  if s.qk_norm:
+    out += [per_layer("attn/q_norm/scale", (dh,), "vector", "self_attn.q_norm.weight"),
+            per_layer("attn/k_norm/scale", (dh,), "vector", "self_attn.k_norm.weight")]
+  return out
+
+
+def _unit_leaves(m: HFModel, stack: str, u: int, n: int, first: int, moe: bool) -> list[Leaf]:
+  """Leaves of ``u`` stacked units of ``n`` layers under ``backbone/<stack>``; unit ``uu``'s
+  layer ``i`` is Hugging Face layer ``first + uu * n + i`` (the last of a unit MoE when
+  ``moe``)."""
+  s, fam = m.spec, m.family
+  d = s.d_model
+  out = []
   for i in range(n):
-    pre = f"backbone/units/layer_{i}/"
+    pre = f"backbone/{stack}/layer_{i}/"
 
     def per_layer(path, shape, kind, suffix, in_dims=1, i=i):
       return Leaf(pre + path, (u, *shape), kind,
-                  lambda uu, i=i: f"model.layers.{uu * n + i}.{suffix}", 1, in_dims)
+                  lambda uu, i=i: f"model.layers.{first + uu * n + i}.{suffix}", 1, in_dims)
     out += [per_layer("ln_attn/scale", (d,), "vector", "input_layernorm.weight"),
             per_layer("ln_mlp/scale", (d,), "vector", "post_attention_layernorm.weight")]
-    for name, heads in (("q", h), ("k", kv), ("v", kv)):
-      out.append(per_layer(f"attn/{name}/kernel", (d, heads, dh), "linear",
-                           f"self_attn.{name}_proj.weight"))
-      if s.qkv_bias:
-        out.append(per_layer(f"attn/{name}_bias", (heads, dh), "vector",
-                             f"self_attn.{name}_proj.bias"))
-    out.append(per_layer("attn/o/kernel", (h, dh, d), "linear", "self_attn.o_proj.weight", 2))
-    if s.qk_norm:
-      out += [per_layer("attn/q_norm/scale", (dh,), "vector", "self_attn.q_norm.weight"),
-              per_layer("attn/k_norm/scale", (dh,), "vector", "self_attn.k_norm.weight")]
-    if s.num_moe_layers and i == n - 1:
+    out += _attention_leaves(s, per_layer)
+    if moe and i == n - 1:
       e, f, mp = s.num_experts, s.moe_d_ff, fam.moe_prefix
       out.append(per_layer("moe/router", (d, e), "linear", f"{mp}.gate.weight"))
+      if s.moe_balance != "aux_loss" and fam.mla:
+        out.append(per_layer("moe/routing_bias", (e,), "vector",
+                             f"{mp}.gate.e_score_correction_bias"))
       for ours, theirs, shape in (("wi_gate", fam.expert_names[0], (d, f)),
                                   ("wi_up", fam.expert_names[1], (d, f)),
                                   ("wo", fam.expert_names[2], (f, d))):
-        out.append(Leaf(pre + f"moe/{ours}", (u, e, *shape), "linear",
+        out.append(Leaf(pre + f"moe/{ours}", (u, s.num_experts, *shape), "linear",
                         lambda uu, ee, i=i, t=theirs:
-                        f"model.layers.{uu * n + i}.{mp}.experts.{ee}.{t}.weight", 2))
+                        f"model.layers.{first + uu * n + i}.{mp}.experts.{ee}.{t}.weight", 2))
       if s.shared_experts:
-        sf = s.shared_d_ff or s.shared_experts * f
-        out += [per_layer("moe/shared_wi_gate", (d, sf), "linear",
-                          "mlp.shared_expert.gate_proj.weight"),
-                per_layer("moe/shared_wi_up", (d, sf), "linear",
-                          "mlp.shared_expert.up_proj.weight"),
-                per_layer("moe/shared_wo", (sf, d), "linear",
-                          "mlp.shared_expert.down_proj.weight")]
+        sf, sp = s.shared_d_ff or s.shared_experts * f, fam.shared_prefix
+        out += [per_layer("moe/shared_wi_gate", (d, sf), "linear", f"{sp}.gate_proj.weight"),
+                per_layer("moe/shared_wi_up", (d, sf), "linear", f"{sp}.up_proj.weight"),
+                per_layer("moe/shared_wo", (sf, d), "linear", f"{sp}.down_proj.weight")]
         if s.shared_gate:
           out.append(per_layer("moe/shared_gate", (d, 1), "linear",
                                "mlp.shared_expert_gate.weight"))
@@ -278,4 +373,3 @@ def leaf_table(m: HFModel) -> list[Leaf]:
               per_layer("mlp/wi_up/kernel", (d, s.d_ff), "linear", "mlp.up_proj.weight"),
               per_layer("mlp/wo/kernel", (s.d_ff, d), "linear", "mlp.down_proj.weight")]
   return out
-

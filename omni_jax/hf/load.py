@@ -5,7 +5,8 @@ tensor the model needs (present, right shape, FP8 scales where quantised) and th
 the checkpoint goes unused — all before a weight is read. :func:`build_leaf` then creates one
 parameter with ``jax.make_array_from_callback``: each device's callback reads only the rows
 and columns of the Hugging Face tensors that fall in its shard (the transposes, reshapes,
-expert stacking and FP8 dequantisation happen per shard), so each process of a multi-host
+expert stacking and FP8 dequantisation happen per shard; the tensors of one stacked
+parameter are read by :data:`READ_THREADS` threads), so each process of a multi-host
 job reads only its own slices and a checkpoint never has to fit on one host.
 """
 
@@ -16,9 +17,11 @@ import itertools
 import json
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
+from absl import logging
 
 from omni_jax.hf import fp8
 from omni_jax.hf.families import HFModel, Leaf, leaf_table, translate
@@ -28,6 +31,9 @@ from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.parallel import recipes
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)   # buffers some exporters save; recomputed here
+FUSED_GATE_UP, FUSED_DOWN = "experts.gate_up_proj", "experts.down_proj"  # transformers 5
+LISTED = 20  # unmapped tensor names an error lists (then a count)
+READ_THREADS = 8  # tensors of one stacked parameter (layers, experts) read in parallel
 
 
 @dataclasses.dataclass
@@ -46,6 +52,8 @@ class Checkpoint:
         return lf
     raise KeyError(f"no parameter {path!r}; have {[lf.path for lf in self.leaves]}")
 
+  skipped: tuple[str, ...] = ()  # checkpoint tensors left out (``skip_unmapped``)
+
   @property
   def largest_tensor_bytes(self) -> int:
     return max(int(np.prod(t.shape)) * t.np_dtype.itemsize for t in self.tensors.values())
@@ -60,8 +68,48 @@ def read_config(hf_dir: str) -> dict:
     return json.load(f)
 
 
-def open_checkpoint(hf_dir: str, **runtime) -> Checkpoint:
-  """Translates and validates the checkpoint in ``hf_dir`` (headers only; no weights read)."""
+def _part(info: TensorInfo, start_row: int, shape: tuple[int, int]) -> TensorInfo:
+  """Rows ``[start_row, start_row + shape[0])`` of ``info`` flattened to 2-D: contiguous
+  bytes, so a view of them is a tensor of its own (read lazily like any other)."""
+  row = int(np.prod(info.shape[2:], dtype=np.int64)) if len(info.shape) > 2 else 1
+  return TensorInfo(info.file, info.dtype, shape,
+                    info.offset + start_row * row * info.np_dtype.itemsize)
+
+
+def unfuse_experts(tensors: dict[str, TensorInfo], model: HFModel) -> dict[str, TensorInfo]:
+  """``tensors`` with transformers 5's fused expert tensors (``experts.gate_up_proj`` ``[E,
+  2F, D]``: gate then up; ``experts.down_proj`` ``[E, D, F]``) replaced by per-expert views
+  under the per-expert names (``experts.{e}.gate_proj.weight`` ...), which are contiguous
+  slices of the fused bytes."""
+  s, fam = model.spec, model.family
+  gate, up, down = fam.expert_names
+  out = {}
+  for name, info in tensors.items():
+    fused_gu, fused_d = name.endswith("." + FUSED_GATE_UP), name.endswith("." + FUSED_DOWN)
+    if not (fused_gu or fused_d) or not s.num_experts:
+      out[name] = info
+      continue
+    pre = name[:-len(FUSED_GATE_UP if fused_gu else FUSED_DOWN)] + "experts."
+    e, f, d = s.num_experts, s.moe_d_ff, s.d_model
+    want = (e, 2 * f, d) if fused_gu else (e, d, f)
+    if info.shape != want or info.dtype.startswith("F8"):
+      raise CheckpointError(f"{info.file}: fused tensor {name!r} is {info.dtype} "
+                            f"{list(info.shape)}; config.json implies {list(want)} "
+                            "(gate then up rows; FP8 fused experts are not supported)")
+    for k in range(e):
+      if fused_gu:
+        out[f"{pre}{k}.{gate}.weight"] = _part(info, k * 2 * f, (f, d))
+        out[f"{pre}{k}.{up}.weight"] = _part(info, k * 2 * f + f, (f, d))
+      else:
+        out[f"{pre}{k}.{down}.weight"] = _part(info, k * d, (d, f))
+  return out
+
+
+def open_checkpoint(hf_dir: str, *, skip_unmapped: bool = False, **runtime) -> Checkpoint:
+  """Translates and validates the checkpoint in ``hf_dir`` (headers only; no weights read).
+
+  A tensor the importer has no place for is an error listing them all, unless
+  ``skip_unmapped`` (then they are listed in ``Checkpoint.skipped`` and logged)."""
   cfg = read_config(hf_dir)
   where = os.path.join(hf_dir, "config.json")
   model = translate(cfg, where, **runtime)
@@ -69,7 +117,7 @@ def open_checkpoint(hf_dir: str, **runtime) -> Checkpoint:
     block = fp8.block_size(cfg)
   except ValueError as e:
     raise CheckpointError(f"{where}: {e}") from None
-  tensors = index_checkpoint(hf_dir)
+  tensors = unfuse_experts(index_checkpoint(hf_dir), model)
   leaves = leaf_table(model)
   used = set()
   arch = model.family.architecture
@@ -97,11 +145,15 @@ def open_checkpoint(hf_dir: str, **runtime) -> Checkpoint:
                                 f"{list(info.shape)} needs {list(grid)}")
         used.add(name + fp8.SCALE_SUFFIX)
   unused = sorted(n for n in tensors if n not in used and not n.endswith(IGNORED_SUFFIXES))
+  if unused and not skip_unmapped:
+    more = f" and {len(unused) - LISTED} more" if len(unused) > LISTED else ""
+    raise CheckpointError(f"{hf_dir}: {len(unused)} tensor(s) have no place in the {arch} "
+                          f"backbone: {unused[:LISTED]}{more}; the importer maps every tensor "
+                          "or stops (skip them on purpose with --skip_unmapped)")
   if unused:
-    raise CheckpointError(f"{hf_dir}: {len(unused)} tensors have no place in the {arch} "
-                          f"backbone (e.g. {unused[:3]}); the importer takes decoder "
-                          "checkpoints whose every tensor it maps, nothing is dropped")
-  return Checkpoint(hf_dir, cfg, model, tensors, leaves, block)
+    logging.warning("%s: skipping %d unmapped tensor(s): %s", hf_dir, len(unused), unused)
+  return Checkpoint(hf_dir, cfg, model, {n: t for n, t in tensors.items() if n in used},
+                    leaves, block, tuple(unused))
 
 
 def _cover(shape: tuple[int, ...], slices: tuple[slice, ...]):
@@ -154,9 +206,17 @@ def read_leaf(ck: Checkpoint, lf: Leaf, index: tuple[slice, ...] = ()) -> np.nda
   stack, rest = index[:lf.stack], index[lf.stack:]
   shape = tuple(sl.stop - sl.start for sl in index)
   out = np.empty(shape, np.float32)
-  for combo in itertools.product(*(range(sl.start, sl.stop) for sl in stack)):
+
+  def one(combo):
     local = tuple(c - sl.start for c, sl in zip(combo, stack, strict=True))
     out[local] = read_item(ck, lf, lf.names(*combo), rest)
+  combos = list(itertools.product(*(range(sl.start, sl.stop) for sl in stack)))
+  if len(combos) > 1 and READ_THREADS > 1:  # preads and the dtype casts release the GIL
+    with ThreadPoolExecutor(min(READ_THREADS, len(combos))) as pool:
+      list(pool.map(one, combos))
+  else:
+    for combo in combos:
+      one(combo)
   return out
 
 
@@ -216,10 +276,11 @@ def param_shardings(ck: Checkpoint, mesh, recipe: str = "omni") -> dict[str, jax
   return flatten(shardings)
 
 
-def load_params(hf_dir: str, mesh=None, recipe: str = "omni", **runtime):
+def load_params(hf_dir: str, mesh=None, recipe: str = "omni", *, skip_unmapped: bool = False,
+                **runtime):
   """``(checkpoint, CausalLM, params)``: the whole model placed by ``recipe`` on ``mesh``
   (default: one device)."""
-  ck = open_checkpoint(hf_dir, **runtime)
+  ck = open_checkpoint(hf_dir, skip_unmapped=skip_unmapped, **runtime)
   mesh = mesh or mesh_lib.make_mesh({"data": 1}, jax.devices()[:1])
   shardings = param_shardings(ck, mesh, recipe)
   return ck, causal_lm(ck), unflatten(dict(iter_leaves(ck, shardings)))

@@ -19,6 +19,8 @@ import struct
 import ml_dtypes
 import numpy as np
 
+from omni_jax.common.config import UserError
+
 DTYPES = {
     "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
     "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
@@ -30,7 +32,7 @@ INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
   """A Hugging Face checkpoint that cannot be imported (the message says why)."""
 
 

@@ -17,6 +17,12 @@ TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_lay
             num_attention_heads=4, num_key_value_heads=2, initializer_range=0.05)
 
 
+DSV3_TINY = dict(TINY, num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=8,
+                 num_experts_per_tok=2, n_shared_experts=1, kv_lora_rank=16,
+                 qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                 routed_scaling_factor=2.5, first_k_dense_replace=1, num_nextn_predict_layers=0)
+
+
 def tiny_configs() -> dict[str, tuple[str, str, dict]]:
   """name -> (transformers config class, model class, config kwargs): 2 layers, d 64."""
   return {
@@ -38,6 +44,18 @@ def tiny_configs() -> dict[str, tuple[str, str, dict]]:
                                        high_freq_factor=4.0, original_max_position_embeddings=64))),
       "llama_linear": ("LlamaConfig", "LlamaForCausalLM",
                        dict(TINY, rope_scaling=dict(rope_type="linear", factor=4.0))),
+      # MLA (q LoRA, interleaved YaRN RoPE with mscale), one dense layer then DeepSeekMoE
+      # (sigmoid, 4 groups keep 2, a random correction bias, scaled gates, a shared expert)
+      "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                      dict(DSV3_TINY, num_hidden_layers=3, q_lora_rank=32, n_group=4,
+                           topk_group=2, norm_topk_prob=True, max_position_embeddings=256,
+                           rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=4.0,
+                                                original_max_position_embeddings=64,
+                                                mscale=1.0, mscale_all_dim=0.8))),
+      # MLA without q LoRA, half-split RoPE; ungrouped routing without renormalisation
+      "deepseek_v3_plain": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                            dict(DSV3_TINY, q_lora_rank=None, rope_interleave=False, n_group=1,
+                                 topk_group=1, norm_topk_prob=False, n_shared_experts=2)),
   }
 
 
@@ -48,6 +66,10 @@ def build_tiny(name: str, out_dir: str, seed: int = 0, **save_kwargs) -> str:
   cfg_cls, model_cls, kw = tiny_configs()[name]
   torch.manual_seed(seed)
   model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kw)).eval()
+  with torch.no_grad():   # a nonzero routing bias, so selection-only use of it is tested
+    for name, buf in model.named_buffers():
+      if name.endswith("e_score_correction_bias"):
+        buf.copy_(torch.randn(buf.shape) * 0.05)
   model.save_pretrained(out_dir, **save_kwargs)
   return out_dir
 

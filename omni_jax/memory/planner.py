@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from omni_jax.common.config import UserError
 from omni_jax.memory import graphs
 from omni_jax.memory import schedules as sch
 from omni_jax.memory.costmodel import Hardware, Task, makespan, simulate
@@ -26,7 +27,7 @@ BASELINES = ("lms", "lms_prefetch", "zero_offload", "zero_infinity")
 TIE = 0.01   # plans within 1% of the fastest predicted time tie; the least swap volume wins
 
 
-class NothingFitsError(ValueError):
+class NothingFitsError(UserError, ValueError):
   """No schedule of the asked kind fits the device memory budget."""
 
 

@@ -41,7 +41,10 @@ def train_flops_per_step(spec: OmniSpec, params, batch_size: int, seq_len: int) 
     if "moe" in names and names[-1] in _ROUTED:
       n *= bb.top_k / bb.num_experts
     per_token += 2 * n
-  attn = 2 * 2 * seq_len * bb.num_heads * bb.head_dim * bb.num_layers
+  # scores over the query/key width, values over the value width (MLA: the two differ)
+  width = ((bb.qk_nope_head_dim + bb.qk_rope_head_dim + bb.v_head_dim) / 2 if bb.mla
+           else bb.head_dim)
+  attn = 2 * 2 * seq_len * bb.num_heads * width * bb.num_layers
   fwd = batch_size * seq_len * (per_token + attn)
   for m, ms in spec.modalities:
     n_tok = MODALITY_KINDS.get(ms["kind"]).num_tokens(ms)

@@ -10,6 +10,7 @@ tensor parallelism splits their heads / width). Models never name a mesh axis.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -46,7 +47,44 @@ class RMSNorm(nn.Module):
     return (y * scale).astype(self.dtype)
 
 
-ROPE_SCALINGS = ("linear", "llama3")
+ROPE_SCALINGS = ("linear", "llama3", "yarn")
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+  """YaRN's magnitude correction ``0.1 * mscale * ln(factor) + 1`` (1 for ``factor <= 1``)."""
+  return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_attention_factor(scaling: tuple | None) -> float:
+  """The factor YaRN multiplies rotated queries and keys by (1 for other scalings):
+  ``attention_factor`` if given, else ``mscale(factor, mscale) / mscale(factor,
+  mscale_all_dim)`` when both are set, else ``mscale(factor)``."""
+  sc = dict(scaling or {})
+  if sc.get("type") != "yarn":
+    return 1.0
+  if sc.get("attention_factor"):
+    return float(sc["attention_factor"])
+  if sc.get("mscale") and sc.get("mscale_all_dim"):
+    return yarn_mscale(sc["factor"], sc["mscale"]) / yarn_mscale(sc["factor"],
+                                                                 sc["mscale_all_dim"])
+  return yarn_mscale(sc["factor"])
+
+
+def _yarn_inv_freq(inv_freq: jax.Array, dh: int, theta: float, sc: dict) -> jax.Array:
+  """YaRN: frequencies rotating fewer than ``beta_slow`` times over the original context are
+  divided by ``factor``, those rotating more than ``beta_fast`` times kept, a linear ramp
+  over the dimensions in between."""
+  old_len = sc["original_max_position_embeddings"]
+
+  def dim_of(rotations):  # the dimension whose wavelength fits `rotations` times in old_len
+    return dh * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+  low, high = dim_of(sc.get("beta_fast") or 32), dim_of(sc.get("beta_slow") or 1)
+  if sc.get("truncate", 1.0):
+    low, high = math.floor(low), math.ceil(high)
+  low, high = max(low, 0), min(high, dh - 1)
+  high = high + 0.001 if low == high else high
+  ramp = jnp.clip((jnp.arange(dh // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+  return inv_freq / sc["factor"] * ramp + inv_freq * (1 - ramp)
 
 
 def rope_inv_freq(dh: int, theta: float, scaling: tuple | None = None) -> jax.Array:
@@ -56,7 +94,11 @@ def rope_inv_freq(dh: int, theta: float, scaling: tuple | None = None) -> jax.Ar
   * ``linear`` (``factor``): every frequency divided by ``factor`` (position interpolation);
   * ``llama3`` (``factor``, ``low_freq_factor``, ``high_freq_factor``,
     ``original_max_position_embeddings``): long wavelengths divided by ``factor``, short
-    ones kept, a smooth blend in between (the Llama 3.1 rule).
+    ones kept, a smooth blend in between (the Llama 3.1 rule);
+  * ``yarn`` (``factor``, ``original_max_position_embeddings``, optional ``beta_fast``,
+    ``beta_slow``, ``truncate``, ``mscale``, ``mscale_all_dim``, ``attention_factor``): see
+    :func:`_yarn_inv_freq`; :func:`rope` also scales its output by
+    :func:`rope_attention_factor`.
   """
   inv_freq = theta ** (-jnp.arange(0, dh, 2, dtype=jnp.float32) / dh)
   if scaling is None:
@@ -74,6 +116,8 @@ def rope_inv_freq(dh: int, theta: float, scaling: tuple | None = None) -> jax.Ar
     out = jnp.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
     mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
     return jnp.where(mid, blended, out)
+  if kind == "yarn":
+    return _yarn_inv_freq(inv_freq, dh, theta, sc)
   raise ValueError(f"rope scaling type {kind!r} is not supported; supported: "
                    f"{list(ROPE_SCALINGS)} or none")
 
@@ -91,7 +135,8 @@ def rope(x: jax.Array, positions: jax.Array, theta: float,
   cos = jnp.cos(angles)[:, :, None, :]
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x.dtype)
+  factor = rope_attention_factor(scaling)
+  return (out if factor == 1.0 else out * factor).astype(x.dtype)
 
 
 @named_op("attention")

@@ -103,36 +103,58 @@ def moe_flops_per_token(d_model: int, d_ff: int, top_k: int, num_shared_experts:
 # Router
 # ------------------------------------------------------------------------------------------
 
+def group_limited_top_k(choice: jax.Array, top_k: int, n_group: int, topk_group: int
+                        ) -> jax.Array:
+  """int32 ``[..., k]`` expert ids: the ``E`` experts form ``n_group`` equal groups, a group
+  scores the sum of its two best ``choice`` values, the ``topk_group`` best groups are kept
+  and ``top_k`` is taken over their experts only (DeepSeek-V3's node-limited routing)."""
+  if n_group <= 1:
+    return jax.lax.top_k(choice, top_k)[1]
+  *lead, e = choice.shape
+  grouped = choice.reshape(*lead, n_group, e // n_group)
+  group_score = jax.lax.top_k(grouped, min(2, e // n_group))[0].sum(-1)   # [..., G]
+  keep = jax.lax.top_k(group_score, topk_group)[1]
+  kept = jnp.any(keep[..., None] == jnp.arange(n_group), axis=-2)         # [..., G]
+  masked = jnp.where(kept[..., None], grouped, -jnp.inf).reshape(choice.shape)
+  return jax.lax.top_k(masked, top_k)[1]
+
+
 def route(x: jax.Array, router_kernel: jax.Array, top_k: int, renormalize: bool,
-          bias: jax.Array | None = None
+          bias: jax.Array | None = None, *, score: str = "softmax", n_group: int = 1,
+          topk_group: int = 1, scaling: float = 1.0
           ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """Float32 softmax top-k router.
+  """Float32 top-k router.
 
   Args:
     x: tokens ``[N, D]``, or ``[..., D]`` (the outputs keep the leading axes); any float
       dtype, promoted to float32.
     router_kernel: ``[D, E]`` float32.
     top_k: experts per token.
-    renormalize: divide the top-k probabilities by their sum so each token's gates sum to 1.
-    bias: optional ``[E]`` aux-loss-free routing bias (DeepSeek-V3): added to the
-      probabilities for the top-k *selection* only; the gates are the unbiased probabilities
-      of the selected experts.
+    renormalize: divide the top-k scores by their sum so each token's gates sum to 1.
+    bias: optional ``[E]`` aux-loss-free routing bias (DeepSeek-V3's
+      ``e_score_correction_bias``): added to the scores for the top-k *selection* only; the
+      gates are the unbiased scores of the selected experts.
+    score: ``"softmax"`` over experts, or ``"sigmoid"`` per expert (DeepSeek-V3).
+    n_group, topk_group: group-limited selection (:func:`group_limited_top_k`).
+    scaling: the gates times this (``routed_scaling_factor``), after renormalising.
 
   Returns:
     ``(logits [N, E] f32, probs [N, E] f32, weights [N, k] f32, expert_ids [N, k] int32)``;
-    slot 0 holds each token's most probable expert.
+    ``probs`` are the scores (sigmoid ones normalised to sum 1, for the balance statistics).
   """
   logits = jnp.dot(x.astype(jnp.float32), router_kernel.astype(jnp.float32),
                    precision=jax.lax.Precision.HIGHEST)
-  probs = jax.nn.softmax(logits, axis=-1)
-  if bias is None:
-    weights, expert_ids = jax.lax.top_k(probs, top_k)
+  scores = jax.nn.sigmoid(logits) if score == "sigmoid" else jax.nn.softmax(logits, axis=-1)
+  if bias is None and n_group <= 1:
+    weights, expert_ids = jax.lax.top_k(scores, top_k)
   else:
-    _, expert_ids = jax.lax.top_k(probs + bias.astype(jnp.float32), top_k)
-    weights = jnp.take_along_axis(probs, expert_ids, axis=-1)
+    choice = scores if bias is None else scores + bias.astype(jnp.float32)
+    expert_ids = group_limited_top_k(choice, top_k, n_group, topk_group)
+    weights = jnp.take_along_axis(scores, expert_ids, axis=-1)
   if renormalize:
     weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-  return logits, probs, weights, expert_ids.astype(jnp.int32)
+  probs = scores / scores.sum(-1, keepdims=True) if score == "sigmoid" else scores
+  return logits, probs, weights * scaling, expert_ids.astype(jnp.int32)
 
 
 def router_aux(logits: jax.Array, probs: jax.Array, expert_ids: jax.Array
@@ -381,6 +403,10 @@ class MoE(nn.Module):
   shared_d_ff: int = 0        # width of the shared experts; 0: num_shared_experts * d_ff
   shared_gate: bool = False   # scale the shared output by sigmoid(x @ shared_gate) (Qwen2-MoE)
   balance: str = "aux_loss"
+  score: str = "softmax"      # router scores: 'softmax' | 'sigmoid' (see route)
+  n_group: int = 1            # group-limited routing (see group_limited_top_k)
+  topk_group: int = 1
+  routed_scaling: float = 1.0
 
   def __post_init__(self):
     validate_moe_config(self.d_model, self.d_ff, self.num_experts, self.top_k,
@@ -393,6 +419,13 @@ class MoE(nn.Module):
                  self.shared_d_ff or self.shared_gate, "needs num_shared_experts >= 1")
     if self.balance not in BALANCE_MODES:
       raise _bad("balance", self.balance, f"must be one of {list(BALANCE_MODES)}")
+    if self.score not in ("softmax", "sigmoid"):
+      raise _bad("score", self.score, "must be 'softmax' or 'sigmoid'")
+    if not (_is_int(self.n_group) and self.n_group >= 1 and self.num_experts % self.n_group == 0
+            and _is_int(self.topk_group) and 1 <= self.topk_group <= self.n_group
+            and self.top_k <= self.topk_group * self.num_experts // self.n_group):
+      raise _bad("n_group", (self.n_group, self.topk_group), "n_group must divide num_experts "
+                 "and 1 <= topk_group <= n_group, with top_k <= the kept groups' experts")
     super().__post_init__()
 
   @nn.compact
@@ -416,7 +449,8 @@ class MoE(nn.Module):
     # under a sequence layout (measured).
     logits, probs, weights, expert_ids = route(
         x, router, self.top_k, self.renormalize,
-        None if bias is None else jax.lax.stop_gradient(bias))
+        None if bias is None else jax.lax.stop_gradient(bias), score=self.score,
+        n_group=self.n_group, topk_group=self.topk_group, scaling=self.routed_scaling)
     aux = router_aux(logits, probs, expert_ids)
     if bias is not None:
       aux["balance_probe"] = jnp.sum((bias - jax.lax.stop_gradient(bias)) * aux["expert_load"])

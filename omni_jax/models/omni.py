@@ -148,7 +148,7 @@ def omni_loss(spec: OmniSpec, logits, aux, batch, norm=None):
       mask = mask & (batch["segment_ids"] > 0)
     mask = mask.astype(jnp.float32)
     tgt = jnp.clip(targets, 0, hd.size - 1)
-    lg = logits[hd.name]
+    lg = logits[hd.name].astype(jnp.float32)  # softmax and loss in float32 at any dtype
     logz = jax.nn.logsumexp(lg, axis=-1)
     nll = logz - jnp.take_along_axis(lg, tgt[..., None], axis=-1)[..., 0]
     count = mask.sum()

@@ -16,12 +16,23 @@ from omni_jax.models.transformer import REMAT_POLICIES, BackboneSpec
 
 MODEL_KEYS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "rope_theta", "moe",
               "remat", "dtype", "text_loss_weight", "modalities", "attention_block", "init_from",
-              "attention_impl", "lora")
-OPTIONAL_MODEL_KEYS = ("init_from", "attention_impl", "lora")  # lora: omni_jax.train.lora
+              "attention_impl", "lora", "mla", "param_dtype")
+# lora: omni_jax.train.lora; mla: multi-head latent attention (omni_jax.models.mla);
+# param_dtype: the stored parameters' (and AdamW moments') dtype, float32 by default (master
+# weights) whatever the compute dtype ``dtype``
+OPTIONAL_MODEL_KEYS = ("init_from", "attention_impl", "lora", "mla", "param_dtype")
+MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 MOE_KEYS = ("num_experts", "top_k", "d_ff", "every", "renormalize", "impl", "capacity_factor",
             "shared_experts", "lb_coef", "z_coef")
 # Optional: 'aux_loss' (default) | 'bias' | 'both', and the bias step (DeepSeek-V3: 1e-3).
 MOE_BALANCE_KEYS = ("balance", "bias_rate")
+# Optional DeepSeekMoE routing (omni_jax.models.moe.route): 'softmax' (default) | 'sigmoid'
+# scores, group-limited top-k, the gates' scale, and dense layers before the first MoE layer.
+MOE_DEEPSEEK_KEYS = ("score", "n_group", "topk_group", "routed_scaling", "first_dense")
+# Optional: the expert-parallel receive buffer of the dropless path, as a multiple of the mean
+# load (n*k rows per device); what does not fit is dropped and counted (0 = the worst case
+# ep*n*k rows, nothing drops).
+MOE_EP_KEYS = ("ep_capacity_factor",)
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -50,6 +61,7 @@ class OmniSpec:
   # not compared: it follows from the fields above
   text_tokenizer: Any = dataclasses.field(default=None, compare=False)
   bias_rate: float = 0.0                     # aux-loss-free balance step (0: balance off)
+  ep_capacity_factor: float = 0.0            # EP receive buffer / mean load (0: worst case)
 
   @property
   def tokenizer(self):
@@ -65,6 +77,14 @@ class OmniSpec:
 
   def head_id(self, name: str) -> int:
     return [h.name for h in self.heads].index(name) + 1
+
+
+def param_dtype(model_cfg):
+  """``config.model.param_dtype`` (default float32): the dtype parameters are stored and
+  updated in; the model computes in ``config.model.dtype``."""
+  name = model_cfg.get("param_dtype", "float32")
+  one_of({"param_dtype": name}, "param_dtype", DTYPES, "model.")
+  return DTYPES[name]
 
 
 def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
@@ -85,6 +105,7 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
   require(isinstance(ab, int) and ab >= 0, p + "attention_block", ab,
           "must be an integer >= 0 (0 = dense attention, n = blockwise over n-key blocks)")
   one_of(model_cfg, "dtype", DTYPES, p)
+  param_dtype(model_cfg)
   attention_impl = model_cfg.get("attention_impl", "xla")
   one_of({"attention_impl": attention_impl}, "attention_impl", ATTENTION_IMPLS, p)
   nonneg_float(model_cfg, "text_loss_weight", p)
@@ -93,7 +114,12 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
 
   moe = model_cfg["moe"]
   q = p + "moe."
-  check_keys(moe, MOE_KEYS + MOE_BALANCE_KEYS, q, required=MOE_KEYS)
+  check_keys(moe, MOE_KEYS + MOE_BALANCE_KEYS + MOE_DEEPSEEK_KEYS + MOE_EP_KEYS, q,
+             required=MOE_KEYS)
+  ep_cf = moe.get("ep_capacity_factor", 0.0)
+  require(isinstance(ep_cf, int | float) and not isinstance(ep_cf, bool) and ep_cf >= 0,
+          q + "ep_capacity_factor", ep_cf, "must be a number >= 0 (0 = worst-case receive "
+          "buffer, nothing dropped; f > 0 = f x the mean load, the excess dropped and counted)")
   balance, bias_rate = moe.get("balance", "aux_loss"), moe.get("bias_rate", 1e-3)
   one_of({"balance": balance}, "balance", ("aux_loss", "bias", "both"), q)
   require(isinstance(bias_rate, int | float) and not isinstance(bias_rate, bool)
@@ -112,10 +138,13 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
             "must be > 0")
     require(isinstance(moe["shared_experts"], int) and moe["shared_experts"] >= 0,
             q + "shared_experts", moe["shared_experts"], "must be an integer >= 0")
-    require(model_cfg["num_layers"] % moe["every"] == 0, p + "num_layers",
-            model_cfg["num_layers"], f"must be a multiple of moe.every={moe['every']}")
+    first = moe.get("first_dense", 0) if isinstance(moe.get("first_dense", 0), int) else 0
+    require((model_cfg["num_layers"] - first) % moe["every"] == 0, p + "num_layers",
+            model_cfg["num_layers"], f"minus moe.first_dense={first} must be a multiple of "
+            f"moe.every={moe['every']}")
   nonneg_float(moe, "lb_coef", q)
   nonneg_float(moe, "z_coef", q)
+  extra = _deepseek_fields(model_cfg, moe, e if moe["every"] else 0)
 
   backbone = BackboneSpec(
       d_model=d, num_layers=model_cfg["num_layers"], num_heads=nh, num_kv_heads=nkv,
@@ -125,6 +154,46 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
       capacity_factor=float(moe["capacity_factor"]), shared_experts=moe["shared_experts"],
       remat=model_cfg["remat"], dtype=DTYPES[model_cfg["dtype"]],
       attention_block=model_cfg["attention_block"], attention_impl=attention_impl,
-      moe_balance=balance)
+      moe_balance=balance, **extra)
   return backbone, dict(lb_coef=float(moe["lb_coef"]), z_coef=float(moe["z_coef"]),
-                        balance=balance, bias_rate=float(bias_rate))
+                        balance=balance, bias_rate=float(bias_rate),
+                        ep_capacity_factor=float(ep_cf))
+
+
+def _deepseek_fields(model_cfg, moe, num_experts: int) -> dict:
+  """The MLA and DeepSeekMoE fields of :class:`BackboneSpec` from ``model.mla`` and the
+  optional ``moe`` keys (checked; errors name the key)."""
+  out: dict = {}
+  mla = model_cfg.get("mla")
+  if mla:
+    p = "model.mla."
+    check_keys(mla, MLA_KEYS, p, required=[k for k in MLA_KEYS if k != "q_lora_rank"])
+    for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+      positive_int(mla, k, p)
+    require(mla["qk_rope_head_dim"] % 2 == 0, p + "qk_rope_head_dim", mla["qk_rope_head_dim"],
+            "must be even for rotary embeddings")
+    q_lora = mla.get("q_lora_rank", 0)
+    require(isinstance(q_lora, int) and q_lora >= 0, p + "q_lora_rank", q_lora,
+            "must be an integer >= 0 (0: queries straight from the input)")
+    out.update({k: mla.get(k, 0) for k in MLA_KEYS})
+  q = "model.moe."
+  score = moe.get("score", "softmax")
+  one_of({"score": score}, "score", ("softmax", "sigmoid"), q)
+  n_group, topk_group = moe.get("n_group", 1), moe.get("topk_group", 1)
+  require(isinstance(n_group, int) and n_group >= 1 and (not num_experts
+                                                          or num_experts % n_group == 0),
+          q + "n_group", n_group, "must be an integer >= 1 dividing num_experts")
+  require(isinstance(topk_group, int) and 1 <= topk_group <= n_group, q + "topk_group",
+          topk_group, f"must be an integer in [1, n_group={n_group}]")
+  scaling = moe.get("routed_scaling", 1.0)
+  require(isinstance(scaling, int | float) and scaling > 0, q + "routed_scaling", scaling,
+          "must be a number > 0")
+  first = moe.get("first_dense", 0)
+  layers = model_cfg["num_layers"]
+  require(isinstance(first, int) and 0 <= first < layers and (
+      not (num_experts and moe["every"]) or (layers - first) % moe["every"] == 0),
+      q + "first_dense", first, f"must be an integer in [0, num_layers={layers}) leaving a "
+      "multiple of moe.every layers")
+  out.update(router_score=score, n_group=n_group, topk_group=topk_group,
+             routed_scaling=float(scaling), first_dense=first)
+  return out

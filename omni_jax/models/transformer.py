@@ -6,6 +6,8 @@ parameters carry a leading ``[num_units]`` axis and compile time does not grow w
 depth; ``remat`` wraps each unit in activation checkpointing (``offload_activations``: with a
 policy that keeps only each block's named residual-stream values, in host memory). The units
 run through the ``layer_stack`` named op (a ``lax.scan``), which a pipeline layout replaces.
+``first_dense`` leading dense layers (DeepSeek-V3's ``first_k_dense_replace``) come first, a
+stack of their own (``dense_units``, one dense layer per unit, a plain scan).
 
 MoE auxiliary outputs (load-balancing loss, z-loss, per-expert load, dropped fraction)
 are averaged over the MoE layers and returned beside the hidden states.
@@ -14,6 +16,7 @@ are averaged over the MoE layers and returned beside the hidden states.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +27,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from omni_jax.models.attention_kernels import use_kernel
 from omni_jax.models.layers import Attention, RMSNorm, SwiGLU
+from omni_jax.models.mla import MLA
 from omni_jax.models.moe import MoE
 from omni_jax.models.named_ops import named_op
 
@@ -75,6 +79,24 @@ class BackboneSpec:
   shared_gate: bool = False   # sigmoid(x w) gate on the shared experts' output (Qwen2-MoE)
   moe_balance: str = "aux_loss"  # 'aux_loss' | 'bias' | 'both' (omni_jax.models.moe.MoE)
   offload_activations: bool = False  # units keep only the named residuals, on the host
+  # Multi-head latent attention (DeepSeek-V2/V3, omni_jax.models.mla): on when kv_lora_rank > 0;
+  # num_kv_heads / head_dim are then unused.
+  kv_lora_rank: int = 0       # width of the compressed key/value latent (what decoding caches)
+  q_lora_rank: int = 0        # 0: queries straight from x; r: through a rank-r normed latent
+  qk_nope_head_dim: int = 0   # per-head query/key width without rotary embedding
+  qk_rope_head_dim: int = 0   # per-head query width with RoPE; the one shared RoPE key's width
+  v_head_dim: int = 0         # per-head value width
+  rope_interleave: bool = False  # RoPE pairs (x0, x1), (x2, x3).. instead of halves
+  # DeepSeekMoE routing (omni_jax.models.moe.route)
+  router_score: str = "softmax"  # 'softmax' | 'sigmoid' (per-expert scores, DeepSeek-V3)
+  n_group: int = 1            # experts split into groups; tokens pick topk_group groups first
+  topk_group: int = 1
+  routed_scaling: float = 1.0  # the routed experts' gates times this
+  first_dense: int = 0        # leading dense layers before the units (first_k_dense_replace)
+
+  @property
+  def mla(self) -> bool:
+    return self.kv_lora_rank > 0
 
   @property
   def unit_size(self) -> int:
@@ -82,7 +104,7 @@ class BackboneSpec:
 
   @property
   def num_units(self) -> int:
-    return self.num_layers // self.unit_size
+    return (self.num_layers - self.first_dense) // self.unit_size
 
   @property
   def num_moe_layers(self) -> int:
@@ -110,10 +132,11 @@ class Block(nn.Module):
     x = checkpoint_name(x, OFFLOADED_NAMES[0])
     h = RMSNorm(s.norm_eps, dtype=s.dtype, name="ln_attn")(x)
     with use_kernel(s.attention_impl):  # the softmax core's kernel, for every parallel path
-      a = Attention(s.num_heads, s.num_kv_heads, s.head_dim, s.rope_theta, s.dtype,
-                    s.attention_block, qk_norm=s.qk_norm, qkv_bias=s.qkv_bias,
-                    rope_scaling=s.rope_scaling, norm_eps=s.norm_eps,
-                    name="attn")(h, positions, segment_ids, cache)
+      attn = functools.partial(MLA, s) if s.mla else functools.partial(
+          Attention, s.num_heads, s.num_kv_heads, s.head_dim, s.rope_theta, s.dtype,
+          s.attention_block, qk_norm=s.qk_norm, qkv_bias=s.qkv_bias,
+          rope_scaling=s.rope_scaling, norm_eps=s.norm_eps)
+      a = attn(name="attn")(h, positions, segment_ids, cache)
     if cache is not None:
       a, cache = a
     x = checkpoint_name(x + a, OFFLOADED_NAMES[1])
@@ -123,7 +146,9 @@ class Block(nn.Module):
                    renormalize=s.renormalize, impl=s.moe_impl,
                    capacity_factor=s.capacity_factor, num_shared_experts=s.shared_experts,
                    shared_d_ff=s.shared_d_ff, shared_gate=s.shared_gate,
-                   dtype=s.dtype, balance=s.moe_balance, name="moe")(h)
+                   dtype=s.dtype, balance=s.moe_balance, score=s.router_score,
+                   n_group=s.n_group, topk_group=s.topk_group,
+                   routed_scaling=s.routed_scaling, name="moe")(h)
     else:
       y, aux = SwiGLU(s.d_ff, dtype=s.dtype, name="mlp")(h), None
     return (x + y, aux) if cache is None else (x + y, aux, cache)
@@ -159,14 +184,16 @@ def layer_stack(apply_unit: Callable, unit_params, carry, positions):
 
 
 def unstack_units(params: dict) -> dict:
-  """``params`` (of a model with a ``backbone``) with ``backbone/units`` split into a tuple of
-  per-unit trees (see :class:`Backbone`); the other parameters are shared, not copied."""
+  """``params`` (of a model with a ``backbone``) with ``backbone/units`` (and
+  ``backbone/dense_units``) split into tuples of per-unit trees (see :class:`Backbone`); the
+  other parameters are shared, not copied."""
   bb = dict(params["backbone"])
-  units = bb["units"]
-  if isinstance(units, tuple):
-    return params
-  n = jax.tree.leaves(units)[0].shape[0]
-  bb["units"] = tuple(jax.tree.map(lambda a, u=u: a[u], units) for u in range(n))
+  for name in ("dense_units", "units"):
+    units = bb.get(name)
+    if units is None or isinstance(units, tuple):
+      continue
+    n = jax.tree.leaves(units)[0].shape[0]
+    bb[name] = tuple(jax.tree.map(lambda a, u=u: a[u], units) for u in range(n))
   return {**params, "backbone": bb}
 
 
@@ -196,25 +223,46 @@ class Backbone(nn.Module):
     if self.is_initializing():
       if cache is not None:
         raise ValueError("Backbone: initialise without a KV cache (init builds parameters)")
-      scanned = nn.scan(Unit, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(nn.broadcast, nn.broadcast), length=s.num_units)
-      (x, acc), _ = scanned(s, name="units")(carry, positions, segment_ids)
+      for name, spec, n in (("dense_units", dense_prefix_spec(s), s.first_dense),
+                            ("units", s, s.num_units)):
+        if n:
+          scanned = nn.scan(Unit, variable_axes={"params": 0}, split_rngs={"params": True},
+                            in_axes=(nn.broadcast, nn.broadcast), length=n)
+          carry, _ = scanned(spec, name=name)(carry, positions, segment_ids)
+      x, acc = carry
     else:
-      unit = Unit(s, parent=None)
-
-      def apply_unit(p, c, pos):
-        return unit.apply({"params": p}, c, *pos)[0]
-      if policy is not None and cache is None:
-        apply_unit = jax.checkpoint(apply_unit, policy=policy, prevent_cse=False)
       if cache is not None:
         carry = (*carry, cache)
-      units = self.variables["params"]["units"]
-      if isinstance(units, tuple):
-        for p in units:
-          carry = apply_unit(p, carry, (positions, segment_ids))
-      else:
-        carry = layer_stack(apply_unit, units, carry, (positions, segment_ids))
+      if s.first_dense:   # leading dense layers: a plain scan (a pipeline splits the units)
+        carry = self._run(dense_prefix_spec(s), "dense_units", policy, cache, carry,
+                          (positions, segment_ids), stack=_scan_units)
+      carry = self._run(s, "units", policy, cache, carry, (positions, segment_ids))
       x, acc, *cache = carry
     n = max(s.num_moe_layers, 1)
     aux = {k: v / n for k, v in acc.items()}
     return (x, aux, cache[0].advance(x.shape[1])) if cache else (x, aux)
+
+  def _run(self, spec, name, policy, cache, carry, positions, stack=None):
+    """``carry`` through the units of parameter collection ``name`` (stacked: through
+    ``stack``, default the :func:`layer_stack` named op; a tuple: one after another)."""
+    unit = Unit(spec, parent=None)
+
+    def apply_unit(p, c, pos):
+      return unit.apply({"params": p}, c, *pos)[0]
+    if policy is not None and cache is None:
+      apply_unit = jax.checkpoint(apply_unit, policy=policy, prevent_cse=False)
+    units = self.variables["params"][name]
+    if isinstance(units, tuple):
+      for p in units:
+        carry = apply_unit(p, carry, positions)
+      return carry
+    return (stack or layer_stack)(apply_unit, units, carry, positions)
+
+
+def _scan_units(apply_unit, unit_params, carry, positions):
+  return jax.lax.scan(lambda c, p: (apply_unit(p, c, positions), None), carry, unit_params)[0]
+
+
+def dense_prefix_spec(s: BackboneSpec) -> BackboneSpec:
+  """The spec of the ``first_dense`` leading dense layers: one dense layer per unit."""
+  return dataclasses.replace(s, num_layers=s.first_dense, num_experts=0, first_dense=0)

@@ -36,7 +36,9 @@ import numpy as np
 
 from omni_jax.parallel import hlo_report
 
-_HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\((?P<params>.*)\)\s*->.*\{\s*$")
+# "name (params) -> type {" (compiled), or "name {" (lowered, ``as_text(dialect="hlo")``)
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*(?:\((?P<params>.*)\)\s*->.*)?"
+                     r"\{\s*$")
 _PARAM = re.compile(r"([\w.\-]+):\s*(\((?:[^()]|\([^()]*\))*\)|\w+\[[^\]]*\](?:\{[^}]*\})?)")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<rest>.*)$")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
@@ -85,8 +87,9 @@ def _parse_instr(line: str) -> Instr | None:
     return None
   close = _balanced(tail, op_m.end() - 1)
   args = tail[op_m.end():close - 1]
-  return Instr(m.group("name"), typ, op_m.group(1), re.findall(r"%([\w.\-]+)", args) or [args],
-               tail[close:], line)
+  operands = (re.findall(r"%([\w.\-]+)", args) if "%" in args  # compiled: %name
+              else re.findall(r"(?:^|,\s*)([A-Za-z_][\w.\-]*)(?=\s*(?:,|$))", args))  # lowered
+  return Instr(m.group("name"), typ, op_m.group(1), operands or [args], tail[close:], line)
 
 
 def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], str, dict[str, str]]:
@@ -103,7 +106,7 @@ def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], str, dict[str, str]]:
         comps[current] = []
         if line.startswith("ENTRY"):
           entry = current
-        for pname, ptype in _PARAM.findall(h.group("params")):
+        for pname, ptype in _PARAM.findall(h.group("params") or ""):
           types[pname] = ptype
       continue
     if line.strip() == "}":
@@ -118,13 +121,28 @@ def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], str, dict[str, str]]:
   return comps, entry, types
 
 
-def _callees(ins: Instr) -> list[tuple[str, str, float]]:
+def _condition_bound(comps, ins: Instr) -> float:
+  """A while loop's trip count read from its condition when XLA has not annotated one (the
+  HLO right after partitioning): ``ROOT compare(counter, constant(N)), direction=LT`` is a
+  ``lax.scan`` / ``fori_loop`` counting from 0 to N; 1 for any other condition."""
+  m = re.search(r"condition=%?([\w.\-]+)", ins.attrs)
+  body = comps.get(m.group(1), []) if m else []
+  consts = {i.name: i.line for i in body if i.op == "constant"}
+  if body and body[-1].op == "compare" and "direction=LT" in body[-1].attrs:
+    bound = consts.get(body[-1].operands[-1].lstrip("%")) if body[-1].operands else None
+    c = re.search(r"constant\((\d+)\)", bound or "")
+    if c:
+      return float(c.group(1))
+  return 1.0
+
+
+def _callees(ins: Instr, comps=None) -> list[tuple[str, str, float]]:
   """(computation, role, count per execution of ``ins``) for what ``ins`` calls; role is
   'control' (runs as kernels), 'fused' (inside one kernel) or 'reducer' (a scalar lambda)."""
   out = []
   if ins.op == "while":
     trip = _TRIP.search(ins.attrs)
-    n = float(trip.group(1)) if trip else 1.0
+    n = float(trip.group(1)) if trip else _condition_bound(comps or {}, ins)
     for key, count in (("body", n), ("condition", n + 1)):
       m = re.search(key + r"=%?([\w.\-]+)", ins.attrs)
       if m:
@@ -153,7 +171,7 @@ def execution_counts(comps, entry) -> dict[str, tuple[float, str]]:
   counts[entry] = 1.0
   for name in reversed(list(comps)):
     for ins in comps[name]:
-      for callee, role, k in _callees(ins):
+      for callee, role, k in _callees(ins, comps):
         counts[callee] += counts[name] * k
         roles.setdefault(callee, role if roles.get(name) != "reducer" else "reducer")
   return {c: (counts[c], roles.get(c, "control")) for c in comps if counts[c]}
@@ -211,6 +229,27 @@ def _flops(ins: Instr, types: dict[str, str]) -> float:
     per_out = math.prod(kernel) / (kernel[o] if 0 <= o < len(kernel) else 1)
     return 2.0 * out * per_out
   return 0.0
+
+
+def _dot_dtype(ins: Instr, types: dict[str, str]) -> str:
+  """The element type of a dot's / convolution's first operand ('bf16', 'f32', ...)."""
+  m = re.match(r"\s*(\w+)\[", types.get(ins.operands[0], "") if ins.operands else "")
+  return m.group(1) if m else "unknown"
+
+
+def flops_by_dtype(hlo_text: str) -> dict[str, float]:
+  """Dot and convolution FLOPs per input element type, loops counted: what each is priced at
+  on a target whose matmul peak depends on the dtype (bf16 vs TF32). Read it from the program
+  before backend passes (``lowered.as_text(dialect="hlo")``): XLA:CPU widens bf16 dots."""
+  comps, entry, types = parse(hlo_text)
+  out: dict[str, float] = collections.defaultdict(float)
+  for name, (count, role) in execution_counts(comps, entry).items():
+    if role == "reducer":
+      continue
+    for ins in comps[name]:
+      if ins.op in ("dot", "convolution"):
+        out[_dot_dtype(ins, types)] += count * _flops(ins, types)
+  return dict(out)
 
 
 def _fusion_bytes(ins: Instr, fused: list[Instr], types: dict[str, str]) -> float:

@@ -4,17 +4,28 @@ bytes, beside an analytic expectation for a layout.
 Wire bytes per device (ring algorithms, group of n devices, S = the op's result size):
 all-reduce 2(n-1)/n S, all-gather (n-1)/n S, reduce-scatter (n-1) S (S is the shard),
 all-to-all (n-1)/n S, collective-permute S.
+
+XLA:CPU widens bfloat16 collectives to float32 after partitioning (its all-reduce
+promotion), so the optimised CPU program moves twice the bytes a GPU or TPU would for bf16
+values; :func:`partitioned_hlo` reads the program as the SPMD partitioner leaves it, at the
+dtypes the target moves.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import math
+import os
 import re
+import tempfile
 from collections.abc import Mapping
 
 import jax
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
+
+from omni_jax.parallel.ulysses import ulysses_kv_heads
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "s64": 8, "s32": 4, "u32": 4,
@@ -82,6 +93,30 @@ def collectives(hlo_text: str) -> list[Collective]:
   return out
 
 
+def partitioned_hlo(lowered) -> str:
+  """The HLO text of ``lowered`` (a ``jax.stages.Lowered``) right after SPMD partitioning:
+  every collective in place, at the dtype the program gives it, before backend passes such as
+  XLA:CPU's widening of bfloat16 all-reduces to float32. Compiles once, with the persistent
+  compilation cache off (a cache hit would skip the compiler and its dump)."""
+  with tempfile.TemporaryDirectory() as d:
+    before = jax.config.jax_enable_compilation_cache
+    # JAX decides once per process whether the cache is used: reset that decision both ways
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+      lowered.compile(compiler_options={"xla_dump_to": d,
+                                        "xla_dump_hlo_pass_re": "spmd-partitioning"})
+    finally:
+      jax.config.update("jax_enable_compilation_cache", before)
+      compilation_cache.reset_cache()
+    found = glob.glob(os.path.join(d, "*after_spmd-partitioning*.txt"))
+    if not found:
+      raise RuntimeError("the compiler wrote no HLO after SPMD partitioning (a program with "
+                         "no sharding runs no partitioner)")
+    with open(max(found, key=os.path.getsize)) as f:
+      return f.read()
+
+
 def summarize(ops: list[Collective]) -> list[dict]:
   """Per kind: count (executions per step) and wire bytes per device per step."""
   rows = []
@@ -122,7 +157,7 @@ def sharded_bytes(params, shardings, mesh) -> Mapping[str, float]:
 def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: float,
                         num_layers: int, num_moe_layers: int = 0, top_k: int = 1,
                         sequence_op: str = "ulysses", kv_fraction: float = 1.0,
-                        microbatches: int = 1) -> float:
+                        microbatches: int = 1, num_kv_heads: int = 0) -> float:
   """Analytic wire bytes per device per train step for a layout.
 
   ``pb``: :func:`sharded_bytes`; ``activation_bytes``: one layer's [B, T, D] activations per
@@ -134,7 +169,10 @@ def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: floa
   those of the two it is not split over (``batch_group_local``: under the ``omni`` recipe an
   FSDP-sharded dense parameter is replicated over ``sequence`` and ``expert``, so its shard
   is summed there too; an earlier form counted only the fully replicated parameters);
-  sequence — Ulysses: 4 all-to-alls forward and 4 backward per layer; ring (flash-style
+  sequence — Ulysses: 4 all-to-alls forward and 4 backward per layer, q and the output at
+  a full activation each, K and V at ``kv_fraction`` of one, times the repeat that makes
+  ``num_kv_heads`` split over the sequence degree (:func:`~omni_jax.parallel.ulysses.
+  ulysses_kv_heads`: to lcm(kv, n) heads, not to all heads; 0 = no repeat); ring (flash-style
   backward): each device passes its K and V chunks (``kv_fraction`` of an activation each)
   n-1 hops forward, again n-1 hops backward beside their gradients, which take n hops (the
   last one home); ``ring_zigzag`` adds the half-chunk exchange of q, k, v and the output
@@ -159,8 +197,9 @@ def expected_wire_bytes(pb: Mapping[str, float], mesh, *, activation_bytes: floa
       # two half-chunk permutes per array; at s = 2 the even-halves one is the identity
       moved = 0.5 if s == 2 else 1.0
       total += 2 * (2 + 2 * kv_fraction) * moved * activation_bytes * num_layers
-  else:
-    total += 8 * frac(s) * activation_bytes * num_layers
+  elif s > 1:
+    rep = ulysses_kv_heads(num_kv_heads, s) / num_kv_heads if num_kv_heads else 1.0
+    total += 2 * frac(s) * (2 + 2 * kv_fraction * rep) * activation_bytes * num_layers
   total += (4 * num_layers + 2) * 2 * frac(t) * activation_bytes
   p, m = mesh.shape["pipeline"], microbatches
   if p > 1:

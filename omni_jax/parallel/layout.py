@@ -85,18 +85,23 @@ def op_names(recipe: str = "omni", overrides: Mapping[str, str] | None = None) -
 
 
 def ops(mesh, names: Mapping[str, str] | None = None,
-        pipeline_microbatches: int = 4, recipe: str = "omni") -> dict[str, Callable]:
+        pipeline_microbatches: int = 4, recipe: str = "omni",
+        ep_capacity_factor: float = 0.0) -> dict[str, Callable]:
   """Named-op overrides for ``mesh``; ``names`` from :func:`op_names` (default: omni);
-  ``recipe`` places the pipeline's stage parameters (``config.parallel.recipe``)."""
+  ``recipe`` places the pipeline's stage parameters (``config.parallel.recipe``);
+  ``ep_capacity_factor`` (``model.moe.ep_capacity_factor``, 0 = worst case): the dropless
+  expert-parallel receive buffer as a multiple of the mean load."""
+  recv = ep_capacity_factor or None
   names = dict(names) if names is not None else op_names()
   enc = ({"run_encoder": encoder_all_devices(mesh)}
          if names.get("encoder_batch") == "all_devices" else {})
   if mesh.shape["pipeline"] > 1:
     return {"layer_stack": pipeline_op(names.get("pipeline", "gpipe"), mesh,
                                        pipeline_microbatches, recipe=recipe,
-                                       stage_ops=stage_ops(mesh, names)), **enc}
+                                       stage_ops=stage_ops(mesh, names, recv)), **enc}
   ep = mesh.shape["expert"] > 1
-  out = {"moe_dispatch": ep_moe_dispatch(mesh) if ep else local_moe_dispatch(mesh), **enc}
+  out = {"moe_dispatch": ep_moe_dispatch(mesh, recv_factor=recv) if ep
+         else local_moe_dispatch(mesh), **enc}
   seq_op, seq_body = SEQUENCE_OPS[names.get("sequence_attention", "ulysses")]
   if mesh.shape["tensor"] > 1:
     out["self_attention"] = megatron_attention(mesh, seq_body)
@@ -113,7 +118,8 @@ def _tensor_stage_attention(*args, **kwargs):
                    "mesh.pipeline > 1 for such a model")
 
 
-def stage_ops(mesh, names: Mapping[str, str]) -> dict[str, Callable]:
+def stage_ops(mesh, names: Mapping[str, str], recv_factor: float | None = None
+              ) -> dict[str, Callable]:
   """The named ops inside a pipeline stage, whose body is manual over every mesh axis of size
   > 1: the same bodies the ``shard_map`` ops above run, called directly (jax 0.10 rejects a
   ``shard_map`` nested in the stage). ``sequence``: the Ulysses / ring body as ``attention``;
@@ -124,7 +130,7 @@ def stage_ops(mesh, names: Mapping[str, str]) -> dict[str, Callable]:
   seq_body = (SEQUENCE_OPS[names.get("sequence_attention", "ulysses")][1]
               if mesh.shape["sequence"] > 1 else None)
   if mesh.shape["expert"] > 1:
-    out["moe_dispatch"] = expert_parallel.stage_dispatch()
+    out["moe_dispatch"] = expert_parallel.stage_dispatch(recv_factor=recv_factor)
   elif mesh.shape["tensor"] > 1:
     out["moe_dispatch"] = moe_local.stage_dispatch
   if mesh.shape["tensor"] > 1:

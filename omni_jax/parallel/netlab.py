@@ -186,8 +186,9 @@ def _create(name: str) -> None:
 
 
 def _shape(name: str | None, link: Link, set_mtu: bool = True) -> None:
-  """Shapes ``lo`` of namespace ``name`` (None: this process's own namespace) to ``link``,
-  replacing any shaping it had."""
+  """Shapes ``lo`` of namespace ``name`` (None: this process's own namespace) to ``link``
+  (a :class:`Link`, or anything with ``mtu`` and ``qdiscs()``, e.g. per-port links of
+  :mod:`omni_jax.parallel.portlinks`), replacing any shaping it had."""
   ns = [] if name is None else ["-n", name]
   if set_mtu:
     _run(["ip", *ns, "link", "set", "lo", "mtu", str(link.mtu)])
@@ -195,7 +196,7 @@ def _shape(name: str | None, link: Link, set_mtu: bool = True) -> None:
   for cmd in link.qdiscs():
     out = _run(["tc", *ns, *cmd], check=False)
     if out.returncode:
-      kind = cmd[cmd.index("handle") + 2]
+      kind = cmd[cmd.index("handle") + 2] if "handle" in cmd else cmd[0]
       if "unknown" in out.stderr.lower():
         raise NetlabUnavailable(
             f"this kernel has no sch_{kind} qdisc ('tc qdisc add ... {kind}' says "

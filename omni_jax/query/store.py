@@ -29,13 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
+from omni_jax.common.config import UserError
+
 FORMAT = "omni_jax.query.store/1"
 DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8}
 MANIFEST = "manifest.json"
 _CHUNK = 8 << 20
 
 
-class CorruptShardError(ValueError):
+class CorruptShardError(UserError, ValueError):
   """A shard file is missing, truncated or fails its checksum; the message names it."""
 
 

@@ -4,25 +4,34 @@
 them (decode, resample, tokenize, pack, collate; worker processes as configured) and
 :func:`measure_step` runs the jitted train step on one device-resident batch, so the two
 rates are measured alone on the same machine. ``input_over_step`` > 1 means the pipeline
-keeps up with the step; the issue's goal is >= 5 (headroom for slower files and hosts).
+keeps up with the step (goal >= 5: headroom for slower files and hosts).
+
+Rates measured alone miss the competition: on a host whose cores run both the pipeline's
+workers and the step, the two slow each other down. :func:`measure_slowdown` therefore runs
+the train step twice in one run, interleaved in blocks — fed by the pipeline as
+``train_omni`` feeds it (the next batch, placed on the devices per process) and on one
+cached device batch — and reports ``step_slowdown_with_input`` (seconds per step with the
+real input over seconds per step on the cached batch; 1 = the input costs the step nothing).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
 
+from omni_jax.common.timing import time_interleaved
 from omni_jax.models.omni import OmniModel
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.train.loop import create_state, make_train_step
 from omni_jax.train.omni import (
-    make_layout_mesh,
-    make_loss_fn,
-    parallel_op_names,
-    recipe_name,
-    state_sharding,
+  make_layout_mesh,
+  make_loss_fn,
+  parallel_op_names,
+  recipe_name,
+  state_sharding,
 )
 from omni_jax.train.optim import make_optimizer
 
@@ -46,15 +55,18 @@ def measure_input(stream, batches: int) -> dict[str, float]:
           "packing_efficiency": it.packing_efficiency}
 
 
-def rss_mb() -> float:
-  """Resident memory of this process and its children (the Grain workers), MB."""
+def rss_mb(field: str = "rss") -> float:
+  """Memory of this process and its children (the Grain workers), MB: ``field`` 'rss'
+  (resident: a page shared by several of the processes, such as a library's, counts once per
+  process) or 'pss' (proportional: a shared page is split among its sharers, so the sum
+  counts each page once; Linux)."""
   import psutil  # noqa: PLC0415  (optional: only the benchmark's memory figure needs it)
   me = psutil.Process()
   procs = [me, *me.children(recursive=True)]
   total = 0
   for p in procs:
     try:
-      total += p.memory_info().rss
+      total += p.memory_info().rss if field == "rss" else p.memory_full_info().pss
     except psutil.Error:  # a worker that just exited
       pass
   return total / 2 ** 20
@@ -64,13 +76,16 @@ def measure_records(stream, records: int) -> dict[str, float]:
   """An input pass reading ``records`` records (after a first, untimed batch): its rates and
   the growth of resident memory over it (the peak of a sample per batch, minus the start);
   also the growth after the first tenth of the records, which leaves out the workers' own
-  start-up (imports, first decodes) and shows whether streaming itself grows."""
+  start-up (imports, first decodes) and shows whether streaming itself grows, and the growth
+  of the proportional set size (``pss_growth_mb``: pages the workers share with each other
+  and the trainer counted once)."""
   if stream.iterator is None:
     stream.bind()
   it = stream.iterator
   stream.batch(0)
   read0, nonpad0, step = it.records_read, it.nonpad, 1
   rss0 = peak = rss_mb()
+  pss0 = pss_peak = rss_mb("pss")
   warm = warm_peak = None  # after a tenth of the records: the workers have started and warmed
   t0 = time.perf_counter()
   while it.records_read - read0 < records:
@@ -78,6 +93,7 @@ def measure_records(stream, records: int) -> dict[str, float]:
     step += 1
     now = rss_mb()
     peak = max(peak, now)
+    pss_peak = max(pss_peak, rss_mb("pss"))
     if warm is None and it.records_read - read0 >= records // 10:
       warm = warm_peak = now
     elif warm is not None:
@@ -90,12 +106,13 @@ def measure_records(stream, records: int) -> dict[str, float]:
           "input_nonpad_tokens_per_sec": (it.nonpad - nonpad0) / dt,
           "packing_efficiency": it.packing_efficiency,
           "rss_start_mb": rss0, "rss_growth_mb": peak - rss0,
-          "rss_growth_after_first_tenth_mb": None if warm is None else warm_peak - warm}
+          "rss_growth_after_first_tenth_mb": None if warm is None else warm_peak - warm,
+          "pss_start_mb": pss0, "pss_growth_mb": pss_peak - pss0}
 
 
-def measure_step(config, spec, stream, host_batch: dict[str, np.ndarray], steps: int
-                 ) -> dict[str, float]:
-  """Seconds per train step (mean of ``steps`` after two warm-up steps) on ``host_batch``."""
+def _train_step(config, spec, host_batch: dict[str, np.ndarray]
+                ) -> tuple[Callable, object, object]:
+  """(jitted train step, fresh state, mesh) of the run's model, optimizer and layout."""
   mesh = make_layout_mesh(config)
   model = OmniModel(spec)
   tx = make_optimizer(config.optim, config.train.steps)  # the run's own schedule
@@ -104,6 +121,13 @@ def measure_step(config, spec, stream, host_batch: dict[str, np.ndarray], steps:
                                   state_sharding(mesh, recipe_name(config)))
   step_fn = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0,
                     out_shardings=(shardings, mesh_lib.replicated(mesh, 0)))
+  return step_fn, state, mesh
+
+
+def measure_step(config, spec, stream, host_batch: dict[str, np.ndarray], steps: int
+                 ) -> dict[str, float]:
+  """Seconds per train step (mean of ``steps`` after two warm-up steps) on ``host_batch``."""
+  step_fn, state, mesh = _train_step(config, spec, host_batch)
   batch = mesh_lib.put_batch(mesh, host_batch)
   for _ in range(2):
     state, metrics = step_fn(state, batch)
@@ -115,3 +139,33 @@ def measure_step(config, spec, stream, host_batch: dict[str, np.ndarray], steps:
   dt = (time.perf_counter() - t0) / steps
   return {"step_seconds": dt, "step_tokens_per_sec": stream.batch_size * stream.seq_len / dt,
           "step_loss": float(metrics["loss"])}
+
+
+def measure_slowdown(config, spec, stream, host_batch: dict[str, np.ndarray], steps: int,
+                     rounds: int) -> dict[str, float]:
+  """``step_slowdown_with_input``: ``rounds`` rounds (after one warm-up round, which
+  compiles) of a block of ``steps`` train steps fed by the stream's next batches, then a
+  block of ``steps`` on ``host_batch`` cached on the devices; the ratio of their total
+  seconds. Within a block steps are dispatched as the train loop does (no wait per step),
+  so the pipeline's reading overlaps the running step as in training."""
+  step_fn, state, mesh = _train_step(config, spec, host_batch)
+  cached = mesh_lib.put_batch(mesh, host_batch)
+  held = {"state": state}
+
+  def block(fetch: Callable[[], dict]):
+    s, metrics = held["state"], None
+    for _ in range(steps):
+      s, metrics = step_fn(s, fetch())
+    held["state"] = s
+    return metrics["loss"]
+
+  def fed() -> dict:
+    return mesh_lib.put_local_batch(mesh, stream.batch(stream.iterator.batches),
+                                    stream.batch_size)
+  with_input, on_cached = time_interleaved(
+      [(block, (fed,)), (block, (lambda: cached,))], repeats=rounds)
+  a, b = sum(with_input) / (rounds * steps), sum(on_cached) / (rounds * steps)
+  return {"step_slowdown_with_input": a / b, "step_seconds_with_input": a,
+          "step_seconds_cached_batch": b, "slowdown_steps": steps, "slowdown_rounds": rounds,
+          "step_seconds_with_input_by_round": [t / steps for t in with_input],
+          "step_seconds_cached_batch_by_round": [t / steps for t in on_cached]}

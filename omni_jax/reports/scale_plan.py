@@ -6,7 +6,11 @@ the plan.
 Roofline (:func:`roofline`), per device and step, from :func:`omni_jax.parallel.hlo_cost.analyze`
 of the compiled HLO (loops counted):
 
-* ``compute_s`` = dot / convolution FLOPs / 989e12 (H100 SXM, bf16 dense peak);
+* ``compute_s`` = dot / convolution FLOPs, each priced at the dense peak of the dtype it runs
+  in (:func:`omni_jax.parallel.hlo_cost.flops_by_dtype` of the lowered program, before
+  XLA:CPU widens bf16 dots): 989e12 for bf16, 494.7e12 for float32 (TF32 tensor cores, what
+  XLA's default precision uses on H100); the ``roofline`` entry names the
+  ``attention_impl``, the ``compute_dtype`` and the peak of each dtype;
 * ``memory_s`` = HBM bytes of the kernels / 3.35e12 (H100 SXM HBM3), the blockwise-attention
   block loops counted as one fused flash kernel each;
 * ``network_s`` = ring-model wire bytes of each collective / the bandwidth of its link: 360 GB/s
@@ -40,6 +44,8 @@ GB = 1e9
 SEED_TOKENS_PER_SEC_PER_GPU = 2800.0   # OmniScale / VeOmni: 30B omni MoE, 128 GPUs, 160K
 H100 = {
     "peak_flops_per_s": 989e12,        # H100 SXM, dense bf16
+    "peak_flops_by_dtype": {"bf16": 989e12, "f16": 989e12,
+                            "f32": 494.7e12},  # TF32 tensor cores (default precision)
     "hbm_bytes_per_s": 3.35e12,        # H100 SXM, HBM3
     "nvlink_bytes_per_s": 360e9,       # 450 GB/s per direction (NVLink 4) x ~0.8 reached
     "network_bytes_per_s": 40e9,       # 400 Gb/s NDR IB per GPU = 50 GB/s x ~0.8 reached
@@ -53,7 +59,12 @@ def roofline(cost: dict, hw: dict = H100) -> dict:
   """Step-time terms (seconds) of a per-device ``cost`` (``flops``, ``hbm_bytes``, ``network``:
   entries with ``kind``, ``inter_node``, ``wire_bytes``) on hardware ``hw``; see the module
   docstring for the overlap model."""
-  compute_s = cost["flops"] / hw["peak_flops_per_s"]
+  peaks, by_dtype = hw.get("peak_flops_by_dtype"), cost.get("flops_by_dtype")
+  if not (peaks and by_dtype):  # no split: every FLOP at the headline (bf16) peak
+    peaks, by_dtype = {"all": hw["peak_flops_per_s"]}, {"all": cost["flops"]}
+  # a dtype without a listed peak is priced at the slowest listed one
+  compute = {d: f / peaks.get(d, min(peaks.values())) for d, f in by_dtype.items()}
+  compute_s = sum(compute.values())
   memory_s = cost["hbm_bytes"] / hw["hbm_bytes_per_s"]
   overlapped = exposed = 0.0
   for c in cost["network"]:
@@ -63,7 +74,9 @@ def roofline(cost: dict, hw: dict = H100) -> dict:
     else:
       exposed += c["wire_bytes"] / bw
   terms = {"compute": compute_s, "memory": memory_s, "network": overlapped}
-  return {"compute_s": compute_s, "memory_s": memory_s, "network_s": overlapped + exposed,
+  return {"compute_s": compute_s, "compute_s_by_dtype": compute,
+          "peak_flops": {d: peaks.get(d, min(peaks.values())) for d in by_dtype},
+          "memory_s": memory_s, "network_s": overlapped + exposed,
           "network_overlapped_s": overlapped, "network_exposed_s": exposed,
           "step_s": max(terms.values()) + exposed,
           "bound_by": max(terms, key=terms.get)}
@@ -76,8 +89,8 @@ def prediction(cost: dict, tokens_per_step: int, devices: int, flops_per_token: 
   ``roofline_mfu`` (model FLOPs at that speed over the peak)."""
   roof = roofline(cost, hw)
   tps = tokens_per_step / devices / roof["step_s"]
-  keys = ("flops", "hbm_bytes", "network", "while_loops", "loops_without_trip_count",
-          "unparsed_groups")
+  keys = ("flops", "flops_by_dtype", "hbm_bytes", "network", "while_loops",
+          "loops_without_trip_count", "unparsed_groups")
   return {"compiled": {k: cost[k] for k in keys if k in cost},
           "roofline": roof, "predicted_tokens_per_sec_per_gpu": tps,
           "roofline_mfu": flops_per_token * tps / hw["peak_flops_per_s"]}
@@ -123,7 +136,13 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | 
   op_names = layout.op_names(recipe, {**parallel_op_names(config, recipe), **op_override})
   mesh = placed_mesh(mesh_cfg, jax.devices())
   seq_len = config.data.seq_len
-  batch_size = mesh_lib.batch_divisor(mesh)        # one sequence per batch shard
+  # every layout runs the config's global batch, one sequence per batch shard and
+  # microbatch: gradient accumulation over the rest (compared plans run equal batches)
+  batch_size, per_step = config.data.batch_size, mesh_lib.batch_divisor(mesh)
+  if batch_size % per_step:
+    raise ValueError(f"config.data.batch_size = {batch_size} is not a multiple of the "
+                     f"{per_step} batch shards of layout {text!r}")
+  accum = batch_size // per_step
   shapes = batch_shapes(spec, batch_size, seq_len)
   batch = {k: jax.ShapeDtypeStruct(s, d, sharding=NamedSharding(
       mesh, mesh_lib.batch_spec(len(s), k in mesh_lib.SEQUENCE_FIELDS)))
@@ -137,16 +156,22 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | 
   shardings = state_sharding(mesh, recipe)(abstract)
   state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                        abstract, shardings)
-  step = jax.jit(make_train_step(make_loss_fn(spec, model, mesh, op_names, recipe=recipe), tx),
+  step = jax.jit(make_train_step(make_loss_fn(spec, model, mesh, op_names, recipe=recipe), tx,
+                                 grad_accum=accum),
                  donate_argnums=0, out_shardings=(shardings, None))
   t0 = time.perf_counter()
-  compiled = step.lower(state, batch).compile()
+  lowered = step.lower(state, batch)
+  compiled = lowered.compile()
   compile_s = time.perf_counter() - t0
   if hlo_path:
     with open(hlo_path, "w") as f:
       f.write(compiled.as_text())
   cost = hlo_cost.analyze(compiled.as_text(), H100["gpus_per_node"], ATTENTION_LOOP_SCOPE,
                          [d.id for d in mesh.devices.flat])
+  # per-device FLOPs split by dtype in the proportions of the whole program's dots
+  mix = hlo_cost.flops_by_dtype(lowered.as_text(dialect="hlo"))
+  total = sum(mix.values()) or 1.0
+  cost["flops_by_dtype"] = {d: cost["flops"] * f / total for d, f in mix.items()}
   mem = compiled.memory_analysis()
   per_device = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
                 - mem.alias_size_in_bytes)
@@ -154,6 +179,9 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | 
   flops_per_token = train_flops_per_step(spec, abstract.params, batch_size, seq_len) / tokens
   peak = float(config.train.peak_flops)
   bb = spec.backbone
+  pred = prediction(cost, tokens, mesh.size, flops_per_token)
+  pred["roofline"].update(attention_impl=bb.attention_impl,
+                          compute_dtype=jax.numpy.dtype(bb.dtype).name)
   # flops.py counts attention over the whole context (MFU convention); a causal kernel that
   # skips the masked half does half of that term.
   causal_saving = 0.5 * 3 * 2 * 2 * seq_len * bb.num_heads * bb.head_dim * bb.num_layers
@@ -161,12 +189,13 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | 
       "name": text, "recipe": recipe, "mesh": {a: mesh.shape[a] for a in mesh_lib.MESH_AXES},
       "node_axes": node_axes(mesh_cfg, H100["gpus_per_node"]),
       "ops": op_names, "global_batch_sequences": batch_size, "tokens_per_step": tokens,
+      "grad_accum": accum,
       "per_device_bytes": int(per_device),
       "argument_bytes": int(mem.argument_size_in_bytes),
       "temp_bytes": int(mem.temp_size_in_bytes),
       "fits_80gb": per_device <= 80 * GB, "fits_141gb": per_device <= 141 * GB,
       "flops_per_token": flops_per_token,
-      **prediction(cost, tokens, mesh.size, flops_per_token),
+      **pred,
       # the previous estimate, for comparison: an assumed MFU of the model FLOPs
       "tokens_per_sec_per_gpu_at_mfu": mfu * peak / flops_per_token,
       "flops_per_token_causal": flops_per_token - causal_saving,

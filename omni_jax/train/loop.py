@@ -8,11 +8,20 @@
   twice), updated by one ``jax.jit``-ed step with the state donated;
 * resume: rerunning with the same workdir restores the latest checkpoint and goes on;
   because batches depend only on the step, N + resume + N steps equal 2N straight;
+* mixed precision: the parameters and the optimizer state stay in their own dtype (float32
+  master weights). Under bfloat16 compute the matmul weights' gradients already leave their
+  dots, and are reduced across devices, in bfloat16 (XLA reduces a partial sum where it is
+  made); norm scales, the router and biases stay float32. ``train.grad_dtype = 'bfloat16'``
+  differentiates a bfloat16 copy of all parameters, so every gradient and its all-reduce /
+  reduce-scatter is bfloat16; gradients are widened to the parameters' dtype for the update;
 * a NaN/Inf guard: losses are checked at every log and checkpoint boundary; a non-finite
   loss stops the run with :class:`NonFiniteLossError` before anything after it is saved,
   so the last checkpoint on disk is a good one;
 * records: a progress line every ``log_every`` steps (loss, tokens/s, MFU, ETA),
-  ``metrics.jsonl``, and the numbers ``summary.json`` is built from.
+  ``metrics.jsonl``, and the numbers ``summary.json`` is built from;
+* input stalls: the seconds the loop waits for each batch (``get_batch`` + ``put_batch``,
+  until the batch is on the devices) over the wall time, ``input_wait_fraction``, and the
+  input iterator's records per second when it counts them (``records_per_sec``).
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from omni_jax.common.checkpoint import Checkpointer, abstract_like
 from omni_jax.common.config import check_keys, positive_int, require
 from omni_jax.common.metrics import MetricsLog
 from omni_jax.common.progress import Progress
-from omni_jax.common.timing import RateMeter
+from omni_jax.common.timing import RateMeter, timed
 from omni_jax.train import offload as offload_lib
 from omni_jax.train.profiling import StepProfiler, parse_profile_steps
 
@@ -44,7 +53,11 @@ OPTIONAL_TRAIN_KEYS = ("profile_steps",   # "a:b": jax.profiler trace of steps a
                        "grad_accum",      # microbatches per optimizer step (default 1)
                        "offload",         # 'none' | 'optimizer' | 'activations' | 'harmony'
                        "device_budget_bytes",  # what 'harmony' must fit (offload_plan.py)
-                       "init_from_workdir")    # start from another run's weights (stages.py)
+                       "init_from_workdir",    # start from another run's weights (stages.py)
+                       "grad_dtype")     # 'compute' | 'bfloat16': gradients and their reduction
+# 'compute': each gradient in the dtype its computation gives (bf16 for matmul weights under
+# bf16 compute); 'bfloat16': every gradient taken with respect to a bfloat16 parameter copy
+GRAD_DTYPES = {"compute": None, "bfloat16": jnp.bfloat16}
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -73,6 +86,7 @@ class LoopConfig:
   offload: str = "none"   # what lives in host memory (omni_jax.train.offload)
   device_budget_bytes: int = 0         # 'harmony': device bytes its plan must fit
   offload_plan: dict | None = None     # the followed plan (omni_jax.train.offload_plan)
+  grad_dtype: str = "compute"  # dtype gradients are computed and reduced in (GRAD_DTYPES)
 
   @classmethod
   def from_config(cls, train_cfg) -> LoopConfig:
@@ -92,8 +106,18 @@ class LoopConfig:
                                "config.train.profile_steps")
     mode = offload_lib.check_mode(train_cfg.get("offload", "none"))
     budget = offload_lib.check_budget(mode, train_cfg.get("device_budget_bytes", 0))
+    grad_dtype = train_cfg.get("grad_dtype", "compute")
+    require(grad_dtype in GRAD_DTYPES, "train.grad_dtype", grad_dtype,
+            f"must be one of {sorted(GRAD_DTYPES)} (the dtype of gradients and their "
+            "reduction across devices)")
     return cls(**{k: train_cfg[k] for k in TRAIN_KEYS}, profile_steps=prof, grad_accum=accum,
-               offload=mode, device_budget_bytes=budget)
+               offload=mode, device_budget_bytes=budget, grad_dtype=grad_dtype)
+
+
+def cast_floating(tree, dtype):
+  """Every floating leaf of ``tree`` cast to ``dtype`` (integer leaves unchanged)."""
+  return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating)
+                      else a, tree)
 
 
 def split_microbatches(batch, k: int):
@@ -130,11 +154,13 @@ def accumulate_gradients(loss_fn: Callable, params, batch, k: int,
   grad_fn = jax.value_and_grad(share, has_aux=True)
   first = jax.tree.map(lambda a: a[0], micro)
   shapes = jax.eval_shape(grad_fn, params, first)
-  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), (shapes[0][1], shapes[1]))
+  # sums in at least float32, whatever the gradients' dtype (bfloat16 with train.grad_dtype)
+  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.promote_types(a.dtype, jnp.float32)),
+                       (shapes[0][1], shapes[1]))
 
   def body(acc, mb):
     (_, metrics), grads = grad_fn(params, mb)
-    return jax.tree.map(jnp.add, acc, (metrics, grads)), None
+    return jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, (metrics, grads)), None
   (metrics, grads), _ = jax.lax.scan(body, zeros, micro)
   return grads, metrics
 
@@ -142,7 +168,7 @@ def accumulate_gradients(loss_fn: Callable, params, batch, k: int,
 def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, grad_accum: int = 1,
                     loss_norm: Callable | None = None,
                     opt_transfer: offload_lib.OptimizerTransfer | None = None,
-                    frozen: Any = None) -> Callable:
+                    frozen: Any = None, grad_dtype: str = "compute") -> Callable:
   """``(state, batch) -> (state, metrics)``: one AdamW step on ``loss_fn``'s gradient.
 
   ``grad_accum > 1``: the gradient is accumulated over that many microbatches inside the
@@ -152,6 +178,9 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, grad_ac
   bools like the params; ``True`` leaves are cut from the gradient (no weight gradient is
   computed for them) and passed through unchanged — bit for bit, not ``p + 0``, which would
   turn a ``-0.0`` into ``+0.0`` (the optimizer gives them zero updates too).
+  ``grad_dtype = 'bfloat16'`` (``GRAD_DTYPES``): the gradient is taken with respect to a
+  bfloat16 copy of the parameters, so every gradient and its cross-device reduction is
+  bfloat16; they are widened back to the parameters' dtype before clipping and the update.
   """
   if frozen is not None:
     inner = loss_fn
@@ -160,11 +189,16 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, grad_ac
       cut = jax.tree.map(lambda p, f: jax.lax.stop_gradient(p) if f else p, params, frozen)
       return inner(cut, *args)
 
+  low = GRAD_DTYPES[grad_dtype]
+
   def step(state: TrainState, batch):
+    wrt = state.params if low is None else cast_floating(state.params, low)
     if grad_accum == 1:
-      (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+      (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(wrt, batch)
     else:
-      grads, metrics = accumulate_gradients(loss_fn, state.params, batch, grad_accum, loss_norm)
+      grads, metrics = accumulate_gradients(loss_fn, wrt, batch, grad_accum, loss_norm)
+    if low is not None:
+      grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
     opt_state = state.opt_state if opt_transfer is None else opt_transfer.fetch(state.opt_state)
     updates, opt_state = tx.update(grads, opt_state, state.params)
     if opt_transfer is not None:
@@ -209,12 +243,52 @@ def _check_finite(losses: list, step: int, ckpt: Checkpointer) -> None:
         "step was saved). Lower optim.lr or raise optim.clip_norm, then rerun to resume.")
 
 
+class InputMeter:
+  """Seconds the loop waited for its batches and records the input iterator read, per log
+  window and over the run (the first, compiling step excluded, like :class:`RateMeter`).
+
+  The wait is the host's: with asynchronous dispatch the devices may still be running the
+  previous step while the host waits, so it bounds the devices' idle time from above."""
+
+  def __init__(self, data_iter=None):
+    self.count = (lambda: int(data_iter.records_read)) if hasattr(
+        data_iter, "records_read") else None
+    self.wait = self.total_wait = 0.0
+    self.total_records = 0
+    self.records0 = 0
+
+  def start(self) -> None:
+    self.wait = 0.0
+    self.records0 = self.count() if self.count else 0
+
+  def window(self, seconds: float) -> dict[str, float]:
+    """``input_wait_fraction`` (and ``records_per_sec``) of a window of ``seconds``; adds
+    the window to the run totals and restarts."""
+    out = {"input_wait_fraction": self.wait / seconds}
+    self.total_wait += self.wait
+    if self.count:
+      n = self.count() - self.records0
+      self.total_records += n
+      out["records_per_sec"] = n / seconds
+    self.start()
+    return out
+
+  def summary(self, seconds: float) -> dict[str, float | None]:
+    """The run's ``input_wait_fraction`` and ``records_per_sec`` over ``seconds`` of timed
+    windows (None without any, or without a record count)."""
+    if not seconds:
+      return {"input_wait_fraction": None, "records_per_sec": None}
+    return {"input_wait_fraction": self.total_wait / seconds,
+            "records_per_sec": self.total_records / seconds if self.count else None}
+
+
 @dataclasses.dataclass
 class FitResult:
   state: TrainState
   records: list[dict]          # every metrics.jsonl record of the run (resumed ones included)
   mean_step_time: float        # seconds per step over this invocation (compile excluded)
   resumed_from: int | None
+  input: dict = dataclasses.field(default_factory=dict)  # InputMeter.summary of this run
 
 
 def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Callable,
@@ -250,7 +324,8 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   replicated = jax.sharding.NamedSharding(named[0].mesh, jax.sharding.PartitionSpec()) \
       if named else None
   step_fn = jax.jit(make_train_step(loss_fn, tx, loop.grad_accum, loss_norm,
-                                    offload_lib.OptimizerTransfer.of(shardings), frozen),
+                                    offload_lib.OptimizerTransfer.of(shardings), frozen,
+                                    loop.grad_dtype),
                     donate_argnums=0, out_shardings=(shardings, replicated))
   start = int(jax.device_get(state.step))
   if start >= loop.steps:
@@ -260,12 +335,15 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
     log.write({"step": 0, **{f"eval/{k}": v for k, v in eval_fn(state.params, 0).items()}})
 
   meter, window, losses = RateMeter(), [], []
+  inputs = InputMeter(data_iter)
   profiler = StepProfiler(workdir, loop.profile_steps)
   t_start = time.perf_counter()
   try:
     for step in range(start + 1, loop.steps + 1):
       profiler.before(step)
-      state, metrics = step_fn(state, put_batch(get_batch(step - 1)))
+      batch, waited = timed(lambda s=step: put_batch(get_batch(s - 1)))
+      inputs.wait += waited
+      state, metrics = step_fn(state, batch)
       profiler.after(step, metrics)
       window.append(metrics)
       losses.append(metrics["loss"])
@@ -273,6 +351,7 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
         jax.block_until_ready(metrics["loss"])
         logging.info("first step (incl. compile) took %.1f s", time.perf_counter() - t_start)
         meter.start()
+        inputs.start()
         prog = Progress("step", loop.steps, unit="steps", start=step)
       else:
         meter.tick()
@@ -290,6 +369,7 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
           sps = dt / n
           rec["step_time_s"] = sps
           rec["tokens_per_sec"] = tokens_per_step / sps
+          rec.update(inputs.window(dt))
           if flops_per_step and loop.peak_flops:
             rec["mfu"] = flops_per_step / sps / loop.peak_flops
         if eval_fn is not None and (last or (loop.eval_every and step % loop.eval_every == 0)):
@@ -299,6 +379,7 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
             f"  {rec['tokens_per_sec']:.0f} tok/s  mfu {rec.get('mfu', math.nan):.3f}"
             if "tokens_per_sec" in rec else ""), force=True)
         meter.start()
+        inputs.start()
       if do_ckpt:
         ckpt.save(step, state, data=data_iter)
     if start < loop.steps:
@@ -306,4 +387,5 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   finally:
     profiler.close()
     ckpt.close()
-  return FitResult(state, log.read(), meter.mean_step_time, resumed)
+  return FitResult(state, log.read(), meter.mean_step_time, resumed,
+                   inputs.summary(meter.total_time))

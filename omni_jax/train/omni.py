@@ -29,12 +29,12 @@ from omni_jax.hf.omni_init import load_into_omni
 from omni_jax.models import named_ops
 from omni_jax.models.flops import train_flops_per_step
 from omni_jax.models.omni import OmniModel, count_params, loss_norm, omni_loss
-from omni_jax.models.spec import OmniSpec
+from omni_jax.models.spec import OmniSpec, param_dtype
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.train import offload, offload_plan, stages
 from omni_jax.train.finetune import FineTune
-from omni_jax.train.loop import FitResult, LoopConfig, fit
+from omni_jax.train.loop import FitResult, LoopConfig, cast_floating, fit
 from omni_jax.train.spec import build_spec
 
 TOP_KEYS = ("model", "data", "optim", "train", "mesh", "parallel")
@@ -191,7 +191,7 @@ def make_loss_fn(spec: OmniSpec, model: OmniModel, mesh, op_names: dict | None =
   implementations (``recipe`` places a pipeline's stage parameters); ``norm`` for gradient
   accumulation (:func:`omni_loss`). ``finetune`` with LoRA: ``params`` are ``{"base",
   "lora"}``, folded into model parameters before the forward."""
-  ops = layout.ops(mesh, op_names, microbatches, recipe)
+  ops = layout.ops(mesh, op_names, microbatches, recipe, spec.ep_capacity_factor)
 
   def loss_fn(params, batch, norm=None):
     if finetune is not None:
@@ -244,12 +244,14 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   put_batch, data_iter = input_placement(stream, mesh)
   example = stream.example_batch()
 
+  stored = param_dtype(config.model)  # float32 master weights unless set otherwise
+
   def init_model(key):
-    return model.init(key, example)["params"]
+    return cast_floating(model.init(key, example)["params"], stored)
   init_params = ft.init_params(init_model)
 
   op_names = parallel_op_names(config)
-  layout_ops = layout.ops(mesh, op_names, micro, recipe_name(config))
+  layout_ops = layout.ops(mesh, op_names, micro, recipe_name(config), spec.ep_capacity_factor)
   loss_fn = make_loss_fn(spec, model, mesh, op_names, micro, recipe_name(config), ft)
   param_sharding = state_sharding(mesh, recipe_name(config))
   abstract_state_params = jax.eval_shape(init_params, jax.random.PRNGKey(0))
@@ -283,10 +285,12 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
       data_iter.close()  # stops Grain's worker processes
   summary = make_summary(spec, config, result, params_total, params_active, flops, loop)
   summary.update(trained, trainable_fraction=trained["params_trainable"] / params_total)
-  summary["data"] = data_summary(stream, spec, config)
+  summary["data"] = {**data_summary(stream, spec, config), **result.input}
   d = summary["data"]
-  logging.info("data (%s): %d records read, %d skipped, packing efficiency %s", d["source"],
-               d["records_read"], d["records_skipped"], d["packing_efficiency"])
+  logging.info("data (%s): %d records read, %d skipped, packing efficiency %s, input wait "
+               "fraction %s, records/s %s", d["source"], d["records_read"],
+               d["records_skipped"], d["packing_efficiency"], d["input_wait_fraction"],
+               d["records_per_sec"])
   if jax.process_index() != 0:  # process 0 writes the records of a multi-process job
     return summary
   write_json_atomic(os.path.join(workdir, "summary.json"), summary)
@@ -316,8 +320,10 @@ def input_placement(stream, mesh):
 
 def data_summary(stream, spec: OmniSpec, config) -> dict[str, Any]:
   """summary.json's ``data``: source, records read / skipped, tokenizer, vocabulary size and
-  packing efficiency (non-pad fraction of training tokens). Manifest counts are this
-  process's (process 0's in a multi-process job); synthetic rows hold one sample each."""
+  packing efficiency (non-pad fraction of training tokens); ``train_omni`` adds the loop's
+  ``input_wait_fraction`` and ``records_per_sec`` (:class:`~omni_jax.train.loop.InputMeter`).
+  Manifest counts are this process's (process 0's in a multi-process job); synthetic rows
+  hold one sample each."""
   out = dict(stream.summary())
   out.setdefault("packing_efficiency", None)
   out["tokenizer"] = spec.tokenizer_source

@@ -58,6 +58,7 @@ def build_spec(model_cfg, tokenizer: str = "bytes") -> OmniSpec:
                   tokenizer_source=init_from or str(tokenizer), init_from=init_from,
                   text_tokenizer=tok,
                   bias_rate=moe["bias_rate"] if backbone.num_moe_layers
-                  and moe["balance"] != "aux_loss" else 0.0)
+                  and moe["balance"] != "aux_loss" else 0.0,
+                  ep_capacity_factor=moe["ep_capacity_factor"])
 
 

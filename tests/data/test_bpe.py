@@ -137,3 +137,26 @@ def test_vocabulary_flows_into_the_model(bpe_path):
     OmniStream(byte_spec, cfg.data)  # spec built without the configured tokenizer
   with pytest.raises(ConfigError, match="config.data.tokenizer: tokenizer 'nope.json'"):
     build_spec(cfg.model, tokenizer="nope.json")
+
+
+def test_tokenizer_holds_out_exactly_the_pipelines_eval_records(tmp_path):
+  """One split: the records the training pipeline evaluates on (its id hash) are the
+  tokenizer's held-out texts, for records with and without an id and for converted shards."""
+  import json
+
+  from omni_jax.data.bpe import manifest_texts
+  from omni_jax.data.convert import convert
+  from omni_jax.data.records import is_eval, record_id
+
+  lines = [json.dumps({"id": i, "text": f"record {i}"}) if i % 3 else
+           json.dumps({"text": f"no id {i}", "extra": i}) for i in range(60)]
+  (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+  want = [json.loads(x)["text"] for x in lines if is_eval(record_id(x.encode()), 0.25)]
+  train, held = manifest_texts(tmp_path / "m.jsonl", 0.25)
+  assert held == want and 0 < len(held) < 60 and len(train) + len(held) == 60
+  convert(tmp_path / "m.jsonl", tmp_path / "pq", "parquet", shards=2)
+  train_pq, held_pq = manifest_texts(tmp_path / "pq", 0.25)
+  assert sorted(held_pq) == sorted(held) and sorted(train_pq) == sorted(train)
+  (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n[1, 2]\n')
+  with pytest.raises(ValueError, match=r"bad.jsonl:2: expected an object"):
+    manifest_texts(tmp_path / "bad.jsonl", 0.0)

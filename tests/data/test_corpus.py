@@ -304,3 +304,5 @@ def test_an_input_pass_by_record_count_reports_memory(tmp_path):
   assert 300 <= out["records"] < 300 + 32 * 8
   assert out["rss_start_mb"] > 10 and np.isfinite(out["rss_growth_mb"])
   assert out["rss_growth_after_first_tenth_mb"] <= out["rss_growth_mb"] + 1e-9
+  # One process (no workers): every page is its own, so PSS is at most RSS.
+  assert 10 < out["pss_start_mb"] <= out["rss_start_mb"] and np.isfinite(out["pss_growth_mb"])

@@ -32,7 +32,8 @@ def test_bench_input_writes_its_keys(tmp_path):
        f"--workdir={tmp_path / 'out'}", "--config.data.source=manifest",
        f"--config.data.manifest={tmp_path / 'm.jsonl'}", "--config.data.codebook_samples=8",
        "--config.data.pack_window=16", "--workers=0", "--input_batches=4", "--steps=2",
-       "--cpu_devices=2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+       "--slowdown_steps=2", "--slowdown_rounds=2", "--cpu_devices=2"], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   s = json.load(open(tmp_path / "out" / "summary.json"))
   assert s["input_over_step"] == pytest.approx(s["input_tokens_per_sec"]
@@ -41,6 +42,12 @@ def test_bench_input_writes_its_keys(tmp_path):
   assert s["step_tokens_per_sec"] == pytest.approx(8 * 48 / s["step_seconds"])
   assert 0.3 < s["packing_efficiency"] <= 1 and s["input_records_per_sec"] > 0
   assert np.isfinite(s["step_loss"]) and s["workers"] == 0
+  assert s["step_slowdown_with_input"] == pytest.approx(
+      s["step_seconds_with_input"] / s["step_seconds_cached_batch"])
+  assert s["step_seconds_with_input"] == pytest.approx(
+      np.mean(s["step_seconds_with_input_by_round"]))
+  assert len(s["step_seconds_cached_batch_by_round"]) == 2
+  assert s["command"].startswith("python -m experiments.bench_input --config=")
   r = subprocess.run(
       [sys.executable, "-m", "experiments.bench_input", "--config=configs/omni_moe.py:micro",
        f"--workdir={tmp_path / 'synthetic'}"], cwd=ROOT, env=env, capture_output=True,

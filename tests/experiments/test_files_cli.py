@@ -3,7 +3,8 @@
 import json
 import os
 
-from omni_jax.data.bpe import heldout, make_tokenizer
+from omni_jax.data.bpe import make_tokenizer
+from omni_jax.data.records import is_eval, record_id
 from tests.cli import run_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,7 +29,8 @@ def test_make_manifest_then_train_tokenizer(tmp_path):
   tok = make_tokenizer(str(tok_dir / "tokenizer.json"), ("audio", "image", "video"))
   assert s["vocab_size"] == tok.vocab_size == s["base_vocab_size"] + 15
   records = [json.loads(x) for x in lines]
-  held = [x["text"] for x in records if heldout(x["id"], 0.3)]
+  held = [x["text"] for x, line in zip(records, lines, strict=True)  # the pipeline's split
+          if is_eval(record_id(line.encode()), 0.3)]
   assert s["heldout_texts"] == len(held) and s["train_texts"] == 8 - len(held)
   measured = held or [x["text"] for x in records]
   assert s["compression"] == (sum(len(t.encode()) for t in measured)

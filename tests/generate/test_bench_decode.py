@@ -25,3 +25,6 @@ def test_bench_decode_cli_writes_summary(tmp_path):
   assert s["outputs_match_6"] == 1.0  # greedy: the cache changes speed, never the tokens
   assert s["kv_speedup_6"] > 0 and s["kv_tokens_per_sec_6"] > 0
   assert s["recompute_seconds_6"] > 0 and s["batch"] == 2
+  # micro: 1 KV head of width 32 / 2 heads = 16, keys + values, float32
+  assert s["cache_bytes_per_token_per_layer"] == 2 * 1 * 16 * 4
+  assert s["command"].startswith("python -m experiments.bench_decode --config=")

@@ -35,6 +35,8 @@ def test_convert_then_export(tmp_path):
   s = json.load(open(os.path.join(work, "summary.json")))
   assert s["family"] == "qwen3_moe" and s["seconds"] > 0 and s["peak_rss_bytes"] > 0
   assert s["params"] == sum(int(np.prod(t.shape)) for t in index_checkpoint(src).values())
+  assert s["read_mb_per_s"] == pytest.approx(s["checkpoint_bytes"] / 1e6 / s["seconds"])
+  assert s["checkpoint_bytes"] == 4 * s["params"] and s["skipped_tensors"] == []
   if reference.available():
     assert s["logits_max_abs_diff_vs_transformers"] < 1e-4
   else:

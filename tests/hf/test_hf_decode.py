@@ -12,9 +12,10 @@ from omni_jax.hf.load import load_params
 
 NEW = 32
 # The default suite decodes the family with the most switches in one model (q/k norm, a dense
-# layer between MoE layers, head_dim != d / heads); the others run under -m slow.
-DEFAULT = "qwen3_moe"
-FAMILIES = [pytest.param(f, marks=() if f == DEFAULT else pytest.mark.slow)
+# layer between MoE layers, head_dim != d / heads) and DeepSeek-V3 (MLA's absorbed decode over
+# the latent cache, DeepSeekMoE); the others run under -m slow.
+DEFAULT = ("qwen3_moe", "deepseek_v3")
+FAMILIES = [pytest.param(f, marks=() if f in DEFAULT else pytest.mark.slow)
             for f in sorted(synthetic.tiny_configs())]
 
 

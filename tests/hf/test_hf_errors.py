@@ -44,7 +44,8 @@ def test_valid_checkpoint_opens(ckpt):
 def test_unsupported_architecture(ckpt):
   edit_config(ckpt, architectures=["GPT2LMHeadModel"])
   with pytest.raises(CheckpointError, match=r"config\.json: architecture \['GPT2LMHeadModel'\] "
-                     r"is not supported; supported: \['LlamaForCausalLM', 'MixtralForCausalLM'"):
+                     r"is not supported; supported: \['DeepseekV3ForCausalLM', 'LlamaForCausalLM', "
+                     r"'MixtralForCausalLM'"):
     load.open_checkpoint(ckpt)
 
 
@@ -63,9 +64,14 @@ def test_config_field_the_backbone_cannot_honour(ckpt, changes, field):
 
 
 def test_rope_type_not_supported(ckpt):
+  edit_config(ckpt, rope_parameters={"rope_type": "longrope", "factor": 4.0,
+                                     "rope_theta": 1e4})
+  with pytest.raises(CheckpointError, match=r"RoPE scaling type 'longrope' cannot be honoured; "
+                     r"supported: default, linear, llama3, yarn"):
+    load.open_checkpoint(ckpt)
   edit_config(ckpt, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
-  with pytest.raises(CheckpointError, match=r"RoPE scaling type 'yarn' cannot be honoured; "
-                     r"supported: default, linear, llama3"):
+  with pytest.raises(CheckpointError, match=r"RoPE scaling 'yarn' needs \['factor', "
+                     r"'original_max_position_embeddings'\], missing \['original_max_"):
     load.open_checkpoint(ckpt)
 
 
@@ -104,12 +110,35 @@ def test_missing_tensor_and_unused_tensor(ckpt, tmp_path):
   tensors["model.layers.0.block_sparse_moe.gate.weight"] = router
   tensors["model.vision_tower.proj.weight"] = router
   save_file(tensors, path)
-  with pytest.raises(CheckpointError, match=r"1 tensors have no place in the MixtralForCausalLM "
-                     r"backbone \(e\.g\. \['model\.vision_tower\.proj\.weight'\]\)"):
+  tensors["lm_head.extra"] = router
+  save_file(tensors, path)
+  with pytest.raises(CheckpointError, match=r"2 tensor\(s\) have no place in the "
+                     r"MixtralForCausalLM backbone: \['lm_head.extra', 'model\.vision_tower\."
+                     r"proj\.weight'\]; .* --skip_unmapped"):
     load.open_checkpoint(single)
+  ck = load.open_checkpoint(single, skip_unmapped=True)
+  assert ck.skipped == ("lm_head.extra", "model.vision_tower.proj.weight")
+  assert "model.vision_tower.proj.weight" not in ck.tensors
 
 
 def test_unsupported_quantisation(ckpt):
   edit_config(ckpt, quantization_config={"quant_method": "gptq", "bits": 4})
   with pytest.raises(CheckpointError, match=r"only block-scaled FP8"):
     load.open_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(topk_method="greedy"), "topk_method = 'greedy'"),
+    (dict(attention_bias=True), "attention_bias = True"),
+    (dict(first_k_dense_replace=9), "first_k_dense_replace = 9"),
+    (dict(rope_parameters=dict(rope_type="longrope", rope_theta=1e4)), "RoPE scaling type"),
+])
+def test_deepseek_v3_field_the_backbone_cannot_honour(changes, field):
+  from omni_jax.hf.families import translate
+  cfg = dict(architectures=["DeepseekV3ForCausalLM"], hidden_size=32, num_hidden_layers=2,
+             num_attention_heads=4, intermediate_size=48, vocab_size=64, kv_lora_rank=8,
+             qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_routed_experts=4,
+             num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=1)
+  assert translate(cfg).spec.first_dense == 1
+  with pytest.raises(CheckpointError, match=rf"config\.json: {field}"):
+    translate({**cfg, **changes})

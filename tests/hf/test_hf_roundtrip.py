@@ -26,7 +26,7 @@ def tensor_dtypes(d):
   return {name: info.dtype for name, info in index_checkpoint(d).items()}
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "qwen3", "deepseek_v3"])
 def test_exported_native_backbone_loads_in_transformers_with_equal_logits(hf_dirs, tmp_path,
                                                                            family):
   """A backbone initialised in JAX (not imported) exported; transformers gives its logits."""

@@ -25,8 +25,8 @@ def test_rope_inv_freq_closed_forms():
   np.testing.assert_allclose(got[mid], (1 - smooth) * base[mid] / 8 + smooth * base[mid],
                              rtol=1e-6)
   assert mid.any() and (wavelen < 16).any() and (wavelen > 64).any()
-  with pytest.raises(ValueError, match="rope scaling type 'yarn' is not supported"):
-    rope_inv_freq(16, 1e4, (("type", "yarn"),))
+  with pytest.raises(ValueError, match="rope scaling type 'dynamic' is not supported"):
+    rope_inv_freq(16, 1e4, (("type", "dynamic"),))
 
 
 def test_attention_switches_off_is_the_named_op_path_and_on_adds_parameters():

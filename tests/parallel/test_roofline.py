@@ -162,7 +162,12 @@ def test_plan_row_carries_the_roofline_and_its_prediction():
   roof = row["roofline"]
   assert {"compute_s", "memory_s", "network_s", "step_s"} <= set(roof)
   assert row["recipe"] == "omni_zero3" and row["node_axes"] == ["fsdp", "sequence", "expert"]
-  assert roof["compute_s"] == pytest.approx(row["compiled"]["flops"] / H100["peak_flops_per_s"])
+  mix = row["compiled"]["flops_by_dtype"]
+  assert sum(mix.values()) == pytest.approx(row["compiled"]["flops"])
+  assert set(mix) == {"f32"}  # the micro model computes in float32: priced at TF32
+  assert roof["compute_s"] == pytest.approx(row["compiled"]["flops"] / 494.7e12)
+  assert roof["compute_dtype"] == "float32" and roof["attention_impl"] == "xla"
+  assert row["global_batch_sequences"] == cfg.data.batch_size and row["grad_accum"] == 2
   assert roof["step_s"] >= max(roof["compute_s"], roof["memory_s"])
   assert row["predicted_tokens_per_sec_per_gpu"] == pytest.approx(
       row["tokens_per_step"] / 8 / roof["step_s"])
@@ -187,3 +192,28 @@ def test_run_of_record_has_its_keys():
     assert {"compute_s", "memory_s", "network_s", "step_s"} <= set(r["roofline"])
     assert {"predicted_tokens_per_sec_per_gpu", "fits_80gb", "mesh", "compiled"} <= set(r)
     assert {"flops", "loops_without_trip_count", "unparsed_groups"} <= set(r["compiled"])
+
+
+def test_flops_priced_at_the_peak_of_their_dtype():
+  """A hand-worked layer, scanned 3 times: a bf16 projection [n, d] @ [d, d] and float32
+  scores [n, d] @ [d, n] (an attention that upcasts). Read from the lowered program (XLA:CPU
+  widens bf16 dots after that), each dtype's FLOPs are the closed form, and the roofline
+  prices the float32 ones at the TF32 peak, half the bf16 one."""
+  layers, n, d = 3, 16, 32
+
+  def f(w, x):
+    def layer(c, wi):
+      h = (c.astype(jnp.bfloat16) @ wi).astype(jnp.float32)
+      return jnp.tanh(h @ h.T) @ h, None
+    return jax.lax.scan(layer, x, w)[0]
+  lowered = jax.jit(f).lower(jnp.ones((layers, d, d), jnp.bfloat16), jnp.ones((n, d)))
+  mix = hlo_cost.flops_by_dtype(lowered.as_text(dialect="hlo"))
+  assert mix == {"bf16": layers * 2 * n * d * d, "f32": layers * 2 * (2 * n * n * d)}
+  r = roofline({"flops": sum(mix.values()), "flops_by_dtype": mix, "hbm_bytes": 0.0,
+                "network": []}, H100)
+  assert r["peak_flops"] == {"bf16": 989e12, "f32": 494.7e12}
+  assert r["compute_s"] == pytest.approx(mix["bf16"] / 989e12 + mix["f32"] / 494.7e12)
+  # without a dtype split everything is priced at the bf16 peak, as before
+  flat = roofline({"flops": sum(mix.values()), "hbm_bytes": 0.0, "network": []},
+                  {**H100, "peak_flops_by_dtype": None})
+  assert flat["compute_s"] == pytest.approx(sum(mix.values()) / 989e12)

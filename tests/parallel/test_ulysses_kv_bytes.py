@@ -51,3 +51,10 @@ def test_all_to_all_bytes_are_the_closed_form_with_lcm_heads():
                                                            for o in ops])
   # repeating K/V to all H heads would have moved 1.6x these bytes (37.5 % more K/V + q/out)
   assert closed_form / (2 * (N - 1) / N * 4 * H * chunk) == 0.625
+  # the layout report's expectation: q and out at a full activation, K/V at kv_fraction
+  # repeated to lcm(KV, N) heads
+  act = B * (T // N) * H * DH * 4
+  pb = {"local": 0.0, "fsdp_full": 0.0}
+  expected = hlo_report.expected_wire_bytes(pb, mesh, activation_bytes=act, num_layers=1,
+                                            kv_fraction=KV / H, num_kv_heads=KV)
+  assert expected == closed_form
