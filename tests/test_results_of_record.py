@@ -38,8 +38,12 @@ KEYS = {
                   "step_seconds_cached_batch", "input_over_step", "input_tokens_per_sec",
                   "step_tokens_per_sec", "packing_efficiency", "workers", "machine.note"],
         "mla_tiny": ["cache_bytes_per_token_per_layer", "kv_speedup_64", "outputs_match_64"],
-        "tiny": ["startup_s", "rss_growth_mb", "pss_growth_mb",
-                 "rss_growth_after_first_tenth_mb", "records", "machine.note"],
+        # a variant with several runs of record: keyed by file name
+        "tiny_corpus1m_input": ["startup_s", "rss_growth_mb", "pss_growth_mb",
+                                "rss_growth_after_first_tenth_mb", "records", "machine.note"],
+        "tiny_train": ["initial_loss", "final_loss", "eval", "data.packing_efficiency",
+                       "data.input_wait_fraction", "tokens_per_sec", "params_total",
+                       "machine_note"],
     },
     # per config variant where a job's variants report different things
     "lsm": {
@@ -111,7 +115,9 @@ def test_result_parses_and_carries_its_keys(path):
   assert f"configs/{job}.py:" in summary["command"] and stem.startswith(variant), (
       f"{path.name}: the file is named for the config variant its command runs ({variant})")
   assert path.stat().st_size < 200_000, "results of record stay small"
-  keys = KEYS[job][variant] if isinstance(KEYS[job], dict) else KEYS[job]
+  keys = (KEYS[job].get(stem, KEYS[job].get(variant)) if isinstance(KEYS[job], dict)
+          else KEYS[job])
+  assert keys is not None, f"no key list for {job}/{stem} (by file name) or {variant}"
   for key in keys:
     for v in lookup(summary, key):
       assert not (isinstance(v, float) and math.isnan(v)), f"{key} is NaN"
