@@ -234,29 +234,33 @@ class Backbone(nn.Module):
       if cache is not None:
         carry = (*carry, cache)
       if s.first_dense:   # leading dense layers: a plain scan (a pipeline splits the units)
-        carry = self._run(dense_prefix_spec(s), "dense_units", policy, cache, carry,
-                          (positions, segment_ids), stack=_scan_units)
-      carry = self._run(s, "units", policy, cache, carry, (positions, segment_ids))
+        carry = _run_units(self.variables["params"]["dense_units"], dense_prefix_spec(s),
+                           policy, cache, carry, (positions, segment_ids), stack=_scan_units)
+      carry = _run_units(self.variables["params"]["units"], s, policy, cache, carry,
+                         (positions, segment_ids))
       x, acc, *cache = carry
     n = max(s.num_moe_layers, 1)
     aux = {k: v / n for k, v in acc.items()}
     return (x, aux, cache[0].advance(x.shape[1])) if cache else (x, aux)
 
-  def _run(self, spec, name, policy, cache, carry, positions, stack=None):
-    """``carry`` through the units of parameter collection ``name`` (stacked: through
-    ``stack``, default the :func:`layer_stack` named op; a tuple: one after another)."""
-    unit = Unit(spec, parent=None)
 
-    def apply_unit(p, c, pos):
-      return unit.apply({"params": p}, c, *pos)[0]
-    if policy is not None and cache is None:
-      apply_unit = jax.checkpoint(apply_unit, policy=policy, prevent_cse=False)
-    units = self.variables["params"][name]
-    if isinstance(units, tuple):
-      for p in units:
-        carry = apply_unit(p, carry, positions)
-      return carry
-    return (stack or layer_stack)(apply_unit, units, carry, positions)
+
+def _run_units(units, spec, policy, cache, carry, positions, stack=None):
+  """``carry`` through ``units`` (stacked: through ``stack``, default the :func:`layer_stack`
+  named op; a tuple: one after another). A plain function, not a module method: the
+  collectives' names in the compiled program stay under ``backbone/`` (a method would add its
+  own name scope)."""
+  unit = Unit(spec, parent=None)
+
+  def apply_unit(p, c, pos):
+    return unit.apply({"params": p}, c, *pos)[0]
+  if policy is not None and cache is None:
+    apply_unit = jax.checkpoint(apply_unit, policy=policy, prevent_cse=False)
+  if isinstance(units, tuple):
+    for p in units:
+      carry = apply_unit(p, carry, positions)
+    return carry
+  return (stack or layer_stack)(apply_unit, units, carry, positions)
 
 
 def _scan_units(apply_unit, unit_params, carry, positions):
