@@ -43,6 +43,19 @@ def modalities(image_size=32, audio_samples=4096, video_size=16, codebook=32,
   )
 
 
+def _model_30b(c, **model_kw) -> None:
+  """The ~30B total / ~3B active omni MoE (the seed's setting) in bf16 compute with full
+  remat: what ``omni30b`` plans and the hardware recipes run."""
+  c.model.update(d_model=2048, num_layers=48, num_heads=32, num_kv_heads=4, d_ff=6144,
+                 remat="full", dtype="bfloat16", **model_kw,
+                 modalities=modalities(image_size=224, audio_samples=160_000, video_size=112,
+                                       codebook=8192, enc_dim=1024, enc_layers=4))
+  c.model.modalities.image.update(patch=14)
+  c.model.modalities.audio.update(sample_rate=16_000, n_fft=512, hop=160, n_mels=80)
+  c.model.modalities.video.update(frames=8, patch=14)
+  c.model.moe.update(num_experts=64, top_k=6, d_ff=1536, every=1)
+
+
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.model = dict(
@@ -169,15 +182,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   elif arg == "omni30b":
     # experiments.scale_plan only (compile, never run): ~30B total / ~3B active omni MoE at
     # 160K tokens of context on 128 devices (the seed's setting).
-    c.model.update(d_model=2048, num_layers=48, num_heads=32, num_kv_heads=4, d_ff=6144,
-                   remat="full", dtype="bfloat16", attention_block=2048,
-                   modalities=modalities(image_size=224, audio_samples=160_000, video_size=112,
-                                         codebook=8192, enc_dim=1024, enc_layers=4))
-    c.model.modalities.image.update(patch=14)
-    c.model.modalities.audio.update(sample_rate=16_000, n_fft=512, hop=160, n_mels=80)
-    c.model.modalities.video.update(frames=8, patch=14)
-    c.model.moe.update(num_experts=64, top_k=6, d_ff=1536, every=1, impl="capacity",
-                       capacity_factor=1.25)
+    _model_30b(c, attention_block=2048)
+    c.model.moe.update(impl="capacity", capacity_factor=1.25)
     # 32 sequences: the largest batch axes of the plan's layouts; the others accumulate
     c.data.update(seq_len=163_840, batch_size=32)
     c.mesh = dict(data=1, fsdp=16, expert=1, sequence=8, tensor=1, pipeline=1)
@@ -187,15 +193,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     # experiments.scale_plan. The omni30b model in bf16 compute on float32 master weights and
     # AdamW moments (16 bytes per parameter: 60 GB per device on 8 GPUs, 7.4 GB on 64 chips),
     # full remat, the accelerator's attention kernel, bf16 gradient reductions.
-    c.model.update(d_model=2048, num_layers=48, num_heads=32, num_kv_heads=4, d_ff=6144,
-                   remat="full", dtype="bfloat16", param_dtype="float32",
-                   modalities=modalities(image_size=224, audio_samples=160_000, video_size=112,
-                                         codebook=8192, enc_dim=1024, enc_layers=4))
-    c.model.modalities.image.update(patch=14)
-    c.model.modalities.audio.update(sample_rate=16_000, n_fft=512, hop=160, n_mels=80)
-    c.model.modalities.video.update(frames=8, patch=14)
-    c.model.moe.update(num_experts=64, top_k=6, d_ff=1536, every=1, impl="dropless",
-                       ep_capacity_factor=2.0)
+    _model_30b(c, param_dtype="float32")
+    c.model.moe.update(impl="dropless", ep_capacity_factor=2.0)
     c.train.update(steps=10_000, grad_dtype="bfloat16", log_every=10, eval_every=500,
                    checkpoint_every=500)
     if arg == "gpu_8xh100":
