@@ -289,14 +289,14 @@ def plot(summary: dict, curve: dict, path: str) -> None:
                   for g in grid], "-", color=f"C{k}", lw=1, alpha=0.7,
            label=f"{meth}: model (modelled)")
   b.axvline(summary["rate_mbit"], color="grey", ls=":", lw=1)
-  b.set_xticks(rates, [f"{r:g}" for r in rates])
-  lo, hi = b.get_ylim()
-  b.set_yticks([t for t in (2, 5, 10, 20, 50, 100, 200, 500) if lo <= t <= hi])
-  b.set_xscale("log")
+  b.set_xscale("log")   # scales first: setting one resets the axis's ticks
   b.set_yscale("log")
-  for axis in (b.xaxis, b.yaxis):
-    axis.set_major_formatter(ScalarFormatter())
-    axis.set_minor_formatter(NullFormatter())
+  lo, hi = b.get_ylim()
+  b.set_xticks(rates, [f"{r:g}" for r in rates])
+  b.set_yticks([t for t in (2, 5, 10, 20, 50, 100, 200, 500) if lo <= t <= hi])
+  b.xaxis.set_minor_formatter(NullFormatter())
+  b.yaxis.set_major_formatter(ScalarFormatter())
+  b.yaxis.set_minor_formatter(NullFormatter())
   b.set_xlabel("link rate (Mbit/s per link)")
   b.set_ylabel("ms per aggregation")
   b.set_title("time per aggregation (calibration rates and the reported rate)")
