@@ -117,6 +117,7 @@ def test_mla_equals_numpy_formulas(q_lora):
 def test_yarn_equals_transformers(kw):
   """Frequencies and the rotated parts' factor equal transformers' YaRN (the library's own
   rule, not a transcription), and the numpy rule above agrees."""
+  pytest.importorskip("transformers", reason="needs the hf extra: pip install -e '.[hf]'")
   from transformers import DeepseekV3Config
   from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
   r, theta = 64, 10000.0
