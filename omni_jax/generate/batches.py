@@ -12,13 +12,27 @@ import json
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from omni_jax.common.config import ConfigError
 from omni_jax.generate import decode as dec
 from omni_jax.modalities import MODALITY_KINDS
+from omni_jax.models import sampling
 from omni_jax.models.omni import OmniSpec
 
 PROMPT_WIDTH = 16  # prompts are padded to a multiple of this many ids (fewer compiles)
+
+
+def check_sampling_flags(temperature: float, top_k: int, top_p: float, batch_size: int,
+                         max_new_tokens: int) -> None:
+  """The generate jobs' sampling flags, checked before any heavy work (one ConfigError)."""
+  sampling.sample(jax.random.PRNGKey(0), jnp.zeros((1, 2)), temperature=temperature,
+                  top_k=top_k, top_p=top_p)
+  if not (isinstance(batch_size, int) and batch_size >= 1):
+    raise ConfigError(f"--batch_size must be an integer >= 1, got {batch_size!r}")
+  if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
+    raise ConfigError(f"--max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
 
 
 def padded_batch(chunk: list, rows: int, pad_id: int) -> tuple[list, np.ndarray, np.ndarray]:

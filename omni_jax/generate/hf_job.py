@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from omni_jax.common.config import ConfigError
@@ -43,7 +42,6 @@ from omni_jax.generate import decode as dec
 from omni_jax.hf.load import load_params, read_config
 from omni_jax.hf.safetensors_io import CheckpointError
 from omni_jax.hf.tokenizer import TOKENIZER_FILE
-from omni_jax.models import sampling
 from omni_jax.models.transformer import unstack_units
 
 PROMPT_KEYS = ("text", "ids", "output")
@@ -140,12 +138,7 @@ def run_hf_generate(hf_dir: str, prompts_path: str, outdir: str | None = None, *
   outputs and ``summary.json`` into ``outdir`` (default: ``generate/`` beside the prompts
   file) and returns the summary."""
   t0 = time.perf_counter()
-  sampling.sample(jax.random.PRNGKey(0), jnp.zeros((1, 2)), temperature=temperature,
-                  top_k=top_k, top_p=top_p)  # flag errors before any heavy work
-  if not (isinstance(batch_size, int) and batch_size >= 1):
-    raise ConfigError(f"--batch_size must be an integer >= 1, got {batch_size!r}")
-  if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
-    raise ConfigError(f"--max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+  batches.check_sampling_flags(temperature, top_k, top_p, batch_size, max_new_tokens)
   path = Path(prompts_path)
   if not path.is_file():
     raise ConfigError(f"--prompts={prompts_path!r}: no such file (a JSONL file, one prompt "

@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
@@ -268,12 +267,7 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
   ``judge_cache``, default ``<workdir>/judge``) and scored as ``conditional_accuracy``."""
   t0 = time.perf_counter()
   spec = build_spec(config.model, tokenizer=config.data.get("tokenizer", "bytes"))
-  sampling.sample(jax.random.PRNGKey(0), jnp.zeros((1, 2)), temperature=temperature,
-                  top_k=top_k, top_p=top_p)  # flag errors before any heavy work
-  if not (isinstance(batch_size, int) and batch_size >= 1):
-    raise ConfigError(f"--batch_size must be an integer >= 1, got {batch_size!r}")
-  if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
-    raise ConfigError(f"--max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+  batches.check_sampling_flags(temperature, top_k, top_p, batch_size, max_new_tokens)
   context = int(config.data.seq_len)
   prompts, errors = read_prompts(prompts_path, spec, context, max_new_tokens)
   for e in errors:
