@@ -62,6 +62,10 @@ def setup_devices() -> None:
   on_cpu = os.environ.get("JAX_PLATFORMS", "") in ("", "cpu")
   if on_cpu:
     jax.config.update("jax_num_cpu_devices", n)
+  # With a persistent compilation cache (JAX_COMPILATION_CACHE_DIR), a key without op-name
+  # metadata would hand back another program's named scopes, which the wire-byte and
+  # per-scope FLOP reports read.
+  jax.config.update("jax_compilation_cache_include_metadata_in_key", True)
   try:
     launch = cluster.decide_launch(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   except ValueError as e:

@@ -30,6 +30,10 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
     tempfile.gettempdir(), f"omni_jax-test-jax-cache-{os.getuid()}"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
+# The cache key leaves out op-name metadata (JAX's named scopes) unless told otherwise: a hit
+# could return the executable compiled for another test's program with the same HLO and other
+# scopes, and the tests that find collectives by scope would read the other program's names.
+os.environ.setdefault("JAX_COMPILATION_CACHE_INCLUDE_METADATA_IN_KEY", "1")
 
 import jax  # noqa: E402
 
