@@ -45,6 +45,10 @@ KEYS = {
         # a variant with several runs of record: keyed by file name
         "tiny_corpus1m_input": ["startup_s", "rss_growth_mb", "pss_growth_mb",
                                 "rss_growth_after_first_tenth_mb", "records", "machine.note"],
+        "generate_judged": ["conditional_accuracy_seen.image.shape",
+                            "conditional_accuracy_unseen.image.shape",
+                            "conditional_accuracy_unseen.audio.pitch", "caption_accuracy",
+                            "conditional_chance", "judge.image.heldout", "heldout_every"],
         "tiny_train": ["initial_loss", "final_loss", "eval", "data.packing_efficiency",
                        "data.input_wait_fraction", "tokens_per_sec", "params_total",
                        "machine_note"],
