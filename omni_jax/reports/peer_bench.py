@@ -42,7 +42,9 @@ from omni_jax.hf import synthetic
 from omni_jax.hf.load import load_params
 from omni_jax.models.transformer import unstack_units
 
-EXPERTS_IMPLS = ("eager", "grouped_mm", "batched_mm")
+# transformers' MoE expert implementations a CPU run can use at batch 8 x 256 ("batched_mm"
+# gathers every token's expert weights: 8 GB at this size, so it is not a contender)
+EXPERTS_IMPLS = ("eager", "grouped_mm")
 
 
 def jax_cores() -> int:
@@ -110,7 +112,7 @@ def load_peer(hf_dir: str, experts_impl: str):
                                               experts_implementation=experts_impl).eval()
 
 
-def pick_experts_impl(hf_dir: str, tokens: np.ndarray, repeats: int = 2) -> dict[str, float]:
+def pick_experts_impl(hf_dir: str, tokens: np.ndarray, repeats: int = 1) -> dict[str, float]:
   """Median seconds of transformers' forward + backward on ``tokens`` per MoE expert
   implementation it can run here (the peer's best setting is the fastest)."""
   import torch  # optional dependency: the peer being measured
