@@ -3,6 +3,7 @@ steps and greedy decoding equal transformers' on the same random Qwen3-MoE check
 summary carries the public keys (timings are not asserted: they are the benchmark's output)."""
 
 import numpy as np
+import pytest
 from safetensors import safe_open
 
 from configs.peer import get_config
@@ -10,6 +11,9 @@ from omni_jax.reports import peer_bench
 from tests.hf.conftest import needs_reference
 
 
+# The pieces it times are tested in the default suite (logits, decode, fine-tune against
+# transformers); the benchmark's own run compiles a train step and a decoder: slow.
+@pytest.mark.slow
 def test_micro_run_matches_transformers_and_carries_the_keys(tmp_path):
   needs_reference()
   cfg = get_config("micro")
