@@ -108,7 +108,7 @@ class OmniModel(nn.Module):
       if name in batch:
         x = scatter_features(x, *encode_slots(enc, batch[name], batch[f"{name}_pos"],
                                               batch[f"{name}_mask"]))
-      elif cache is None:  # dummy forward scaled by 0: the encoder's gradients stay defined
+      elif cache is None and draft is None:  # dummy forward times 0: gradients stay defined
         dummy = jnp.zeros((b, *kind.input_shape(ms)), kind.input_dtype)
         x = x + 0.0 * run_encoder(enc, dummy).sum().astype(x.dtype)
     heads = {hd.name: nn.Dense(hd.size, use_bias=False, dtype=bb.dtype,
