@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from omni_jax.models.layers import Kernel, RMSNorm
-from omni_jax.models.transformer import Block, BackboneSpec
+from omni_jax.models.transformer import BackboneSpec, Block
 
 
 class MTPModule(nn.Module):
