@@ -11,7 +11,8 @@ The model is ``--config`` (default configs/omni_moe.py:tiny, untrained parameter
 does not depend on the weights), or the latest checkpoint in ``--workdir`` when it holds a
 train_omni run. Runs on one device (--cpu_devices=1).
 
-A model with multi-token prediction modules (``configs/omni_moe.py:mla_tiny``) needs its
+With a train_omni workdir the summary goes to ``WORKDIR/bench_decode/summary.json`` (beside
+the run's own). A model with multi-token prediction modules (``configs/omni_moe.py:mla_tiny``) needs its
 trained checkpoint in ``--workdir`` (the drafts' acceptance depends on the weights) and also
 reports speculative decoding (MTP drafts, main-model verification) against plain greedy on
 the same cached decoder, timed interleaved: ``spec_decode_speedup``, ``mtp_acceptance_rate``,
@@ -44,7 +45,8 @@ from experiments import common
 
 _CONFIG = common.define_config("configs/omni_moe.py:<variant> (the model timed)",
                                lock_config=True)
-_WORKDIR = common.define_workdir("where summary.json goes")
+_WORKDIR = common.define_workdir("where summary.json goes (a train_omni workdir: its checkpoint "
+                                 "is timed, summary in WORKDIR/bench_decode/)")
 _NEW = flags.DEFINE_list("new_tokens", ["64", "512"], "generated tokens per measurement")
 _BATCH = flags.DEFINE_integer("batch", 4, "prompts decoded together")
 _PROMPT = flags.DEFINE_integer("prompt_len", 16, "prompt tokens")
@@ -85,8 +87,10 @@ def main(argv):
                          spec_batch=_SPEC_BATCH.value, spec_repeats=_SPEC_REPEATS.value)
   summary["checkpoint_step"] = step
   summary["command"] = "python -m experiments.bench_decode " + " ".join(sys.argv[1:])
-  os.makedirs(_WORKDIR.value, exist_ok=True)
-  write_json_atomic(os.path.join(_WORKDIR.value, "summary.json"), summary)
+  # beside a training run's own summary.json, not over it
+  out = _WORKDIR.value if step is None else os.path.join(_WORKDIR.value, "bench_decode")
+  os.makedirs(out, exist_ok=True)
+  write_json_atomic(os.path.join(out, "summary.json"), summary)
   logging.info("kv speedup: %s", {k: round(v, 2) for k, v in summary.items()
                                   if k.startswith("kv_speedup")})
 

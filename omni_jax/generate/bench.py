@@ -118,7 +118,8 @@ def spec_decode(spec: OmniSpec, params, prompts: np.ndarray, steps: int, repeats
          "greedy_seconds": med(t_plain), "spec_seconds": med(t_spec),
          "spec_decode_speedup": med(t_plain) / med(t_spec),
          "mtp_acceptance_rate": float(accepted) / max(int(made), 1),
-         "spec_verify_steps": int(made), "spec_tokens_equal": float(np.mean(ids_spec == ids_plain))}
+         "spec_verify_steps": int(made), "spec_tokens_per_verify_step": steps / max(int(made), 1),
+         "spec_tokens_equal": float(np.mean(ids_spec == ids_plain))}
   log(f"speculative: {out['spec_decode_speedup']:.2f}x greedy ({out['spec_seconds']:.3f} s vs "
       f"{out['greedy_seconds']:.3f} s), acceptance {out['mtp_acceptance_rate']:.3f}, tokens "
       f"equal {out['spec_tokens_equal']:.3f}")
