@@ -90,3 +90,15 @@ def test_needs_mtp_modules():
   with pytest.raises(ValueError, match="drafts with the MTP modules"):
     speculative.speculative_greedy(spec, {}, jnp.zeros((1, 2), jnp.int32),
                                    jnp.ones((1,), jnp.int32), 4)
+
+
+def test_bench_reports_speedup_and_acceptance(model):
+  from omni_jax.generate.bench import spec_decode
+  spec, params, prompts, _ = model
+  if not spec.backbone.mla:
+    pytest.skip("one cache kind is enough for the summary keys")
+  out = spec_decode(spec, bigram_drafter(params, spec.backbone.d_model, 0.0), prompts[:1],
+                    STEPS, repeats=1, log=lambda _: None)
+  assert out["spec_tokens_equal"] == 1.0 and out["mtp_acceptance_rate"] == 1.0
+  assert out["spec_verify_steps"] == STEPS // 2 and out["spec_tokens_per_verify_step"] == 2.0
+  assert out["spec_decode_speedup"] == out["greedy_seconds"] / out["spec_seconds"]
