@@ -12,8 +12,9 @@ does not depend on the weights), or the latest checkpoint in ``--workdir`` when 
 train_omni run. Runs on one device (--cpu_devices=1).
 
 With a train_omni workdir the summary goes to ``WORKDIR/bench_decode/summary.json`` (beside
-the run's own). A model with multi-token prediction modules (``configs/omni_moe.py:mla_tiny``) needs its
-trained checkpoint in ``--workdir`` (the drafts' acceptance depends on the weights) and also
+the run's own). A model with multi-token prediction modules (``configs/omni_moe.py:mla_tiny``)
+needs its trained checkpoint in ``--workdir`` (the drafts' acceptance depends on the weights)
+and also
 reports speculative decoding (MTP drafts, main-model verification) against plain greedy on
 the same cached decoder, timed interleaved: ``spec_decode_speedup``, ``mtp_acceptance_rate``,
 ``spec_tokens_equal`` (``--spec_batch`` prompts, the last ``--new_tokens`` value):
