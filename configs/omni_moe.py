@@ -182,9 +182,6 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     # one multi-token prediction module (its loss times 0.3, DeepSeek-V3's first weight):
     # experiments.bench_decode drafts with it (speculative decoding)
     c.model.mtp = dict(num_nextn_predict_layers=1, loss_weight=0.3)
-    # each row's padding filled with text samples: free-running decoding past a sample's
-    # <eos> stays in the training distribution (what bench_decode's drafts are accepted on)
-    c.data.pack = "text"
   elif arg == "omni30b":
     # experiments.scale_plan only (compile, never run): ~30B total / ~3B active omni MoE at
     # 160K tokens of context on 128 devices (the seed's setting).
