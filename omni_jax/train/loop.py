@@ -39,7 +39,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from omni_jax.common.checkpoint import Checkpointer, abstract_like
+from omni_jax.common.checkpoint import Checkpointer
 from omni_jax.common.config import check_keys, positive_int, require
 from omni_jax.common.metrics import MetricsLog
 from omni_jax.common.progress import Progress
@@ -211,17 +211,63 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, grad_ac
   return step
 
 
-def create_state(init_params: Callable, tx, seed: int, param_sharding: Callable,
-                 ) -> tuple[TrainState, Any]:
-  """Builds the state directly in its sharded layout; returns (state, state shardings)."""
+def _state_init(init_params: Callable, tx) -> Callable:
   def init(key):
     params = init_params(key)
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-  key = jax.random.PRNGKey(seed)
-  abstract = jax.eval_shape(init, key)
+  return init
+
+
+def state_layout(init_params: Callable, tx, seed: int, param_sharding: Callable,
+                 ) -> tuple[TrainState, Any]:
+  """``(abstract state with shardings, state shardings)``: shapes only, nothing computed."""
+  abstract = jax.eval_shape(_state_init(init_params, tx), jax.random.PRNGKey(seed))
   shardings = param_sharding(abstract)
-  state = jax.jit(init, out_shardings=shardings)(key)
+  placed = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, shardings)
+  return placed, shardings
+
+
+def create_state(init_params: Callable, tx, seed: int, param_sharding: Callable,
+                 ) -> tuple[TrainState, Any]:
+  """Builds the state directly in its sharded layout; returns (state, state shardings)."""
+  _, shardings = state_layout(init_params, tx, seed, param_sharding)
+  state = jax.jit(_state_init(init_params, tx), out_shardings=shardings)(
+      jax.random.PRNGKey(seed))
   return state, shardings
+
+
+def fill_fresh(params, init_params: Callable, seed: int, shardings):
+  """``params`` with each leaf still abstract (a ``jax.ShapeDtypeStruct``) replaced by its
+  value in ``init_params(PRNGKey(seed))``. One jitted program returns only those leaves, so
+  the compiler drops the initialisers of every other leaf: a model loaded from a checkpoint
+  never builds random values for what it loads."""
+  leaves, treedef = jax.tree.flatten(params)
+  todo = [i for i, x in enumerate(leaves) if isinstance(x, jax.ShapeDtypeStruct)]
+  if not todo:
+    return params
+  sh = treedef.flatten_up_to(shardings)
+
+  def pick(key):
+    every = treedef.flatten_up_to(init_params(key))
+    return [every[i] for i in todo]
+  made = jax.jit(pick, out_shardings=[sh[i] for i in todo])(jax.random.PRNGKey(seed))
+  for i, x in zip(todo, made, strict=True):
+    leaves[i] = x
+  return treedef.unflatten(leaves)
+
+
+def pretrained_state(init_params: Callable, tx, seed: int, param_sharding: Callable,
+                     params_hook: Callable) -> tuple[TrainState, Any]:
+  """The fresh state of a run that starts from pretrained weights, built straight from them:
+  ``params_hook(abstract params)`` fills the leaves it loads (the others stay abstract and
+  get their random initial values, :func:`fill_fresh`), then the optimizer state is
+  initialised from the result. No random train state is built first."""
+  placed, shardings = state_layout(init_params, tx, seed, param_sharding)
+  params = fill_fresh(params_hook(placed.params), init_params, seed, shardings.params)
+  opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
+  step = jax.device_put(jnp.zeros((), jnp.int32), shardings.step)
+  return TrainState(step, params, opt_state), shardings
 
 
 def _mean_metrics(window: list[dict]) -> dict[str, Any]:
@@ -300,23 +346,25 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
         loss_norm: Callable | None = None, frozen: Any = None) -> FitResult:
   """Trains ``loop.steps`` steps (resuming from ``workdir`` when a checkpoint exists).
 
-  ``params_hook(params) -> params`` edits a fresh start's initial parameters (same shapes and
-  shardings), e.g. to load pretrained weights; the optimizer state is then re-initialised
-  from them. A resumed run restores its checkpoint instead. ``data_iter``: the input iterator
-  behind ``get_batch`` when it has state (a Grain ``DatasetIterator``); it is checkpointed
-  beside the train state and restored on resume. ``frozen``: the parameters that never
+  ``params_hook(abstract params) -> params`` builds a fresh start's initial parameters from
+  their shapes and shardings (``jax.ShapeDtypeStruct`` leaves), e.g. loading pretrained
+  weights; the leaves it leaves abstract get their random initial values
+  (:func:`pretrained_state`), and the optimizer state is initialised from the result. A
+  resumed run restores its checkpoint instead. ``data_iter``: the input iterator behind
+  ``get_batch`` when it has state (a Grain ``DatasetIterator``); it is checkpointed beside
+  the train state and restored on resume. ``frozen``: the parameters that never
   change (:func:`make_train_step`)."""
   ckpt = Checkpointer(workdir, loop.keep_checkpoints, with_data=data_iter is not None)
-  state, shardings = create_state(init_params, tx, loop.seed,
-                                  offload_lib.state_sharding(param_sharding, loop.offload))
+  sharding = offload_lib.state_sharding(param_sharding, loop.offload)
   resumed = ckpt.latest_step()
-  if resumed is not None:
-    state = ckpt.restore(resumed, abstract_like(state), data=data_iter)
+  if resumed is not None:  # restored into its layout; no fresh state is built
+    placed, shardings = state_layout(init_params, tx, loop.seed, sharding)
+    state = ckpt.restore(resumed, placed, data=data_iter)
     logging.info("resumed from checkpoint step %d in %s", resumed, ckpt.directory)
   elif params_hook is not None:
-    params = params_hook(state.params)
-    opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
-    state = state.replace(params=params, opt_state=opt_state)
+    state, shardings = pretrained_state(init_params, tx, loop.seed, sharding, params_hook)
+  else:
+    state, shardings = create_state(init_params, tx, loop.seed, sharding)
   log = MetricsLog(f"{workdir}/metrics.jsonl", resume_step=resumed,
                    writer=jax.process_index() == 0)
   # Metrics come back replicated, so every process of a multi-host job can read them.
