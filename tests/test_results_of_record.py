@@ -41,7 +41,9 @@ KEYS = {
         "files": ["step_slowdown_with_input", "step_seconds_with_input",
                   "step_seconds_cached_batch", "input_over_step", "input_tokens_per_sec",
                   "step_tokens_per_sec", "packing_efficiency", "workers", "machine.note"],
-        "mla_tiny": ["cache_bytes_per_token_per_layer", "kv_speedup_64", "outputs_match_64"],
+        "mla_tiny": ["cache_bytes_per_token_per_layer", "kv_speedup_64", "outputs_match_64",
+                     "checkpoint_step", "spec_decode_speedup", "mtp_acceptance_rate",
+                     "spec_tokens_equal", "spec_tokens_per_verify_step", "machine.note"],
         # a variant with several runs of record: keyed by file name
         "tiny_corpus1m_input": ["startup_s", "rss_growth_mb", "pss_growth_mb",
                                 "rss_growth_after_first_tenth_mb", "records", "machine.note"],
