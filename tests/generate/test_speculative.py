@@ -51,7 +51,9 @@ def decode_both(spec, params, prompts, lengths):
   return np.asarray(ids), np.asarray(want), int(made), int(accepted)
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["mla", "gqa"])
+# The latent (MLA) cache in the default suite; the KV (GQA) cache under -m slow (suite time).
+@pytest.fixture(scope="module", params=[True, pytest.param(False, marks=pytest.mark.slow)],
+                ids=["mla", "gqa"])
 def model(request):
   spec = micro_spec(request.param)
   params = jax.jit(lambda k: OmniModel(spec).init(k, {"tokens": jnp.zeros((1, 4), jnp.int32)})
