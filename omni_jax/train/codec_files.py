@@ -5,9 +5,10 @@ Every record's file under ``data.source_key`` is decoded by the omni pipeline's 
 (:func:`omni_jax.data.decode.decode_record`) for a modality built like the one the codec will
 serve: a 3-channel ``patch`` modality of ``data.size`` for images, a one-channel ``frames``
 modality at the codec's sample rate and ``data.num_samples`` for audio (long files cropped
-centred, as the pipeline crops held-out records). The distinct files are split by a hash of
-their resolved path: a file is held out whole (``data.heldout_fraction``), never seen in
-training. A file that does not decode is logged and counted (``files_skipped``), not used.
+centred, as the pipeline crops held-out records). The distinct files are split whole: the
+``data.heldout_fraction`` of them with the smallest hash of their manifest path (at least one)
+are held out, never seen in training. A file that does not decode is logged and counted
+(``files_skipped``), not used.
 """
 
 from __future__ import annotations
@@ -41,16 +42,15 @@ def audio_modality(source_key: str, sample_rate: int, num_samples: int) -> dict[
                                     n_fft=min(256, int(num_samples)), source_key=source_key))
 
 
-def _heldout(path: str, fraction: float) -> bool:
-  h = int.from_bytes(hashlib.sha256(path.encode()).digest()[:8], "little")
-  return h / 2.0 ** 64 < fraction
+def _rank(name: str) -> int:
+  return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
 
 
 def manifest_files(manifest: str, ms: dict[str, Any], heldout_fraction: float
                    ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
   """(train inputs, held-out inputs, info) of the distinct files under ``ms['source_key']``
   in ``manifest``, decoded as the pipeline decodes them for ``ms``. DataError when the
-  manifest has fewer than two usable files of that modality (one to train, one to hold out)."""
+  manifest has fewer than two decodable files of that modality (one to train, one held out)."""
   require(isinstance(heldout_fraction, int | float) and 0 < heldout_fraction < 1,
           "data.heldout_fraction", heldout_fraction, "must be in (0, 1)")
   key = ms["source_key"]
@@ -70,7 +70,7 @@ def manifest_files(manifest: str, ms: dict[str, Any], heldout_fraction: float
       full = Path(value) if Path(value).is_absolute() else Path(item.base_dir) / value
       paths.setdefault(str(full.resolve()), (value, item.base_dir))
   spec = types.SimpleNamespace(modalities=((ms["name"], ms),))
-  train, held, skipped = [], [], []
+  decoded, skipped = [], []
   for full, (value, base) in sorted(paths.items()):
     try:
       x = decode_record({key: value}, spec, base, strict_keys=False, audio_offset=0.5)
@@ -78,13 +78,16 @@ def manifest_files(manifest: str, ms: dict[str, Any], heldout_fraction: float
       logging.warning("skipping %s: %s", full, e)
       skipped.append(full)
       continue
-    (held if _heldout(full, float(heldout_fraction)) else train).append(x[ms["name"]])
-  if len(train) < 1 or len(held) < 1:
-    raise DataError(f"data.manifest = {manifest!r} has {len(train) + len(held)} decodable "
-                    f"'{key}' file(s) ({len(skipped)} undecodable, {len(data)} records): the "
-                    f"{ms['name']} codec needs at least one to train on and one held out "
-                    f"(data.heldout_fraction = {heldout_fraction}); point data.source_key at "
-                    "the records' key for these files")
+    decoded.append((_rank(value), full, x[ms["name"]]))
+  if len(decoded) < 2:
+    raise DataError(f"data.manifest = {manifest!r} has {len(decoded)} decodable '{key}' "
+                    f"file(s) ({len(skipped)} undecodable, {len(data)} records): the "
+                    f"{ms['name']} codec needs at least two (one to train on, one held out); "
+                    "point data.source_key at the records' key for these files")
+  decoded.sort(key=lambda t: t[:2])
+  n_held = min(len(decoded) - 1, max(1, round(heldout_fraction * len(decoded))))
+  held = [x for _, _, x in decoded[:n_held]]
+  train = [x for _, _, x in decoded[n_held:]]
   info = dict(manifest=str(manifest), source_key=key, train_files=len(train),
               heldout_files=len(held), files_skipped=len(skipped))
   logging.info("%s files of %s: %d train, %d held out, %d skipped", ms["name"], manifest,
