@@ -53,8 +53,8 @@ def pin_codecs(config, workdir: str, *, copy: bool):
   mix two codecs' ids). ``copy=False`` (generate, export): uses the workdir copy when there
   is one, whatever the configured folder holds now (logged when it differs); a workdir
   without one keeps the configured path."""
-  mods = config["model"]["modalities"]
-  names = [m for m in mods if mods[m].get("tokenizer")]
+  mods = (config.get("model") or {}).get("modalities") or {}
+  names = [m for m in mods if hasattr(mods[m], "get") and mods[m].get("tokenizer")]
   if not names:
     return config
   out = copy_module.deepcopy(config)
