@@ -73,7 +73,9 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
   c.captures_from = ""                     # a captures.npz to reuse if its data/sim match
   c.sim = ml_collections.ConfigDict(dict(
       sensor=256,                          # captured frame side (sensor px)
-      ss=4,                                # supersampling of the radiance per sensor px
+      ss=5,                                # supersampling of the radiance per sensor px (5:
+                                           # 4 samples per halftone cell at 200 lpi on the
+                                           # low-end camera)
       row_depth=0.5,                       # dimming of the display's row gaps
       period=_range(1.5, 3.0),             # screen pixel pitch on the reference sensor (px):
                                            # a document-filling phone shot of a monitor/phone
@@ -85,10 +87,12 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       # (calibration.calibrate_print_grain, document seed 1; docs/dpad.md)
       print_grain=_range(0.1, 0.2),
       # the printer (omni_jax/dpad/halftone.py): an office colour laser printer, 600-dpi
-      # engine, clustered-dot CMYK screens at 100-150 lines per inch (C 15, M 75, Y 0, K 45
-      # degrees); the paper framed like the screen, a document filling 70-100 % of a 12-MP
-      # frame's short side (3024 px over 210 mm: 14.4 sensor px per mm at 100 %)
-      halftone=dict(lpi=_range(100, 150), dpi=600.0, px_per_mm=_range(10.0, 14.4)),
+      # engine, clustered-dot CMYK screens at 150-200 lines per inch (the screens colour
+      # laser printers use for text and graphics; C 15, M 75, Y 0, K 45 degrees), set from
+      # printer practice, not from the study's results; the paper framed like the screen, a
+      # document filling 70-100 % of a 12-MP frame's short side (3024 px over 210 mm: 14.4
+      # sensor px per mm at 100 %)
+      halftone=dict(lpi=_range(150, 200), dpi=600.0, px_per_mm=_range(10.0, 14.4)),
       # The training camera, held out from both test channels (every CAMERA_KEYS range
       # disjoint, recapture.camera_overlaps): a sharp binned-flagship lens (MTF(0.7)
       # 0.47-0.36), large pixels (full well 1100-2500 e-), fine JPEG, 0.92-0.98x resolution.

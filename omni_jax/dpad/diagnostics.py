@@ -64,6 +64,8 @@ def oracle_peak_scores(images: list[np.ndarray], periods: np.ndarray,
       for cy, cx in ((0.0, fn), (fn, 0.0)):
         disc = np.hypot(ky - cy, kx - cx) <= search
         ring = (np.abs(r - fn) <= 2) & ~disc
+        if not ring.any():      # a fold within `search` bins of DC: no ring to compare with
+          continue
         best = max(best, amp[disc].max() / (np.median(amp[ring]) + 1e-12))
     out.append(np.log(best))
   return np.asarray(out)

@@ -29,8 +29,11 @@ def _check(scores: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def apcer_bpcer(scores: Any, labels: Any, threshold: float) -> tuple[float, float]:
-  """(APCER, BPCER) at ``threshold``."""
+  """(APCER, BPCER) at ``threshold`` (a number, +-inf allowed; NaN would call every image
+  bona fide and attack at once, so it is refused)."""
   s, y = _check(scores, labels)
+  if not isinstance(threshold, (int, float, np.integer, np.floating)) or np.isnan(threshold):
+    raise ValueError(f"threshold must be a number (not NaN), got {threshold!r}")
   return float(np.mean(s[y] < threshold)), float(np.mean(s[~y] >= threshold))
 
 

@@ -431,6 +431,7 @@ def score_judged(spec: OmniSpec, judges: dict[str, jd.Judge],
     for part, rows in (("seen", ~held), ("unseen", held)):
       if heldout_every and rows.any():
         split[part][m] = j.score(xs[rows], labels[rows])
+        info[m][f"outputs_judged_{part}"] = int(rows.sum())
     pred = j.predict(xs)
     for i, (_, _, rec) in enumerate(items):
       rec["judged"] = {a: j.attrs[a][int(pred[a][i])] for a in j.attrs}

@@ -20,8 +20,21 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 NEG_INF = -1e30
+# Names of the flash kernel's saved output and log-sum-exp: the ``attention`` remat policy
+# keeps exactly these, so the backward pass of a rematerialised layer recomputes the cheap
+# projections that make q, k, v but not the attention itself.
+SAVED_NAMES = ("attention_out", "attention_lse")
+
+
+def with_saved_residuals(q, k, v, segment_ids, out, lse):
+  """``(out, residuals)`` of a flash VJP's forward (this kernel's and the ring's), the
+  output and the log-sum-exp named (:data:`SAVED_NAMES`); the output is named where it
+  leaves as the primal value too (the layer after attention needs it in its backward)."""
+  out = checkpoint_name(out, SAVED_NAMES[0])
+  return out, (q, k, v, segment_ids, out, checkpoint_name(lse, SAVED_NAMES[1]))
 
 
 def same_segment(q_seg: jax.Array, k_seg: jax.Array) -> jax.Array:
@@ -246,7 +259,7 @@ def _flash_fwd_pairs(q, k, v, segment_ids, block):
   sa, sb = seg if seg is not None else (None, None)
   (oa, la), (ob, lb) = jax.lax.map(pair, (qa, qb, pa, pb, sa, sb, first, key))
   out, lse = _join_blocks(_unpair(oa, ob), 1), _join_blocks(_unpair(la, lb), 3)
-  return out, (q, k, v, segment_ids, out, lse)
+  return with_saved_residuals(q, k, v, segment_ids, out, lse)
 
 
 def _flash_bwd_pairs(block, res, do):
@@ -309,7 +322,7 @@ def _flash_fwd(q, k, v, segment_ids, causal, block):
                                jnp.arange(t).reshape(t // block, block),
                                _query_blocks(segment_ids, 1, block)))
   out, lse = _join_blocks(out, 1), _join_blocks(lse, 3)
-  return out, (q, k, v, segment_ids, out, lse)
+  return with_saved_residuals(q, k, v, segment_ids, out, lse)
 
 
 def _flash_bwd(causal, block, res, do):

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from omni_jax.models.attention_kernels import use_kernel
+from omni_jax.models.blockwise import SAVED_NAMES
 from omni_jax.models.layers import Attention, RMSNorm, SwiGLU
 from omni_jax.models.mla import MLA
 from omni_jax.models.moe import MoE
@@ -35,6 +36,10 @@ REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # selective: keep the blockwise (XLA) kernel's output and log-sum-exp, recompute the rest;
+    # the Pallas / cuDNN kernels keep theirs inside their own VJP and are recomputed as under
+    # "full"
+    "attention": jax.checkpoint_policies.save_only_these_names(*SAVED_NAMES),
 }
 # Residual-stream values every Block names (checkpoint_name): its input and the sum after
 # attention. ``offload_activations`` keeps exactly these for the backward pass, in host memory.

@@ -47,6 +47,7 @@ from omni_jax.models.blockwise import (
   softmax_init,
   softmax_lse,
   ungroup_dq,
+  with_saved_residuals,
 )
 from omni_jax.parallel.ulysses import sequence_attention
 
@@ -140,8 +141,8 @@ def _ring(q, k, v, seg, causal, block, axis, zigzag):
 
 
 def _ring_fwd(q, k, v, seg, causal, block, axis, zigzag):
-  out, lse = _ring_forward(q, k, v, seg, causal, block, axis, zigzag)
-  return out, (q, k, v, seg, out, lse)
+  return with_saved_residuals(q, k, v, seg, *_ring_forward(q, k, v, seg, causal, block, axis,
+                                                           zigzag))
 
 
 def _ring_bwd(causal, block, axis, zigzag, res, do):

@@ -93,3 +93,37 @@ def test_seed_interval_is_the_student_t_interval():
     pad_metrics.seed_interval([1.0])
   with pytest.raises(ValueError, match="level"):
     pad_metrics.seed_interval([1.0, 2.0], level=1.5)
+
+
+def test_validation_threshold_and_evaluate_on_hand_worked_scores():
+  # validation: bona fide 0.1, 0.3, 0.5; attacks 0.35, 0.6, 0.9. At t = 0.5 one attack
+  # (0.35) falls below and one bona fide (0.5) reaches it: APCER = BPCER = 1/3; every other
+  # candidate (0.1, 0.3, 0.35, 0.6, 0.9, inf) leaves |APCER - BPCER| >= 1/3.
+  v = dpad_study.validation_threshold(np.array([0.1, 0.3, 0.5, 0.35, 0.6, 0.9]),
+                                      np.array([0, 0, 0, 1, 1, 1]))
+  assert v["threshold"] == 0.5 and v["eer"] == pytest.approx(1 / 3)
+  # test at that threshold: attack 0.45 < 0.5 (APCER 1/2), bona fide 0.52 >= 0.5 (BPCER
+  # 1/2); AUC: 0.45 beats 0.1, 0.9 beats both -> 3/4; the test EER is 1/2 (t = 0.52).
+  r = dpad_study.evaluate(np.array([0.52, 0.1, 0.45, 0.9]), np.array([0, 0, 1, 1]),
+                          v["threshold"])
+  assert r == pytest.approx({"eer": 0.5, "auc": 0.75, "apcer": 0.5, "bpcer": 0.5})
+  r = dpad_study.evaluate(np.array([0.52, 0.1, 0.45, 0.9]), np.array([0, 0, 1, 1]), np.inf)
+  assert (r["apcer"], r["bpcer"]) == (1.0, 0.0)     # +inf: every image called bona fide
+
+
+@pytest.mark.parametrize("scores,labels,match", [
+    ([0.2, 0.4, 0.6], [1, 1, 1], "both classes"),     # validation without bona fide images
+    ([0.2, 0.4], [0, 1, 1], "same length"),
+    ([0.2, np.inf], [0, 1], "finite"),
+    ([0.2, 0.4], [0, 3], "0 \\(bona fide\\) or 1"),
+])
+def test_validation_threshold_bad_input(scores, labels, match):
+  with pytest.raises(ValueError, match=match):
+    dpad_study.validation_threshold(np.asarray(scores), np.asarray(labels))
+
+
+def test_apcer_bpcer_refuses_a_nan_threshold():
+  with pytest.raises(ValueError, match="threshold must be a number"):
+    pad_metrics.apcer_bpcer([0.1, 0.9], [0, 1], float("nan"))
+  with pytest.raises(ValueError, match="threshold must be a number"):
+    pad_metrics.apcer_bpcer([0.1, 0.9], [0, 1], "0.5")
