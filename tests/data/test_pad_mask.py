@@ -122,3 +122,34 @@ def test_train_omni_on_short_wav_and_wide_png(tmp_path):
   cfg.train.steps = 2
   summary = train_omni(cfg, str(tmp_path / "run"))
   assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
+
+
+def test_slots_with_padding_scatter_only_real_tokens():
+  """K = 2 slots per row: each slot's valid goes to the encoder, and only its real tokens of
+  used slots reach the sequence (image 1: 6 rows -> 8 patches; image 2: 16 x 4 -> 4)."""
+  from omni_jax.models.omni import encode_slots, scatter_features  # noqa: PLC0415
+
+  spec = resolve_spec("image", IMAGE)
+  kind = MODALITY_KINDS.get("patch")
+  rng = np.random.default_rng(3)
+  x = rng.uniform(size=(1, 2, 16, 16, 3)).astype(np.float32)
+  valid = np.asarray([[[6, 16], [16, 4]]], np.int32)
+  garbage = x.copy()
+  garbage[0, 0, 6:] = 5.0
+  garbage[0, 1, :, 4:] = -5.0
+  pos = np.arange(32, dtype=np.int32).reshape(1, 2, 16)
+  used = np.asarray([[True, True]])
+  enc = kind.encoder(spec=spec, d_model=8)
+  params = enc.init(jax.random.PRNGKey(0), jnp.asarray(x[:, 0]))
+
+  def run(inputs):
+    return enc.apply(params, method=lambda m: scatter_features(
+        jnp.ones((1, 40, 8)), *encode_slots(m, jnp.asarray(inputs), pos, used, valid,
+                                            lambda v: kind.token_mask(spec, v))))
+  a, b = np.asarray(run(x)), np.asarray(run(garbage))
+  np.testing.assert_allclose(a, b, atol=1e-5)
+  written = np.any(a[0] != 1.0, axis=-1)
+  expect = np.zeros(40, bool)
+  expect[:8] = True  # slot 1: patch rows 0-1
+  expect[16 + np.arange(0, 16, 4)] = True  # slot 2: patch column 0 of each row
+  np.testing.assert_array_equal(written, expect)
