@@ -5,7 +5,7 @@ r"""The main job: an omni-modal (text, image, audio, video) MoE LLM.
 Variants after ':' — ``micro`` (tests), ``tiny`` (the quick start: 8 emulated CPU devices,
 under 3 minutes on 2 cores), ``generate`` (tiny, trained longer for the measured
 generation quality of ``experiments.generate``), ``small`` (a longer CPU run), ``mla_tiny``
-(tiny with DeepSeek-V3's latent attention and routing), ``long``
+(tiny with DeepSeek-V3's latent attention, routing and one MTP module), ``long``
 (32K-token rows, sequence split 8 ways by ring attention), ``omni30b`` (compile-only scale plan of
 ``experiments.scale_plan``), ``bench`` (the step benchmarked by
 ``experiments.bench_step``), ``gpu_8xh100`` and ``tpu_v5p_64`` (recipes for one node of 8
@@ -179,6 +179,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.model.moe.update(num_experts=8, top_k=2, d_ff=64, shared_experts=1, score="sigmoid",
                        n_group=4, topk_group=2, routed_scaling=2.5, first_dense=1,
                        balance="bias")
+    # one multi-token prediction module (its loss times 0.3, DeepSeek-V3's first weight):
+    # experiments.bench_decode drafts with it (speculative decoding)
+    c.model.mtp = dict(num_nextn_predict_layers=1, loss_weight=0.3)
   elif arg == "omni30b":
     # experiments.scale_plan only (compile, never run): ~30B total / ~3B active omni MoE at
     # 160K tokens of context on 128 devices (the seed's setting).

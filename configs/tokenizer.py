@@ -11,11 +11,16 @@ compression = UTF-8 bytes per token on held-out text); ``tiny``: 300 ids (tests)
 ``image``: a convolutional autoencoder with an FSQ bottleneck (levels 8,5,5,5 = 1000 codes;
 a 32x32 crop becomes 8x8 codes) on scikit-image photographs and scikit-learn digits;
 summary.json has ``recon_psnr_db`` (held-out), ``codebook_perplexity``, ``codebook_usage``;
-``image_tiny``: the same in seconds (tests).
+``image_tiny``: the same in seconds (tests). With ``--config.data.manifest=M.jsonl`` the
+codec trains on the manifest's image files instead, decoded as the omni pipeline decodes them
+for an image modality of ``data.size``, files split by path hash into train / held out
+(``data.heldout_fraction``); summary.json adds ``train_files``, ``heldout_files``,
+``files_skipped`` and the trivial baseline ``baseline_mean_colour_psnr_db``.
 ``audio``: 1-D convolutions over 64-band log-mel frames (8 kHz, hop 64) with the same FSQ
 bottleneck (a 1.0 s clip = 62 codes), waveform by Griffin-Lim; trained on tones, voice-like
 signals and espeak-ng speech; summary.json has ``spectral_convergence`` (held-out),
-``codebook_perplexity``, ``codebook_usage``; ``audio_tiny`` for tests.
+``codebook_perplexity``, ``codebook_usage``; ``audio_tiny`` for tests. ``data.manifest``
+likewise trains it on a manifest's audio files (``data.num_samples``: the audio modality's).
 """
 
 import ml_collections
@@ -35,7 +40,10 @@ def _image(steps, width, batch, heldout, log_every):
   c = ml_collections.ConfigDict()
   c.kind = "image"
   c.codec = dict(levels=(8, 5, 5, 5), width=width)
-  c.data = dict(crop=32, batch_size=batch, photo_share=0.75, heldout=heldout)
+  # manifest '': synthetic renders; else that manifest's files under source_key, decoded to
+  # size (the image modality's), trained on crop x crop windows, heldout_fraction held out.
+  c.data = dict(crop=32, batch_size=batch, photo_share=0.75, heldout=heldout, manifest="",
+                source_key="image", size=(32, 32), heldout_fraction=0.2)
   c.optim = _optim(2e-3, steps)
   c.train = _train(steps, log_every)
   return c
@@ -46,7 +54,10 @@ def _audio(steps, width, batch, heldout, log_every):
   c.kind = "audio"
   c.codec = dict(levels=(8, 5, 5, 5), width=width, sample_rate=8000, n_fft=256, hop=64,
                  n_mels=64, clip_samples=8128)
-  c.data = dict(batch_size=batch, heldout=heldout)
+  # manifest: its files under source_key, decoded at num_samples (the audio modality's; 0 =
+  # the codec's clip) and cut / zero-padded to clip_samples as the omni model's targets are.
+  c.data = dict(batch_size=batch, heldout=heldout, manifest="", source_key="audio",
+                num_samples=0, heldout_fraction=0.2)
   c.optim = _optim(2e-3, steps)
   c.train = _train(steps, log_every)
   return c

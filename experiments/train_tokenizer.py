@@ -3,11 +3,14 @@ r"""Trains a tokenizer: byte-level BPE on a manifest's text, or an FSQ image / a
   python -m experiments.train_tokenizer --config=configs/tokenizer.py:text \
       --config.data.manifest=DIR/manifest.jsonl --workdir=DIR/tok
   python -m experiments.train_tokenizer --config=configs/tokenizer.py:image --workdir=DIR/im
+  python -m experiments.train_tokenizer --config=configs/tokenizer.py:audio \
+      --config.data.manifest=DIR/manifest.jsonl --workdir=DIR/au
 
 The image variant (logic in omni_jax/train/codec_fit.py) resumes from the workdir's orbax
 checkpoints and writes summary.json (``recon_psnr_db`` held-out, ``codebook_perplexity``,
 ``codebook_usage``), recon.png, codec.json + codec_params.msgpack. ``...:audio`` likewise
-(``spectral_convergence`` held-out, example WAVs).
+(``spectral_convergence`` held-out, example WAVs). Without ``data.manifest`` the codecs
+train on synthetic renders; with it, on the manifest's files (a held-out split of files).
 
 Text variant:
 summary.json: ``vocab_size`` (learned ids + the omni special tokens of the byte tokenizer's

@@ -4,7 +4,9 @@
 an :class:`~omni_jax.data.records.Item` becomes ``{'docs': [Doc], 'bad': message | None,
 'source': k, 'rid': record number}``. A record gives an understand document (or a text
 document when it carries no modality) and a generate document per carried modality with a
-codebook. A document longer than ``seq_len`` is cut into ``seq_len`` windows
+k-means codebook (targets: nearest codes) or a trained ``tokenizer`` (targets: the FSQ codec's
+ids of the decoded file, :func:`omni_jax.tokenizers.omni_codes.encode`). A document longer
+than ``seq_len`` is cut into ``seq_len`` windows
 (:func:`~omni_jax.data.packing.chunk_document`), never dropped: a corpus of long texts
 trains. Keys that are neither ``id``, ``text`` nor a modality's ``source_key`` are metadata
 and ignored (``data.strict_keys = True``: an error naming the allowed keys). A data source
@@ -29,6 +31,7 @@ from omni_jax.data.records import Item
 from omni_jax.data.sequences import TASK_TEXT, RowBuilder, generate_task, understand_task
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.models.spec import OmniSpec
+from omni_jax.tokenizers import omni_codes
 
 AUDIO_CROPS = ("random", "head")
 NEAREST_CHUNK_BYTES = 1 << 24  # nearest_codes' working memory (its distance block), bytes
@@ -136,11 +139,14 @@ class DocMaker:
     else:
       out = chunk(b.text_ids(text), {}, TASK_TEXT)
     for m in present:
-      if m in self.codebooks:
+      if self.mods[m].get("tokenizer"):  # a trained FSQ codec's ids of the decoded file
+        codes = omni_codes.encode(self.mods[m], x[m][None])[0]
+      elif m in self.codebooks:
         kind = MODALITY_KINDS.get(self.mods[m]["kind"])
-        vecs = kind.code_vectors(self.mods[m], x[m][None])
-        codes = nearest_codes(self.codebooks[m], vecs)[0]
-        out += chunk(b.generate_ids(m, text, codes), {}, generate_task(m))
+        codes = nearest_codes(self.codebooks[m], kind.code_vectors(self.mods[m], x[m][None]))[0]
+      else:
+        continue
+      out += chunk(b.generate_ids(m, text, codes), {}, generate_task(m))
     return out
 
   def chat_docs(self, item: Item, rec: dict) -> list[Doc]:

@@ -137,11 +137,6 @@ class PipelineStream:
     self.mods = dict(spec.modalities)
     self.sources = source_list(data_cfg, self.mods)
     self.manifest = str(data_cfg.get("manifest") or "") or None
-    with_tok = [m for m, ms in self.mods.items() if ms.get("tokenizer")]
-    if with_tok:
-      raise ConfigError(f"config.model.modalities.{with_tok[0]}.tokenizer is set: trained "
-                        "tokenizer codes are wired into the synthetic stream only so far; "
-                        "with data.source = 'manifest' leave it '' (k-means codes)")
     self.tasks = [TASK_TEXT] + [understand_task(m) for m in self.mods] + [
         generate_task(m) for m, ms in self.mods.items() if ms["codebook_size"]]
     self.datasets = []
@@ -173,8 +168,9 @@ class PipelineStream:
 
   def _fit_codebooks(self, n: int, maker_args) -> dict[str, np.ndarray]:
     """VQ codebooks from the first records (in the shuffled, mixed order every process
-    shares) carrying each generated modality; at most ``4 n`` records are decoded."""
-    want = [m for m, ms in self.mods.items() if ms["codebook_size"]
+    shares) carrying each generated modality without a trained ``tokenizer`` (those use
+    the codec's ids); at most ``4 n`` records are decoded."""
+    want = [m for m, ms in self.mods.items() if ms["codebook_size"] and not ms["tokenizer"]
             and MODALITY_KINDS.get(ms["kind"]).code_vectors is not None]
     if not want:
       return {}

@@ -15,6 +15,12 @@ with a KV cache) on the same parameters, greedily (temperature 0), from the same
 
 Timings exclude compilation (each path runs once untimed first) and keep the fastest of
 ``repeats`` runs. Both paths' greedy tokens are compared (``outputs_match``).
+
+A model with multi-token prediction modules (``config.model.mtp``) is also timed decoding
+speculatively (:mod:`omni_jax.generate.speculative`: MTP drafts, the main model verifies)
+against plain greedy decoding on the same cached decoder and weights, the two interleaved
+(:func:`omni_jax.common.timing.time_interleaved`, median of each): ``spec_decode_speedup``,
+``mtp_acceptance_rate`` (accepted drafts / drafts) and ``spec_tokens_equal``.
 """
 
 from __future__ import annotations
@@ -25,10 +31,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from omni_jax.common.timing import STATS, time_interleaved
 from omni_jax.generate import decode as dec
+from omni_jax.generate import speculative
 from omni_jax.models import kv_cache, sampling
 from omni_jax.models.omni import OmniModel, count_params
 from omni_jax.models.spec import OmniSpec
+from omni_jax.models.transformer import unstack_units
 
 
 def init_params(spec: OmniSpec, seed: int = 0):
@@ -89,13 +98,44 @@ def kv_decode(spec: OmniSpec, params, prompts: np.ndarray, steps: int,
   return t, np.asarray(out)
 
 
+def spec_decode(spec: OmniSpec, params, prompts: np.ndarray, steps: int, repeats: int,
+                log=print) -> dict:
+  """Speculative (MTP-drafted) against plain greedy decoding of ``steps`` tokens after
+  ``prompts`` [B, P], both through the model's cached forward on unstacked unit weights,
+  timed interleaved; the ``spec_*`` / ``mtp_*`` summary keys."""
+  b, p = prompts.shape
+  params = unstack_units(params)
+  lengths = np.full(b, p, np.int32)
+  plain = dec.jitted(spec, sampling.Grammar.free(steps, spec.text_vocab), temperature=0.0)
+  key = jax.random.PRNGKey(0)
+  spec_fn = speculative.jitted(spec, steps)
+  t_plain, t_spec = time_interleaved([(plain, (params, prompts, lengths, key, None)),
+                                      (spec_fn, (params, prompts, lengths))], repeats)
+  ids_plain = np.asarray(plain(params, prompts, lengths, key, None))
+  ids_spec, made, accepted = (np.asarray(a) for a in spec_fn(params, prompts, lengths))
+  med = STATS["median"]
+  out = {"spec_batch": b, "spec_new_tokens": steps, "spec_repeats": repeats,
+         "greedy_seconds": med(t_plain), "spec_seconds": med(t_spec),
+         "spec_decode_speedup": med(t_plain) / med(t_spec),
+         "mtp_acceptance_rate": float(accepted) / max(int(made), 1),
+         "spec_verify_steps": int(made), "spec_tokens_per_verify_step": steps / max(int(made), 1),
+         "spec_tokens_equal": float(np.mean(ids_spec == ids_plain))}
+  log(f"speculative: {out['spec_decode_speedup']:.2f}x greedy ({out['spec_seconds']:.3f} s vs "
+      f"{out['greedy_seconds']:.3f} s), acceptance {out['mtp_acceptance_rate']:.3f}, tokens "
+      f"equal {out['spec_tokens_equal']:.3f}")
+  return out
+
+
 def bench_decode(spec: OmniSpec, *, new_tokens=(64, 512), batch: int = 4,
                  prompt_len: int = 16, bucket: int = 64, repeats: int = 2,
-                 seed: int = 0, log=print) -> dict:
+                 seed: int = 0, log=print, params=None, spec_batch: int = 1,
+                 spec_repeats: int = 5) -> dict:
   """Decode tokens/s with and without the KV cache at each length of ``new_tokens``;
   summary keys ``kv_speedup_<n>``, ``kv_tokens_per_sec_<n>``,
-  ``recompute_tokens_per_sec_<n>``, ``outputs_match_<n>``."""
-  params = init_params(spec, seed)
+  ``recompute_tokens_per_sec_<n>``, ``outputs_match_<n>``. ``params``: trained weights
+  (default: fresh ones). With MTP modules, also :func:`spec_decode` of the first
+  ``spec_batch`` prompts at the last length of ``new_tokens``."""
+  params = init_params(spec, seed) if params is None else params
   total, active = count_params(spec, params)
   rng = np.random.default_rng(seed)
   prompts = rng.integers(0, 256, (batch, prompt_len)).astype(np.int32)
@@ -117,4 +157,7 @@ def bench_decode(spec: OmniSpec, *, new_tokens=(64, 512), batch: int = 4,
     out[f"recompute_tokens_per_sec_{n}"] = batch * n / t_re
     out[f"kv_speedup_{n}"] = t_re / t_kv
     out[f"outputs_match_{n}"] = float(np.mean(ids_kv == ids_re))
+  if spec.backbone.mtp_layers:
+    out.update(spec_decode(spec, params, prompts[:spec_batch], list(new_tokens)[-1],
+                           spec_repeats, log))
   return out

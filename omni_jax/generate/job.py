@@ -62,6 +62,7 @@ from omni_jax.models import sampling
 from omni_jax.models.omni import OmniModel
 from omni_jax.models.spec import OmniSpec
 from omni_jax.tokenizers import omni_codes
+from omni_jax.tokenizers.codec_store import is_codec_key, pin_codecs
 from omni_jax.train import finetune
 from omni_jax.train.omni import recipe_name, state_sharding
 from omni_jax.train.spec import build_spec
@@ -219,7 +220,8 @@ def check_train_config(config, workdir: str) -> None:
       a, b = (a or {}).get(part), (b or {}).get(part)
     la, lb = _leaves(a, key), _leaves(b, key)
     diffs += [f"{k}: trained {la.get(k)!r}, now {lb.get(k)!r}" for k in sorted({*la, *lb})
-              if la.get(k) != lb.get(k)]
+              if (bool(la.get(k)) != bool(lb.get(k)) if is_codec_key(k)
+                  else la.get(k) != lb.get(k))]
   if diffs:
     raise ConfigError(f"--config differs from the training run's ({path}) in "
                       f"{len(diffs)} setting(s) the decoders are rebuilt from: "
@@ -266,6 +268,7 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
   classified by judges trained on real renders (:mod:`omni_jax.generate.judge`, cached in
   ``judge_cache``, default ``<workdir>/judge``) and scored as ``conditional_accuracy``."""
   t0 = time.perf_counter()
+  config = pin_codecs(config, workdir, copy=False)  # decode with the run's own codecs
   spec = build_spec(config.model, tokenizer=config.data.get("tokenizer", "bytes"))
   batches.check_sampling_flags(temperature, top_k, top_p, batch_size, max_new_tokens)
   context = int(config.data.seq_len)
@@ -428,6 +431,7 @@ def score_judged(spec: OmniSpec, judges: dict[str, jd.Judge],
     for part, rows in (("seen", ~held), ("unseen", held)):
       if heldout_every and rows.any():
         split[part][m] = j.score(xs[rows], labels[rows])
+        info[m][f"outputs_judged_{part}"] = int(rows.sum())
     pred = j.predict(xs)
     for i, (_, _, rec) in enumerate(items):
       rec["judged"] = {a: j.attrs[a][int(pred[a][i])] for a in j.attrs}

@@ -3,27 +3,77 @@ program) against ``transformers`` ``generate(do_sample=False)`` on the same weig
 
 Both decode the same random prompts (``batch`` x ``prompt_len`` ids) for exactly
 ``new_tokens`` tokens (end-of-sequence ids do not stop either side), float32. The two are
-timed alternately, ``rounds`` times each, in one process, so machine load hits both alike;
-each side runs once untimed first (our compile, transformers' first-call set-up). The figure
-is the ratio of the median times (``decode_over_transformers`` > 1: ours is faster), beside
-``tokens_equal`` (fraction of generated tokens the two agree on). ``transformers`` runs with
+timed alternately (:func:`omni_jax.common.timing.time_interleaved`), ``rounds`` times each,
+in one process, so machine load hits both alike; each side runs once untimed first (our
+compile, transformers' first-call set-up). The figure is the ratio of the median times
+(``decode_over_transformers`` > 1: ours is faster), beside ``tokens_equal`` (fraction of
+generated tokens the two agree on). ``transformers`` runs under ``torch.inference_mode`` with
 ``torch_threads`` intra-op threads; set ``OMP_WAIT_POLICY=PASSIVE`` before torch is first
-imported (the ``experiments.bench_decode`` CLI does) so its idle threads do not spin against
-JAX's.
+imported (the experiment mains do) so its idle threads do not spin against JAX's.
+
+:func:`decoders` gives the two callables alone, for a benchmark that interleaves them with
+other measurements (omni_jax/reports/peer_bench.py).
 """
 
 from __future__ import annotations
 
 import os
 import statistics
-import time
 
 import jax
 import numpy as np
 
+from omni_jax.common.timing import time_interleaved
 from omni_jax.generate import decode as dec
 from omni_jax.hf.load import load_params
 from omni_jax.models.transformer import unstack_units
+
+
+def random_prompts(vocab_size: int, batch: int, prompt_len: int, seed: int = 0) -> np.ndarray:
+  """int32 [batch, prompt_len] ids, uniform over the vocabulary."""
+  return np.random.default_rng(seed).integers(0, vocab_size, (batch, prompt_len),
+                                              dtype=np.int32)
+
+
+def decoders(model, params, peer, prompts: np.ndarray, new_tokens: int):
+  """``(ours, theirs)``: zero-argument callables that greedily decode ``prompts`` for
+  ``new_tokens`` tokens, returning int32 [B, new_tokens] ids; ours through the CausalLM
+  ``model`` with ``params`` (as loaded: the units are split per unit here), theirs through the
+  transformers model ``peer`` (its EOS ids cleared, so both decode exactly ``new_tokens``)."""
+  import torch  # optional dependency: the peer being measured
+  params = unstack_units(params)   # per-unit weights: no slice copies per step on CPU
+  batch, prompt_len = prompts.shape
+  lengths = np.full(batch, prompt_len, np.int32)
+  fn = dec.jitted_lm(model, new_tokens, temperature=0.0)
+  key = jax.random.PRNGKey(0)
+
+  def ours():
+    return np.asarray(fn(params, prompts, lengths, key))
+  peer.generation_config.eos_token_id = None
+  inp = torch.tensor(prompts, dtype=torch.long)
+  mask = torch.ones_like(inp)
+
+  def theirs():
+    with torch.inference_mode():
+      out = peer.generate(inp, attention_mask=mask, do_sample=False,
+                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+    return out[:, prompt_len:].numpy()
+  return ours, theirs
+
+
+def ratio_summary(prefix: str, t_ours: list[float], t_theirs: list[float],
+                  tokens: int) -> dict:
+  """``<prefix>_over_transformers`` (median theirs / median ours), both sides' seconds,
+  medians and tokens/s."""
+  m_ours, m_theirs = statistics.median(t_ours), statistics.median(t_theirs)
+  return {
+      f"{prefix}_over_transformers": m_theirs / m_ours,
+      f"{prefix}_ours_seconds": t_ours, f"{prefix}_transformers_seconds": t_theirs,
+      f"{prefix}_ours_median_seconds": m_ours,
+      f"{prefix}_transformers_median_seconds": m_theirs,
+      f"{prefix}_ours_tokens_per_sec": tokens / m_ours,
+      f"{prefix}_transformers_tokens_per_sec": tokens / m_theirs,
+  }
 
 
 def decode_vs_transformers(hf_dir: str, *, batch: int = 1, prompt_len: int = 64,
@@ -34,44 +84,22 @@ def decode_vs_transformers(hf_dir: str, *, batch: int = 1, prompt_len: int = 64,
   from transformers import AutoModelForCausalLM
   torch.set_num_threads(torch_threads)
   ck, model, params = load_params(hf_dir)
-  params = unstack_units(params)   # per-unit weights: no slice copies per step on CPU
-  prompts = np.random.default_rng(seed).integers(0, model.vocab_size, (batch, prompt_len),
-                                                 dtype=np.int32)
-  lengths = np.full(batch, prompt_len, np.int32)
-  fn = dec.jitted_lm(model, new_tokens, temperature=0.0)
-  key = jax.random.PRNGKey(0)
-
-  def ours():
-    return np.asarray(fn(params, prompts, lengths, key))
+  prompts = random_prompts(model.vocab_size, batch, prompt_len, seed)
   peer = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-  peer.generation_config.eos_token_id = None
-  inp = torch.tensor(prompts, dtype=torch.long)
-  mask = torch.ones_like(inp)
-
-  def theirs():
-    with torch.no_grad():
-      out = peer.generate(inp, attention_mask=mask, do_sample=False,
-                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
-    return out[:, prompt_len:].numpy()
+  ours, theirs = decoders(model, params, peer, prompts, new_tokens)
   ids_ours, ids_theirs = ours(), theirs()           # compile / first-call set-up, untimed
-  t_ours, t_theirs = [], []
-  for r in range(rounds):
-    for name, f, times in (("ours", ours, t_ours), ("transformers", theirs, t_theirs)):
-      t0 = time.perf_counter()
-      f()
-      times.append(time.perf_counter() - t0)
-      log(f"round {r}: {name} {times[-1]:.4f} s")
-  m_ours, m_theirs = statistics.median(t_ours), statistics.median(t_theirs)
-  tokens = batch * new_tokens
+  t_ours, t_theirs = time_interleaved([(ours, ()), (theirs, ())], repeats=rounds, warmup=0)
+  log(f"ours {t_ours} s, transformers {t_theirs} s")
+  s = ratio_summary("decode", t_ours, t_theirs, batch * new_tokens)
   return {
       "hf_dir": str(hf_dir), "family": ck.model.family.name, "batch": batch,
       "prompt_len": prompt_len, "new_tokens": new_tokens, "rounds": rounds,
       "torch_threads": torch_threads, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
       "jax_backend": jax.default_backend(), "ours_seconds": t_ours,
-      "transformers_seconds": t_theirs, "ours_median_seconds": m_ours,
-      "transformers_median_seconds": m_theirs, "ours_tokens_per_sec": tokens / m_ours,
-      "transformers_tokens_per_sec": tokens / m_theirs,
-      "decode_over_transformers": m_theirs / m_ours,
+      "transformers_seconds": t_theirs, "ours_median_seconds": s["decode_ours_median_seconds"],
+      "transformers_median_seconds": s["decode_transformers_median_seconds"],
+      "ours_tokens_per_sec": s["decode_ours_tokens_per_sec"],
+      "transformers_tokens_per_sec": s["decode_transformers_tokens_per_sec"],
+      "decode_over_transformers": s["decode_over_transformers"],
       "tokens_equal": float(np.mean(ids_ours == ids_theirs)),
   }
-

@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
-from omni_jax.hf.families import HFModel, Leaf, leaf_table, to_hf_config
+from omni_jax.hf.families import HFModel, Leaf, leaf_table, mtp_copies, to_hf_config
 from omni_jax.hf.safetensors_io import INDEX_NAME, SINGLE_NAME
 
 NP_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
@@ -71,13 +71,19 @@ def export(model: HFModel, get_leaf: Callable[[str], np.ndarray], out_dir: str,
       shards.append(list(buf))
       buf, size = {}, 0
 
-  for lf in leaf_table(model):
+  leaves = leaf_table(model)
+  by_path = {lf.path: lf for lf in leaves}
+  copies: dict[str, list[str]] = {}   # the MTP layers' copies of shared weights
+  for name, path in mtp_copies(model):
+    copies.setdefault(path, []).append(name)
+  for lf in leaves:
     arr = np.asarray(get_leaf(lf.path))
     if arr.shape != lf.shape:
       raise ValueError(f"parameter {lf.path} has shape {arr.shape}; the {model.family.name} "
                        f"export expects {lf.shape}")
-    for idx, name in lf.hf_names():
-      t = to_hf(lf, arr[idx]).astype(np_dtype)
+    named = list(lf.hf_names()) + [((), name) for name in copies.get(lf.path, ())]
+    for idx, name in named:
+      t = to_hf(by_path[lf.path], arr[idx]).astype(np_dtype)
       if buf and size + t.nbytes > max_shard_bytes:
         flush()
       buf[name] = t

@@ -127,7 +127,8 @@ def mla_fields(cfg: dict, where: str, bad) -> dict:
       n_group=cfg.get("n_group") or 1, topk_group=cfg.get("topk_group") or 1,
       routed_scaling=float(cfg.get("routed_scaling_factor", 1.0)), first_dense=first,
       shared_experts=n_shared, shared_gate=False, shared_d_ff=0, moe_balance="bias",
-      renormalize=bool(cfg.get("norm_topk_prob", False)))
+      renormalize=bool(cfg.get("norm_topk_prob", False)),
+      mtp_layers=cfg.get("num_nextn_predict_layers") or 0)
 
 
 def translate(cfg: dict, where: str = "config.json", **runtime: Any) -> HFModel:
@@ -245,7 +246,7 @@ def to_hf_config(m: HFModel, dtype: str = "float32") -> dict:
                routed_scaling_factor=s.routed_scaling,
                first_k_dense_replace=s.first_dense if s.num_moe_layers else s.num_layers,
                n_shared_experts=s.shared_experts, attention_bias=False,
-               num_nextn_predict_layers=0)
+               num_nextn_predict_layers=s.mtp_layers)
     if s.num_moe_layers and s.moe_balance == "aux_loss":
       raise ValueError("a DeepSeek-V3 export needs the routing bias (moe_balance 'bias' or "
                        "'both'): the checkpoint holds e_score_correction_bias")
@@ -296,8 +297,38 @@ def leaf_table(m: HFModel) -> list[Leaf]:
     out.append(Leaf("head_text/kernel", (d, m.vocab_size), "linear", lambda: "lm_head.weight"))
   if s.first_dense:   # leading dense layers: model.layers.0 .. first_dense - 1
     out += _unit_leaves(m, "dense_units", s.first_dense, 1, 0, False)
-  return out + _unit_leaves(m, "units", s.num_units, s.unit_size, s.first_dense,
-                            bool(s.num_moe_layers))
+  out += _unit_leaves(m, "units", s.num_units, s.unit_size, s.first_dense,
+                      bool(s.num_moe_layers))
+  return out + [lf for k in range(s.mtp_layers) for lf in _mtp_leaves(m, k)]
+
+
+def _mtp_leaves(m: HFModel, k: int) -> list[Leaf]:
+  """MTP module ``mtp_<k>`` (:mod:`omni_jax.models.mtp`): DeepSeek-V3 stores it as decoder
+  layer ``num_layers + k`` with ``enorm``, ``hnorm``, ``eh_proj`` and ``shared_head.norm``
+  beside the layer's own tensors (its block is MoE when the backbone has MoE layers)."""
+  s, d = m.spec, m.spec.d_model
+  layer = s.num_layers + k
+  pre = f"model.layers.{layer}."
+  out = [Leaf(f"mtp_{k}/enorm/scale", (d,), "vector", lambda: pre + "enorm.weight"),
+         Leaf(f"mtp_{k}/hnorm/scale", (d,), "vector", lambda: pre + "hnorm.weight"),
+         Leaf(f"mtp_{k}/eh_proj/kernel", (2 * d, d), "linear", lambda: pre + "eh_proj.weight"),
+         Leaf(f"mtp_{k}/norm/scale", (d,), "vector", lambda: pre + "shared_head.norm.weight")]
+  for lf in _unit_leaves(m, "units", 1, 1, layer, bool(s.num_moe_layers)):
+    out.append(dataclasses.replace(
+        lf, path=lf.path.replace("backbone/units/layer_0/", f"mtp_{k}/block/"),
+        shape=lf.shape[1:], stack=lf.stack - 1,
+        names=lambda *idx, f=lf.names: f(0, *idx)))
+  return out
+
+
+def mtp_copies(m: HFModel) -> list[tuple[str, str]]:
+  """(tensor, parameter) pairs of the copies of shared weights a DeepSeek-V3 checkpoint keeps
+  in each MTP layer (``embed_tokens``, ``shared_head.head``): checked on import, written on
+  export, one parameter each here (the module shares the model's)."""
+  head = "embed/embedding" if m.tied else "head_text/kernel"
+  return [pair for k in range(m.spec.mtp_layers) for pair in (
+      (f"model.layers.{m.spec.num_layers + k}.embed_tokens.weight", "embed/embedding"),
+      (f"model.layers.{m.spec.num_layers + k}.shared_head.head.weight", head))]
 
 
 def _attention_leaves(s: BackboneSpec, per_layer) -> list[Leaf]:

@@ -24,7 +24,7 @@ import numpy as np
 from absl import logging
 
 from omni_jax.hf import fp8
-from omni_jax.hf.families import HFModel, Leaf, leaf_table, translate
+from omni_jax.hf.families import HFModel, Leaf, leaf_table, mtp_copies, translate
 from omni_jax.hf.safetensors_io import CheckpointError, TensorInfo, index_checkpoint, read_block
 from omni_jax.models.causal_lm import CausalLM
 from omni_jax.parallel import mesh as mesh_lib
@@ -118,6 +118,7 @@ def open_checkpoint(hf_dir: str, *, skip_unmapped: bool = False, **runtime) -> C
   except ValueError as e:
     raise CheckpointError(f"{where}: {e}") from None
   tensors = unfuse_experts(index_checkpoint(hf_dir), model)
+  model = _present_mtp(model, tensors, hf_dir)
   leaves = leaf_table(model)
   used = set()
   arch = model.family.architecture
@@ -144,6 +145,13 @@ def open_checkpoint(hf_dir: str, *, skip_unmapped: bool = False, **runtime) -> C
                                 f"{list(scale.shape)}; block size {list(block)} over "
                                 f"{list(info.shape)} needs {list(grid)}")
         used.add(name + fp8.SCALE_SUFFIX)
+  by_path = {lf.path: lf for lf in leaves}
+  for name, path in mtp_copies(model):   # the MTP layers' copies of the shared weights
+    info = tensors.get(name)
+    if info is not None and info.shape != by_path[path].hf_shape:
+      raise CheckpointError(f"{info.file}: tensor {name!r} has shape {list(info.shape)}; it "
+                            f"copies {path} of shape {list(by_path[path].hf_shape)}")
+    used.add(name)
   unused = sorted(n for n in tensors if n not in used and not n.endswith(IGNORED_SUFFIXES))
   if unused and not skip_unmapped:
     more = f" and {len(unused) - LISTED} more" if len(unused) > LISTED else ""
@@ -154,6 +162,18 @@ def open_checkpoint(hf_dir: str, *, skip_unmapped: bool = False, **runtime) -> C
     logging.warning("%s: skipping %d unmapped tensor(s): %s", hf_dir, len(unused), unused)
   return Checkpoint(hf_dir, cfg, model, {n: t for n, t in tensors.items() if n in used},
                     leaves, block, tuple(unused))
+
+
+def _present_mtp(model: HFModel, tensors: dict, hf_dir: str) -> HFModel:
+  """``model`` without MTP modules when config.json declares ``num_nextn_predict_layers`` but
+  the checkpoint holds none of their layers (transformers builds and saves none); logged."""
+  s = model.spec
+  if not s.mtp_layers or any(n.startswith(f"model.layers.{s.num_layers}.") for n in tensors):
+    return model
+  logging.warning("%s: config.json declares num_nextn_predict_layers=%d but the checkpoint "
+                  "holds no model.layers.%d.* tensors: imported without MTP modules", hf_dir,
+                  s.mtp_layers, s.num_layers)
+  return dataclasses.replace(model, spec=dataclasses.replace(s, mtp_layers=0))
 
 
 def _cover(shape: tuple[int, ...], slices: tuple[slice, ...]):

@@ -61,11 +61,18 @@ def tiny_configs() -> dict[str, tuple[str, str, dict]]:
 
 def build_tiny(name: str, out_dir: str, seed: int = 0, **save_kwargs) -> str:
   """Saves a tiny random ``transformers`` model of ``name`` (see :func:`tiny_configs`)."""
+  cfg_cls, model_cls, kw = tiny_configs()[name]
+  return build(cfg_cls, model_cls, kw, out_dir, seed, **save_kwargs)
+
+
+def build(cfg_cls: str, model_cls: str, config: dict, out_dir: str, seed: int = 0,
+          **save_kwargs) -> str:
+  """Saves ``transformers.<model_cls>(transformers.<cfg_cls>(**config))`` with random weights
+  (seeded) to ``out_dir``; a routing correction bias (DeepSeek-V3) gets small random values."""
   import torch
   import transformers
-  cfg_cls, model_cls, kw = tiny_configs()[name]
   torch.manual_seed(seed)
-  model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kw)).eval()
+  model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**config)).eval()
   with torch.no_grad():   # a nonzero routing bias, so selection-only use of it is tested
     for name, buf in model.named_buffers():
       if name.endswith("e_score_correction_bias"):

@@ -40,6 +40,7 @@ import numpy as np
 
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.models.layers import RMSNorm
+from omni_jax.models.mtp import MTPModule, mtp_chain, mtp_counts, mtp_loss
 from omni_jax.models.named_ops import named_op
 from omni_jax.models.spec import OmniSpec
 from omni_jax.models.transformer import Backbone
@@ -97,11 +98,19 @@ class OmniModel(nn.Module):
   (rotary positions from the cache unless ``batch["positions"]`` is given; modality inputs,
   if any, scatter into this call's tokens), returns (logits, aux, updated cache). Modalities
   absent from such a batch are skipped (no dummy encoder pass: nothing is differentiated).
+
+  Multi-token prediction (``spec.backbone.mtp_layers > 0``, :mod:`omni_jax.models.mtp`): the
+  training forward (no cache) adds ``logits["mtp"]``, one dict of head logits per depth,
+  and averages the modules' MoE aux into ``aux``. ``hidden=True`` (with a cache) also returns
+  the backbone's output before the final norm (what depth 1 reads). ``draft=(k, h_prev,
+  mtp_cache)`` runs MTP depth ``k`` (0-based) alone on ``batch["tokens"]`` (the tokens one
+  ahead of ``h_prev`` [B, T, D]) over its own cache: returns (logits, h^k, mtp_cache).
   """
   spec: OmniSpec
 
   @nn.compact
-  def __call__(self, batch: dict[str, jax.Array], cache=None):
+  def __call__(self, batch: dict[str, jax.Array], cache=None, *, hidden: bool = False,
+               draft=None):
     s, bb = self.spec, self.spec.backbone
     tokens = batch["tokens"]
     b, t = tokens.shape
@@ -115,21 +124,33 @@ class OmniModel(nn.Module):
         x = scatter_features(x, *encode_slots(
             enc, batch[name], batch[f"{name}_pos"], batch[f"{name}_mask"], valid,
             None if valid is None else functools.partial(kind.token_mask, ms)))
-      elif cache is None:  # dummy forward scaled by 0: the encoder's gradients stay defined
+      elif cache is None and draft is None:  # dummy forward times 0: gradients stay defined
         dummy = jnp.zeros((b, *kind.input_shape(ms)), kind.input_dtype)
         x = x + 0.0 * run_encoder(enc, dummy).sum().astype(x.dtype)
+    heads = {hd.name: nn.Dense(hd.size, use_bias=False, dtype=bb.dtype,
+                               kernel_init=nn.initializers.lecun_normal(),
+                               name=f"head_{hd.name}") for hd in s.heads}
+    project = lambda h: {name: head(h).astype(jnp.float32) for name, head in heads.items()}
+    if draft is not None:  # one MTP depth over its own decode cache
+      k, h_prev, mtp_cache = draft
+      h, normed, _, mtp_cache = MTPModule(bb, name=f"mtp_{k}")(
+          h_prev, x, mtp_cache.positions(t), None, mtp_cache)
+      return project(normed), h, mtp_cache
     positions = batch.get("positions")
     if positions is None:
       positions = (cache.positions(t) if cache is not None else
                    jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)))
     h, aux, *cache = Backbone(bb, name="backbone")(x, positions, batch.get("segment_ids"),
                                                    *([] if cache is None else [cache]))
-    h = RMSNorm(bb.norm_eps, dtype=bb.dtype, name="final_norm")(h)
-    logits = {hd.name: nn.Dense(hd.size, use_bias=False, dtype=bb.dtype,
-                                kernel_init=nn.initializers.lecun_normal(),
-                                name=f"head_{hd.name}")(h).astype(jnp.float32)
-              for hd in s.heads}
-    return (logits, aux, *cache)
+    logits = project(RMSNorm(bb.norm_eps, dtype=bb.dtype, name="final_norm")(h))
+    if bb.mtp_layers and not cache:
+      outs, auxes = mtp_chain(bb, h, x, positions, batch.get("segment_ids"))
+      logits["mtp"] = tuple(project(o) for o in outs)
+      if auxes:  # the modules' MoE layers join the backbone's average
+        n = bb.num_moe_layers
+        aux = {key: (v * n + sum(a[key] for a in auxes)) / (n + len(auxes))
+               for key, v in aux.items()}
+    return (logits, aux, *cache, h) if hidden else (logits, aux, *cache)
 
 
 def loss_norm(spec: OmniSpec):
@@ -138,7 +159,10 @@ def loss_norm(spec: OmniSpec):
   (see :func:`omni_loss`)."""
   def norm(batch, k: int):
     counts = jnp.stack([(batch["target_head"] == i).sum() for i in range(1, len(spec.heads) + 1)])
-    return {"counts": counts.astype(jnp.float32), "microbatches": k}
+    out = {"counts": counts.astype(jnp.float32), "microbatches": k}
+    if spec.backbone.mtp_layers:
+      out["mtp_counts"] = mtp_counts(batch, spec.backbone.mtp_layers, len(spec.heads))
+    return out
   return norm
 
 
@@ -153,7 +177,9 @@ def omni_loss(spec: OmniSpec, logits, aux, batch, norm=None):
   z-loss and the expert load. The load-balancing loss ``E * sum_e f_e P_e`` is a product of
   two batch means, so accumulated it is the mean over microbatches of each microbatch's
   balance loss (Megatron's per-micro-batch form), not the big batch's: equal only when
-  ``lb_coef = 0`` or with ``balance = 'bias'``.
+  ``lb_coef = 0`` or with ``balance = 'bias'``. With MTP modules the total adds
+  ``spec.mtp_loss_weight`` times their mean loss (:func:`omni_jax.models.mtp.mtp_loss`,
+  logged as ``loss/mtp``; ``loss/lm`` stays the main heads' loss).
   """
   targets, head_ids = batch["targets"], batch["target_head"]
   total = jnp.zeros((), jnp.float32)
@@ -176,6 +202,11 @@ def omni_loss(spec: OmniSpec, logits, aux, batch, norm=None):
     metrics[f"acc/{hd.name}"] = acc_h
     metrics[f"count/{hd.name}"] = count
   metrics["loss/lm"] = total
+  if spec.backbone.mtp_layers:  # multi-token prediction (omni_jax.models.mtp)
+    loss_mtp, m = mtp_loss(spec.heads, logits["mtp"], batch,
+                           None if norm is None else norm["mtp_counts"])
+    total = total + spec.mtp_loss_weight * loss_mtp
+    metrics.update(m)
   if spec.backbone.num_moe_layers:
     if norm is not None:
       aux = {k: v / norm["microbatches"] for k, v in aux.items()}

@@ -16,11 +16,14 @@ from omni_jax.models.transformer import REMAT_POLICIES, BackboneSpec
 
 MODEL_KEYS = ("d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff", "rope_theta", "moe",
               "remat", "dtype", "text_loss_weight", "modalities", "attention_block", "init_from",
-              "attention_impl", "lora", "mla", "param_dtype")
+              "attention_impl", "lora", "mla", "param_dtype", "mtp")
 # lora: omni_jax.train.lora; mla: multi-head latent attention (omni_jax.models.mla);
 # param_dtype: the stored parameters' (and AdamW moments') dtype, float32 by default (master
 # weights) whatever the compute dtype ``dtype``
-OPTIONAL_MODEL_KEYS = ("init_from", "attention_impl", "lora", "mla", "param_dtype")
+OPTIONAL_MODEL_KEYS = ("init_from", "attention_impl", "lora", "mla", "param_dtype", "mtp")
+# mtp: multi-token prediction (omni_jax.models.mtp): the number of sequential modules and the
+# weight of their mean loss in the total (DeepSeek-V3: 1 module, 0.3 then 0.1)
+MTP_KEYS = ("num_nextn_predict_layers", "loss_weight")
 MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 MOE_KEYS = ("num_experts", "top_k", "d_ff", "every", "renormalize", "impl", "capacity_factor",
             "shared_experts", "lb_coef", "z_coef")
@@ -62,6 +65,7 @@ class OmniSpec:
   text_tokenizer: Any = dataclasses.field(default=None, compare=False)
   bias_rate: float = 0.0                     # aux-loss-free balance step (0: balance off)
   ep_capacity_factor: float = 0.0            # EP receive buffer / mean load (0: worst case)
+  mtp_loss_weight: float = 0.0               # the MTP modules' mean loss times this
 
   @property
   def tokenizer(self):
@@ -145,6 +149,7 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
   nonneg_float(moe, "lb_coef", q)
   nonneg_float(moe, "z_coef", q)
   extra = _deepseek_fields(model_cfg, moe, e if moe["every"] else 0)
+  mtp_layers, mtp_weight = mtp_fields(model_cfg)
 
   backbone = BackboneSpec(
       d_model=d, num_layers=model_cfg["num_layers"], num_heads=nh, num_kv_heads=nkv,
@@ -154,10 +159,28 @@ def backbone_spec(model_cfg) -> tuple[BackboneSpec, dict]:
       capacity_factor=float(moe["capacity_factor"]), shared_experts=moe["shared_experts"],
       remat=model_cfg["remat"], dtype=DTYPES[model_cfg["dtype"]],
       attention_block=model_cfg["attention_block"], attention_impl=attention_impl,
-      moe_balance=balance, **extra)
+      moe_balance=balance, mtp_layers=mtp_layers, **extra)
   return backbone, dict(lb_coef=float(moe["lb_coef"]), z_coef=float(moe["z_coef"]),
                         balance=balance, bias_rate=float(bias_rate),
-                        ep_capacity_factor=float(ep_cf))
+                        ep_capacity_factor=float(ep_cf), mtp_loss_weight=mtp_weight)
+
+
+def mtp_fields(model_cfg) -> tuple[int, float]:
+  """(modules, loss weight) of the optional ``model.mtp`` (absent or 0 modules: no MTP)."""
+  mtp = model_cfg.get("mtp")
+  if not mtp:
+    return 0, 0.0
+  p = "model.mtp."
+  check_keys(mtp, MTP_KEYS, p, required=MTP_KEYS)
+  n = mtp["num_nextn_predict_layers"]
+  require(isinstance(n, int) and not isinstance(n, bool) and n >= 0,
+          p + "num_nextn_predict_layers", n, "must be an integer >= 0 (0: no MTP modules; "
+          "k: k sequential modules predicting tokens 2..k+1 ahead)")
+  w = mtp["loss_weight"]
+  require(isinstance(w, int | float) and not isinstance(w, bool) and w >= 0 and (w > 0 or not n),
+          p + "loss_weight", w, "must be a number > 0 with MTP modules (their mean loss "
+          "times this joins the total; DeepSeek-V3: 0.3)")
+  return n, float(w) if n else 0.0
 
 
 def _deepseek_fields(model_cfg, moe, num_experts: int) -> dict:

@@ -98,6 +98,8 @@ class BackboneSpec:
   topk_group: int = 1
   routed_scaling: float = 1.0  # the routed experts' gates times this
   first_dense: int = 0        # leading dense layers before the units (first_k_dense_replace)
+  # Multi-token prediction (omni_jax.models.mtp): sequential modules after the backbone
+  mtp_layers: int = 0         # num_nextn_predict_layers
 
   @property
   def mla(self) -> bool:

@@ -23,6 +23,7 @@ from omni_jax.hf import export_omni
 from omni_jax.hf.load import flatten
 from omni_jax.hf.omni_init import open_for_omni
 from omni_jax.models.omni import OmniModel
+from omni_jax.tokenizers.codec_store import pin_codecs
 from omni_jax.train import stages
 from omni_jax.train.spec import build_spec
 
@@ -59,6 +60,7 @@ def export_workdir(workdir: str, hf_out: str, dtype: str | None = None,
     raise ConfigError(f"{workdir} trained from scratch (model.init_from is empty); export "
                       "writes runs on a pretrained backbone (model.init_from='hf:DIR'), whose "
                       "family and tokenizer the checkpoint takes")
+  config = pin_codecs(config, workdir, copy=False)  # the run's own codecs
   spec = build_spec(config.model, config.data.get("tokenizer", "bytes"))
   ck = open_for_omni(spec.init_from, spec.backbone)
   if dtype is None:

@@ -32,6 +32,7 @@ from omni_jax.models.omni import OmniModel, count_params, loss_norm, omni_loss
 from omni_jax.models.spec import OmniSpec, param_dtype
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
+from omni_jax.tokenizers.codec_store import pin_codecs
 from omni_jax.train import offload, offload_plan, stages
 from omni_jax.train.finetune import FineTune
 from omni_jax.train.loop import FitResult, LoopConfig, cast_floating, fit
@@ -229,8 +230,11 @@ def pretrained_hook(spec: OmniSpec, finetune: FineTune | None = None,
 
 
 def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
-  """Trains (or resumes) the omni model; returns and writes the run's summary."""
+  """Trains (or resumes) the omni model; returns and writes the run's summary. The trained
+  codecs of modalities with a ``tokenizer`` are copied into ``<workdir>/codecs/`` first
+  (:func:`~omni_jax.tokenizers.codec_store.pin_codecs`) and used from there."""
   os.makedirs(workdir, exist_ok=True)
+  config = pin_codecs(config, workdir, copy=True)
   spec, stream, loop = validate(config)
   mesh = mesh or make_layout_mesh(config)
   micro = pipeline_microbatches(config)

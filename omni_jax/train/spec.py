@@ -59,6 +59,7 @@ def build_spec(model_cfg, tokenizer: str = "bytes") -> OmniSpec:
                   text_tokenizer=tok,
                   bias_rate=moe["bias_rate"] if backbone.num_moe_layers
                   and moe["balance"] != "aux_loss" else 0.0,
-                  ep_capacity_factor=moe["ep_capacity_factor"])
+                  ep_capacity_factor=moe["ep_capacity_factor"],
+                  mtp_loss_weight=moe["mtp_loss_weight"] if backbone.mtp_layers else 0.0)
 
 

@@ -21,6 +21,7 @@ BAD = {
     "attention_memory": ((), "workdir"),
     "bench_decode": ((), "workdir"),
     "bench_input": (("--config=configs/omni_moe.py:nosuch", "--workdir=W"), "nosuch"),
+    "bench_peer": (("--config=configs/peer.py:nosuch", "--workdir=W"), "nosuch"),
     "bench_rl": ((), "--workdir is required"),
     "bench_step": (("--config=configs/omni_moe.py:nosuch", "--workdir=W"), "nosuch"),
     "compress": (("--config=configs/compress.py:nosuch", "--workdir=W"), "nosuch"),

@@ -1,0 +1,102 @@
+"""Speculative greedy decoding with the multi-token prediction module as the drafter
+(DeepSeek-V3's MTP, :mod:`omni_jax.models.mtp`): exactly the main model's greedy tokens, in
+fewer main-model steps when the drafts are accepted.
+
+Each iteration holds the next token ``x`` (already emitted, not yet fed to the main model,
+at cache slot ``n``) and a draft ``d`` of the token after it:
+
+1. **verify**: one main-model forward over ``[x, d]`` at slots ``n, n + 1`` (the KV / latent
+   cache) gives the greedy ``g1`` (after ``x``) and ``g2`` (after ``d``) and the hidden
+   states ``h_n, h_{n+1}``; ``d`` is accepted when ``d == g1`` (in every row: the rows of a
+   batch stay in step). Emitted: ``g1``, and ``g2`` when accepted.
+2. **draft**: the MTP module runs over the same two slots of its own cache with
+   ``(h_n, g1)`` and ``(h_{n+1}, g2)`` — the hidden state at slot ``i`` and the true token
+   ``t_{i+1}`` (``g2`` follows ``h_{n+1}`` only when ``d`` was accepted; otherwise that slot is
+   rolled back). The module's prediction at the last valid slot is the next draft.
+3. **roll back**: both caches' write index moves to the slot of the new ``x`` (``n + 1`` or
+   ``n + 2``): a rejected slot is overwritten by the next iteration and never attended to
+   before (a query at slot ``t`` sees slots ``<= t`` only).
+
+The prefill writes the prompt into both caches (the module gets ``(h_i, t_{i+1})`` at every
+prompt slot, the last one with the first generated token) and drafts the first ``d``.
+Greedy only, over the text head's ids (what ``sampling.Grammar.free(n, text_vocab)`` decodes at
+temperature 0); one MTP module drafts (a model with more drafts with its first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from omni_jax.generate.decode import left_align
+from omni_jax.models import kv_cache
+from omni_jax.models.omni import OmniModel
+from omni_jax.models.spec import OmniSpec
+
+
+def _greedy(logits: dict) -> jax.Array:
+  return jnp.argmax(logits["text"], -1).astype(jnp.int32)
+
+
+def speculative_greedy(spec: OmniSpec, params, prompts: jax.Array, lengths: jax.Array,
+                       steps: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """``steps`` greedy text ids per row after right-padded ``prompts`` [B, P] of ``lengths``
+  [B] (each >= 1), drafted by MTP depth 1 and verified by the main model. Returns (ids [B,
+  steps], drafts made, drafts accepted): the acceptance rate is their ratio. Jit it."""
+  bb = spec.backbone
+  if not bb.mtp_layers:
+    raise ValueError("speculative decoding drafts with the MTP modules: this model has none "
+                     "(config.model.mtp.num_nextn_predict_layers = 0)")
+  model = OmniModel(spec)
+  b, p = prompts.shape
+  left, shift, _ = left_align(prompts, lengths)
+  slots = p + steps + 1              # a verify step writes one slot past the last new token
+  cache = kv_cache.init_cache(bb, b, slots, start=shift)
+  mcache = kv_cache.init_cache(dataclasses.replace(bb, num_layers=1), b, slots, start=shift)
+  apply = functools.partial(model.apply, {"params": params})
+
+  logits, _, cache, h = apply({"tokens": left}, cache, hidden=True)
+  first = _greedy(logits)[:, -1]
+  nxt = jnp.concatenate([left[:, 1:], first[:, None]], axis=1)
+  mlogits, _, mcache = apply({"tokens": nxt}, draft=(0, h, mcache))
+  draft = _greedy(mlogits)[:, -1]
+  out = jnp.zeros((b, steps + 1), jnp.int32).at[:, 0].set(first)
+
+  def body(state):
+    cache, mcache, x, d, out, n_out, made, accepted = state
+    n = cache.index
+    logits, _, cache, h = apply({"tokens": jnp.stack([x, d], 1)}, cache, hidden=True)
+    g = _greedy(logits)                                        # [B, 2]
+    ok = jnp.all(d == g[:, 0]).astype(jnp.int32)
+    mlogits, _, mcache = apply({"tokens": g}, draft=(0, h, mcache))
+    new_d = jax.lax.dynamic_index_in_dim(_greedy(mlogits), ok, axis=1, keepdims=False)
+    out = jax.lax.dynamic_update_slice(out, g, (0, n_out))     # g2 kept only when accepted
+    x = jax.lax.dynamic_index_in_dim(g, ok, axis=1, keepdims=False)
+    back = n + 1 + ok
+    return (cache.replace(index=back), mcache.replace(index=back), x, new_d, out,
+            n_out + 1 + ok, made + 1, accepted + ok)
+
+  zero = jnp.zeros((), jnp.int32)
+  state = (cache, mcache, first, draft, jnp.pad(out, ((0, 0), (0, 1))), zero + 1, zero, zero)
+  state = jax.lax.while_loop(lambda s: s[5] < steps, body, state)
+  return state[4][:, :steps], state[6], state[7]
+
+
+@functools.lru_cache(maxsize=16)
+def _jitted(spec_id: int, steps: int):
+  spec = _SPECS[spec_id]
+  return jax.jit(lambda params, prompts, lengths: speculative_greedy(spec, params, prompts,
+                                                                     lengths, steps))
+
+
+_SPECS: dict[int, OmniSpec] = {}
+
+
+def jitted(spec: OmniSpec, steps: int):
+  """``fn(params, prompts, lengths) -> (ids, drafts made, drafts accepted)``, compiled once
+  per (spec, steps, prompt shape)."""
+  _SPECS[id(spec)] = spec
+  return _jitted(id(spec), int(steps))

@@ -1,0 +1,106 @@
+"""Speculative decoding drafted by the MTP module returns exactly the greedy tokens of the
+plain cached decoder: with a drafter that always agrees (every draft accepted), with fresh
+weights (drafts rejected, the caches rolled back), and with a drafter that agrees only
+sometimes, over ragged (left-padded) prompts on the latent (MLA) and the grouped-query cache."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.omni_moe import get_config
+from omni_jax.generate import decode as dec
+from omni_jax.generate import speculative
+from omni_jax.models import sampling
+from omni_jax.models.omni import OmniModel
+from omni_jax.train.spec import build_spec
+
+STEPS = 20
+
+
+def micro_spec(mla: bool):
+  cfg = get_config("micro")
+  cfg.model.modalities = {}
+  cfg.model.num_layers = 2
+  cfg.model.moe.update(num_experts=4, top_k=2, every=2)     # a dense layer, then MoE
+  if mla:
+    cfg.model.mla = dict(kv_lora_rank=8, q_lora_rank=8, qk_nope_head_dim=8,
+                         qk_rope_head_dim=4, v_head_dim=8)
+  cfg.model.mtp = dict(num_nextn_predict_layers=1, loss_weight=0.3)
+  return build_spec(cfg.model)
+
+
+def bigram_drafter(params, d_model, residual_scale):
+  """Blocks' residual updates times ``residual_scale`` (0: every block is the identity, so
+  the main model's greedy token is a function of the last token only) and an MTP module that
+  reads the next token's embedding alone: it then predicts exactly what the main model will."""
+  def scale(path, leaf):
+    names = [getattr(k, "key", "") for k in path]
+    if names[0] == "mtp_0" and names[-2:] == ["eh_proj", "kernel"]:
+      return jnp.concatenate([jnp.eye(d_model), jnp.zeros((d_model, d_model))], 0)
+    if names[-2:] in (["o", "kernel"], ["wo", "kernel"]) or names[-1] in ("wo", "shared_wo"):
+      return leaf * (0.0 if names[0] == "mtp_0" else residual_scale)
+    return leaf
+  return jax.tree_util.tree_map_with_path(scale, params)
+
+
+def decode_both(spec, params, prompts, lengths):
+  ids, made, accepted = speculative.jitted(spec, STEPS)(params, prompts, lengths)
+  plain = dec.jitted(spec, sampling.Grammar.free(STEPS, spec.text_vocab), temperature=0.0)
+  want = plain(params, prompts, lengths, jax.random.PRNGKey(0), None)
+  return np.asarray(ids), np.asarray(want), int(made), int(accepted)
+
+
+# The latent (MLA) cache in the default suite; the KV (GQA) cache under -m slow (suite time).
+@pytest.fixture(scope="module", params=[True, pytest.param(False, marks=pytest.mark.slow)],
+                ids=["mla", "gqa"])
+def model(request):
+  spec = micro_spec(request.param)
+  params = jax.jit(lambda k: OmniModel(spec).init(k, {"tokens": jnp.zeros((1, 4), jnp.int32)})
+                   )(jax.random.PRNGKey(0))["params"]
+  prompts = np.random.default_rng(0).integers(1, 250, (2, 7)).astype(np.int32)
+  return spec, params, prompts, np.array([7, 4], np.int32)
+
+
+def test_every_draft_accepted(model):
+  spec, params, prompts, lengths = model
+  ids, want, made, accepted = decode_both(spec, bigram_drafter(params, spec.backbone.d_model,
+                                                               0.0), prompts, lengths)
+  np.testing.assert_array_equal(ids, want)
+  assert accepted == made and made == STEPS // 2   # two tokens per verify step
+
+
+def test_rejected_drafts_roll_back(model):
+  spec, params, prompts, lengths = model
+  ids, want, made, accepted = decode_both(spec, params, prompts, lengths)
+  np.testing.assert_array_equal(ids, want)
+  assert accepted < made
+
+
+def test_some_drafts_accepted(model):
+  spec, params, prompts, lengths = model
+  ids, want, made, accepted = decode_both(spec, bigram_drafter(params, spec.backbone.d_model,
+                                                               0.5), prompts, lengths)
+  np.testing.assert_array_equal(ids, want)
+  assert 0 < accepted < made   # both branches of the loop taken in one decode
+
+
+def test_needs_mtp_modules():
+  cfg = get_config("micro")
+  cfg.model.modalities = {}
+  spec = build_spec(cfg.model)
+  with pytest.raises(ValueError, match="drafts with the MTP modules"):
+    speculative.speculative_greedy(spec, {}, jnp.zeros((1, 2), jnp.int32),
+                                   jnp.ones((1,), jnp.int32), 4)
+
+
+def test_bench_reports_speedup_and_acceptance(model):
+  from omni_jax.generate.bench import spec_decode
+  spec, params, prompts, _ = model
+  if not spec.backbone.mla:
+    pytest.skip("one cache kind is enough for the summary keys")
+  out = spec_decode(spec, bigram_drafter(params, spec.backbone.d_model, 0.0), prompts[:1],
+                    STEPS, repeats=1, log=lambda _: None)
+  assert out["spec_tokens_equal"] == 1.0 and out["mtp_acceptance_rate"] == 1.0
+  assert out["spec_verify_steps"] == STEPS // 2 and out["spec_tokens_per_verify_step"] == 2.0
+  assert out["spec_decode_speedup"] == out["greedy_seconds"] / out["spec_seconds"]
