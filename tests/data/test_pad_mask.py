@@ -29,8 +29,9 @@ def _encode(spec, x, valid):
   kind = MODALITY_KINDS.get(spec["kind"])
   enc = kind.encoder(spec=spec, d_model=8)
   params = enc.init(jax.random.PRNGKey(0), jnp.asarray(x[:1]), jnp.asarray(valid[:1]))
-  with_mask = enc.apply(params, jnp.asarray(x), jnp.asarray(valid))
-  without = enc.apply(params, jnp.asarray(x))
+  apply = jax.jit(enc.apply)
+  with_mask = apply(params, jnp.asarray(x), jnp.asarray(valid))
+  without = apply(params, jnp.asarray(x))
   return np.asarray(with_mask), np.asarray(without)
 
 
@@ -70,7 +71,8 @@ def test_all_valid_mask_changes_nothing():
   spec = resolve_spec("image", IMAGE)
   img = np.random.default_rng(2).uniform(size=(2, 16, 16, 3)).astype(np.float32)
   feats, unmasked = _encode(spec, img, np.full((2, 2), 16, np.int32))
-  np.testing.assert_array_equal(feats, unmasked)
+  # the same maths; under jit XLA fuses the masked graph differently (float rounding only)
+  np.testing.assert_allclose(feats, unmasked, atol=1e-5)
 
 
 def test_decoder_valid_for_a_short_wav_and_a_wide_png(tmp_path):
