@@ -103,20 +103,30 @@ def moe_flops_per_token(d_model: int, d_ff: int, top_k: int, num_shared_experts:
 # Router
 # ------------------------------------------------------------------------------------------
 
+def local_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """``jax.lax.top_k`` over the last axis (same values, same ids, ties to the lower index) as
+  a stable sort. XLA's SPMD partitioner all-gathers the leading (token) axes of a top_k even
+  though it reduces only the last one (in the 30B scale plan: the whole batch's routing scores
+  in every MoE layer, 125 GB per device per step across nodes); a sort keeps their split."""
+  idx = jnp.broadcast_to(jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape)
+  neg, ids = jax.lax.sort((-x, idx), dimension=x.ndim - 1, num_keys=1, is_stable=True)
+  return -neg[..., :k], ids[..., :k]
+
+
 def group_limited_top_k(choice: jax.Array, top_k: int, n_group: int, topk_group: int
                         ) -> jax.Array:
   """int32 ``[..., k]`` expert ids: the ``E`` experts form ``n_group`` equal groups, a group
   scores the sum of its two best ``choice`` values, the ``topk_group`` best groups are kept
   and ``top_k`` is taken over their experts only (DeepSeek-V3's node-limited routing)."""
   if n_group <= 1:
-    return jax.lax.top_k(choice, top_k)[1]
+    return local_top_k(choice, top_k)[1]
   *lead, e = choice.shape
   grouped = choice.reshape(*lead, n_group, e // n_group)
-  group_score = jax.lax.top_k(grouped, min(2, e // n_group))[0].sum(-1)   # [..., G]
-  keep = jax.lax.top_k(group_score, topk_group)[1]
+  group_score = local_top_k(grouped, min(2, e // n_group))[0].sum(-1)   # [..., G]
+  keep = local_top_k(group_score, topk_group)[1]
   kept = jnp.any(keep[..., None] == jnp.arange(n_group), axis=-2)         # [..., G]
   masked = jnp.where(kept[..., None], grouped, -jnp.inf).reshape(choice.shape)
-  return jax.lax.top_k(masked, top_k)[1]
+  return local_top_k(masked, top_k)[1]
 
 
 def route(x: jax.Array, router_kernel: jax.Array, top_k: int, renormalize: bool,
@@ -146,7 +156,7 @@ def route(x: jax.Array, router_kernel: jax.Array, top_k: int, renormalize: bool,
                    precision=jax.lax.Precision.HIGHEST)
   scores = jax.nn.sigmoid(logits) if score == "sigmoid" else jax.nn.softmax(logits, axis=-1)
   if bias is None and n_group <= 1:
-    weights, expert_ids = jax.lax.top_k(scores, top_k)
+    weights, expert_ids = local_top_k(scores, top_k)
   else:
     choice = scores if bias is None else scores + bias.astype(jnp.float32)
     expert_ids = group_limited_top_k(choice, top_k, n_group, topk_group)
