@@ -105,6 +105,7 @@ def test_bad_fit_is_one_config_error():
     resolve_spec("image", {**IMAGE, "fit": "pad"})
 
 
+@pytest.mark.slow  # an end-to-end run; the encoders' invariances above are the default suite's
 def test_train_omni_on_short_wav_and_wide_png(tmp_path):
   from omni_jax.train.omni import train_omni  # noqa: PLC0415  (a heavy import, one test)
   from tests.train.test_train_omni import manifest_config  # noqa: PLC0415
