@@ -1,7 +1,8 @@
 """File decoders: image, WAV and video files to a modality's fixed-shape model input.
 
 * :func:`decode_image` -- Pillow; any of its formats (PNG, JPEG, ...), 1-4 channels, 8- or
-  16-bit; EXIF rotation applied; resized (bilinear, aspect not kept) to the modality's size.
+  16-bit; EXIF rotation applied; fitted to the modality's size by its ``fit``
+  (``image_fit.py``: stretched by default, or centre-cropped, or letterboxed with a mask).
 * :func:`decode_wav` -- RIFF WAV through ``scipy.io.wavfile`` (integer PCM 8/16/24/32-bit and
   float); downmixed, resampled with ``scipy.signal.resample_poly``, trimmed / zero-padded.
   :func:`decode_audio` also takes FLAC, MP3, OGG, M4A ... (decoded by PyAV, then the same).
@@ -33,6 +34,7 @@ import scipy.signal
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from omni_jax.common.config import UserError
+from omni_jax.data.image_fit import fit_image
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.modalities.sources import RESERVED_KEYS
 
@@ -64,13 +66,22 @@ def _check_file(path: str | os.PathLike) -> Path:
 
 
 # ------------------------------------------------------------------------------ images
-def decode_image(path: str | os.PathLike, size: tuple[int, int], channels: int) -> np.ndarray:
+def decode_image(path: str | os.PathLike, size: tuple[int, int], channels: int,
+                 fit: str = "stretch") -> np.ndarray:
   """Returns float32 ``[H, W, channels]`` in [0, 1] (``F``-mode images keep their values).
+  ``fit``: stretch, crop or letterbox (:func:`~omni_jax.data.image_fit.fit_image`).
 
   Channel rules: 1 = grey (colour files converted to luma), 2 = grey + alpha, 3 = RGB (grey
   repeated, alpha dropped), 4 = RGBA (opaque alpha added). 16-bit grey (e.g. depth PNGs) is
   scaled by 1/65535 and serves 1 or 3 channels. More than 4 channels: use the ``npy`` decoder.
   """
+  return decode_image_valid(path, size, channels, fit)[0]
+
+
+def decode_image_valid(path: str | os.PathLike, size: tuple[int, int], channels: int,
+                       fit: str = "stretch") -> tuple[np.ndarray, np.ndarray]:
+  """:func:`decode_image` and the content's int32 (height, width) in it (the size itself
+  unless ``fit`` is letterbox)."""
   path = _check_file(path)
   height, width = size
   if channels not in _IMAGE_MODES:
@@ -92,19 +103,17 @@ def decode_image(path: str | os.PathLike, size: tuple[int, int], channels: int) 
     if channels not in (1, 3):
       raise DecodeError(path, f"a one-channel {img.mode} image can feed 1 or 3 channels, "
                         f"not {channels}")
-    if arr.shape != (height, width):
-      arr = np.asarray(Image.fromarray(arr, "F").resize((width, height),
-                                                        Image.Resampling.BILINEAR))
-    return np.repeat(arr[..., None], channels, axis=-1).astype(np.float32)
+    fitted, valid = fit_image(Image.fromarray(arr, "F"), size, fit)
+    arr = np.asarray(fitted, np.float32)
+    return (np.repeat(arr[..., None], channels, axis=-1).astype(np.float32),
+            np.asarray(valid, np.int32))
   try:
-    img = img.convert(_IMAGE_MODES[channels])
-    if img.size != (width, height):
-      img = img.resize((width, height), Image.Resampling.BILINEAR)
+    img, valid = fit_image(img.convert(_IMAGE_MODES[channels]), size, fit)
   except (OSError, ValueError) as e:
     raise DecodeError(path, f"cannot convert the {img.mode} image to {channels} channels: {e}"
                       ) from None
   arr = np.asarray(img, np.float32) / 255.0
-  return arr.reshape(height, width, channels)
+  return arr.reshape(height, width, channels), np.asarray(valid, np.int32)
 
 
 # ------------------------------------------------------------------------------- audio
@@ -120,7 +129,8 @@ def resample_filter(up: int, down: int) -> np.ndarray:
 
 
 def fit_audio(x: np.ndarray, rate: int, *, sample_rate: int, num_samples: int, channels: int,
-              path: str | os.PathLike = "<audio>", offset: float = 0.0) -> np.ndarray:
+              path: str | os.PathLike = "<audio>", offset: float = 0.0,
+              with_valid: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
   """Samples ``x`` [frames, file_channels] at ``rate`` Hz -> the modality's float32 input.
 
   Mono targets average the file's channels; multi-channel targets need the same channel
@@ -129,7 +139,8 @@ def fit_audio(x: np.ndarray, rate: int, *, sample_rate: int, num_samples: int, c
   shorter one is zero-padded at the end. Resampling (``resample_poly``) covers only the
   window plus the filter's reach, so a long file costs what its window costs; the window
   starts on the input sample grid (within ``up - 1`` output samples of the asked start).
-  Returns [num_samples] (channels == 1) or [num_samples, channels].
+  Returns [num_samples] (channels == 1) or [num_samples, channels]; ``with_valid``: also
+  the int32 count of real (not padded) samples at its start.
   """
   if not 0.0 <= offset <= 1.0:
     raise ValueError(f"audio crop offset must be in [0, 1], got {offset}")
@@ -161,7 +172,8 @@ def fit_audio(x: np.ndarray, rate: int, *, sample_rate: int, num_samples: int, c
   out = np.zeros((num_samples, channels), np.float32)
   keep = min(num_samples, x.shape[0])
   out[:keep] = x[:keep]
-  return out[:, 0] if channels == 1 else out
+  out = out[:, 0] if channels == 1 else out
+  return (out, np.asarray(keep, np.int32)) if with_valid else out
 
 
 def read_wav(path: str | os.PathLike) -> tuple[np.ndarray, int]:
@@ -193,12 +205,13 @@ def read_wav(path: str | os.PathLike) -> tuple[np.ndarray, int]:
 
 
 def decode_wav(path: str | os.PathLike, *, sample_rate: int, num_samples: int,
-               channels: int = 1, offset: float = 0.0) -> np.ndarray:
+               channels: int = 1, offset: float = 0.0, with_valid: bool = False):
   """A WAV at any rate / channel count -> float32 [num_samples] (or [num_samples, channels]);
-  ``offset``: where a longer file's window lies (:func:`fit_audio`)."""
+  ``offset``: where a longer file's window lies; ``with_valid``: also the count of real
+  samples (:func:`fit_audio`)."""
   x, rate = read_wav(path)
   return fit_audio(x, rate, sample_rate=sample_rate, num_samples=num_samples,
-                   channels=channels, path=path, offset=offset)
+                   channels=channels, path=path, offset=offset, with_valid=with_valid)
 
 
 def _collect_audio(path, resampler, frame, chunks: list, rate: int | None) -> int:
@@ -240,15 +253,15 @@ def read_av_audio(path: str | os.PathLike) -> tuple[np.ndarray, int]:
 
 
 def decode_audio(path: str | os.PathLike, *, sample_rate: int, num_samples: int,
-                 channels: int = 1, offset: float = 0.0) -> np.ndarray:
+                 channels: int = 1, offset: float = 0.0, with_valid: bool = False):
   """Like :func:`decode_wav` for any audio file: ``.wav`` through scipy (:func:`read_wav`),
   other suffixes through PyAV (:func:`read_av_audio`)."""
   if Path(path).suffix.lower() == ".wav":
     return decode_wav(path, sample_rate=sample_rate, num_samples=num_samples, channels=channels,
-                      offset=offset)
+                      offset=offset, with_valid=with_valid)
   x, rate = read_av_audio(path)
   return fit_audio(x, rate, sample_rate=sample_rate, num_samples=num_samples,
-                   channels=channels, path=path, offset=offset)
+                   channels=channels, path=path, offset=offset, with_valid=with_valid)
 
 
 # ------------------------------------------------------------------------------- video
@@ -400,7 +413,9 @@ def decode_record(record: Mapping[str, Any], spec, base_dir: str | os.PathLike,
   ``base_dir`` (the manifest's folder). Keys other than :func:`record_keys` raise
   RecordError with ``strict_keys``, else are metadata and ignored; ``null`` values mean
   "absent". Audio files longer than their modality's window are cropped ``audio_offset`` of
-  the way through (:func:`fit_audio`). A video modality with ``audio_track`` also
+  the way through (:func:`fit_audio`). Decoded images and audio files also give
+  ``<name>_valid`` (their content's size, for the encoder's padding mask: letterboxed images,
+  short clips). A video modality with ``audio_track`` also
   fills that modality from the clip's track; a record that gives the same modality both ways
   raises RecordError. File problems raise DecodeError. ``text`` is not touched here.
   """
@@ -425,11 +440,12 @@ def decode_record(record: Mapping[str, Any], spec, base_dir: str | os.PathLike,
       continue
     path = _resolve_path(base_dir, key, value)
     if decoder == "image":
-      out[name] = decode_image(path, tuple(ms["size"]), ms["channels"])
+      out[name], valid = decode_image_valid(path, tuple(ms["size"]), ms["channels"],
+                                            ms.get("fit", "stretch"))
     elif decoder == "audio":
-      out[name] = decode_audio(path, sample_rate=ms["sample_rate"],
-                               num_samples=ms["num_samples"], channels=ms["channels"],
-                               offset=audio_offset)
+      out[name], valid = decode_audio(path, sample_rate=ms["sample_rate"],
+                                      num_samples=ms["num_samples"], channels=ms["channels"],
+                                      offset=audio_offset, with_valid=True)
     elif decoder == "video":
       track_to = ms["audio_track"]
       frames, track = decode_video(path, frames=ms["frames"], size=tuple(ms["size"]),
@@ -444,4 +460,6 @@ def decode_record(record: Mapping[str, Any], spec, base_dir: str | os.PathLike,
         out[track_to] = track
     else:  # npy
       out[name] = _decode_npy(path, ms, kind)
+    if decoder in ("image", "audio") and kind.full_valid is not None:
+      out[f"{name}_valid"] = valid
   return out

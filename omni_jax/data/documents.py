@@ -26,7 +26,7 @@ import numpy as np
 
 from omni_jax.data import chat
 from omni_jax.data.decode import RecordError, decode_record
-from omni_jax.data.packing import Doc, chunk_document
+from omni_jax.data.packing import Doc, chunk_document, valid_of
 from omni_jax.data.records import Item
 from omni_jax.data.sequences import TASK_TEXT, RowBuilder, generate_task, understand_task
 from omni_jax.modalities import MODALITY_KINDS
@@ -120,7 +120,7 @@ class DocMaker:
                            audio_offset=self.crop_offset(index))
     feeds = self.feeds[item.source]
     if feeds is not None:  # e.g. a video's audio track when the source feeds only video
-      inputs = {m: x for m, x in inputs.items() if m in feeds}
+      inputs = {m: x for m, x in inputs.items() if valid_of(m) in feeds}
     if "text" not in rec:
       raise ValueError("missing required key 'text'")
     if not isinstance(rec["text"], str):

@@ -68,6 +68,11 @@ def doc_from_row(row, inputs: dict[str, np.ndarray], task: int, pad_id: int) -> 
              dict(row.slots), {m: inputs[m] for m in row.slots}, task)
 
 
+def valid_of(key: str) -> str:
+  """The modality an inputs key belongs to: ``m`` for ``m`` and for ``m_valid``."""
+  return key.removesuffix("_valid")
+
+
 def chunk_document(ids, heads, local, slots, inputs: dict[str, np.ndarray], task: int,
                    seq_len: int, continue_positions: bool = False) -> list[Doc]:
   """A document of any length (the unpadded ``*_ids`` lists of
@@ -92,7 +97,8 @@ def chunk_document(ids, heads, local, slots, inputs: dict[str, np.ndarray], task
     b = min(n, a + seq_len)
     out.append(Doc(tokens[a:b].copy(), targets[a:b].copy(), target_head[a:b].copy(),
                    dict(slots) if k == 0 else {},
-                   {m: inputs[m] for m in slots} if k == 0 else {}, task,
+                   {m: v for m, v in inputs.items() if valid_of(m) in slots} if k == 0
+                   else {}, task,
                    a if continue_positions else 0))
   return out
 
@@ -174,13 +180,16 @@ def collate_packed(spec: OmniSpec, rows: list[list[Doc]], seq_len: int,
   pos = np.zeros((b, t), np.int32)
   task = np.zeros(b, np.int32)
   batch = {}
-  mods = {}
+  mods, valid = {}, {}
   for name, ms in spec.modalities:
     kind = MODALITY_KINDS.get(ms["kind"])
     n = kind.num_tokens(ms)
     mods[name] = (np.zeros((b, slots, *kind.input_shape(ms)), kind.input_dtype),
                   np.tile(np.arange(n, dtype=np.int32), (b, slots, 1)),
                   np.zeros((b, slots), bool))
+    if kind.full_valid is not None:  # every input full unless its document says otherwise
+      full = kind.full_valid(ms)
+      valid[name] = np.broadcast_to(full, (b, slots, *full.shape)).copy()
   for i, row in enumerate(rows):
     at = 0
     for k, d in enumerate(row, start=1):
@@ -196,6 +205,8 @@ def collate_packed(spec: OmniSpec, rows: list[list[Doc]], seq_len: int,
           raise ValueError(f"row {i} holds more than {slots} document(s) with modality {m!r} "
                            "(data.slots_per_row)")
         x[i, j], p[i, j], mask[i, j] = d.inputs[m], offs + at, True
+        if f"{m}_valid" in d.inputs:
+          valid[m][i, j] = d.inputs[f"{m}_valid"]
       if k == 1:
         task[i] = d.task
       at += n
@@ -207,6 +218,8 @@ def collate_packed(spec: OmniSpec, rows: list[list[Doc]], seq_len: int,
     if slots == 1:  # the plain layout: no slot axis
       x, p, mask = x[:, 0], p[:, 0], mask[:, 0]
     batch[name], batch[f"{name}_pos"], batch[f"{name}_mask"] = x, p, mask
+    if name in valid:
+      batch[f"{name}_valid"] = valid[name][:, 0] if slots == 1 else valid[name]
   return batch
 
 

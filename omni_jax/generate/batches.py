@@ -58,10 +58,16 @@ def inputs_batch(spec: OmniSpec, chunk: list) -> dict[str, np.ndarray] | None:
     x = np.zeros((len(chunk), *kind.input_shape(ms)), kind.input_dtype)
     pos = np.tile(np.arange(n, dtype=np.int32), (len(chunk), 1))
     mask = np.zeros(len(chunk), bool)
+    full = None if kind.full_valid is None else kind.full_valid(ms)
+    valid = None if full is None else np.broadcast_to(full, (len(chunk), *full.shape)).copy()
     for i, p in enumerate(chunk):
       if name in p.inputs:
         x[i], pos[i], mask[i] = p.inputs[name], p.slots[name], True
+        if valid is not None and f"{name}_valid" in p.inputs:
+          valid[i] = p.inputs[f"{name}_valid"]
     out[name], out[f"{name}_pos"], out[f"{name}_mask"] = x, pos, mask
+    if valid is not None:
+      out[f"{name}_valid"] = valid
   return out or None
 
 

@@ -79,7 +79,7 @@ class Prompt:
   line: int                       # 1-based line of the prompts file
   output: str                     # "text" or a generated modality's name
   ids: list[int]                  # prompt token ids
-  inputs: dict[str, np.ndarray]   # modality -> model input
+  inputs: dict[str, np.ndarray]   # modality -> model input (and <m>_valid)
   slots: dict[str, np.ndarray]    # modality -> positions its features fill
   steps: int                      # tokens this prompt may generate
   expect: str | None = None       # reference text (text outputs): scored by caption_accuracy
@@ -306,8 +306,8 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
       rec.update(text=text, generated_tokens=int(len(body)), ended=bool(stop.size))
       if p.expect is not None:
         rec.update(expect=p.expect, correct=text.strip() == p.expect.strip())
-        scored.setdefault("+".join(sorted(p.inputs)) or TEXT, []).append(rec["correct"])
-        for m in p.inputs:  # per attribute of a synthetic caption (image: shape, ...)
+        scored.setdefault("+".join(sorted(p.slots)) or TEXT, []).append(rec["correct"])
+        for m in p.slots:  # per attribute of a synthetic caption (image: shape, ...)
           for a, ok in caption_attributes(spec.modality(m), p.expect, text).items():
             words.setdefault(m, {}).setdefault(a, []).append(ok)
       sheet.append((TEXT, text or "(empty)", f"{p.line}: text"))

@@ -14,7 +14,13 @@ which holds everything the omni model, the data pipeline and the trainer need:
 * ``code_vectors(spec, x)``: per-token vectors that a VQ codebook turns into discrete
   targets, when the modality is also generated (``codebook_size > 0``);
 * ``frontend_flops(spec)`` (optional): forward FLOPs per sample of a fixed front end with no
-  parameters (the log-mel DFT), which the model-FLOP count adds.
+  parameters (the log-mel DFT), which the model-FLOP count adds;
+* ``full_valid(spec)`` / ``token_mask(spec, valid)`` (optional, variable-length media): the
+  ``<m>_valid`` value of an input that fills its whole window (audio: the sample count;
+  images: the content's (height, width), placed top-left) and the encoder tokens [B, N]
+  that a batch of such values leaves valid. The kind's encoder then takes ``valid``: padding
+  never reaches a valid token (padded input zeroed, attention keys masked, padded tokens'
+  features zeroed), so the features do not depend on what the padding holds.
 
 New modalities that fit a generic kind (``patch``, ``frames``, ``tokens``) need only a
 config entry; anything else registers one new kind (see ``video.py``). Where a modality's
@@ -63,6 +69,8 @@ class ModalityKind:
   validate: Callable[[Mapping[str, Any], str], None] | None = None
   input_dtype: Any = np.float32
   frontend_flops: Callable[[Mapping[str, Any]], float] | None = None  # fixed-matrix FLOPs/sample
+  full_valid: Callable[[Mapping[str, Any]], np.ndarray] | None = None  # unpadded <m>_valid
+  token_mask: Callable[[Mapping[str, Any], Any], Any] | None = None  # valid [B,..] -> [B, N]
 
 
 MODALITY_KINDS: Registry[ModalityKind] = Registry("modality kind")
@@ -116,7 +124,9 @@ class EncoderStack(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, h):  # h [B, N, dim]
+  def __call__(self, h, mask=None):
+    """``h`` [B, N, dim]; ``mask`` bool [B, N] or None (all valid): masked tokens are no
+    attention key of any token and their outputs are zero."""
     pos = self.param("pos", nn.initializers.normal(0.02), (self.num_tokens, self.dim))
     h = h + pos.astype(h.dtype)
     hd = self.dim // self.heads
@@ -124,14 +134,16 @@ class EncoderStack(nn.Module):
       y = RMSNorm(dtype=self.dtype, name=f"ln_attn_{i}")(h)
       qkv = nn.DenseGeneral((3, self.heads, hd), use_bias=False, dtype=self.dtype,
                             name=f"qkv_{i}")(y)
-      a = encoder_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=False)
+      a = encoder_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=False,
+                            key_mask=mask)
       h = h + nn.DenseGeneral(self.dim, axis=(-2, -1), use_bias=False, dtype=self.dtype,
                               name=f"o_{i}")(a)
       h = h + SwiGLU(4 * self.dim, dtype=self.dtype, seam=False, name=f"mlp_{i}")(
           RMSNorm(dtype=self.dtype, name=f"ln_mlp_{i}")(h))
     h = RMSNorm(dtype=self.dtype, name="ln_out")(h)
     h = nn.gelu(nn.Dense(self.d_model, dtype=self.dtype, name="proj_in")(h))
-    return nn.Dense(self.d_model, dtype=self.dtype, name="proj_out")(h)
+    out = nn.Dense(self.d_model, dtype=self.dtype, name="proj_out")(h)
+    return out if mask is None else jnp.where(mask[..., None], out, 0).astype(out.dtype)
 
 
 def stack_for(spec: Mapping[str, Any], d_model: int, dtype: Any, num_tokens: int,

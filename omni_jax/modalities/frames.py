@@ -4,6 +4,11 @@ Encoder: signal -> per-frame features (log-mel spectrogram computed in JAX, or t
 frame samples) -> conv subsampler (two stride-2 convolutions, 4x fewer frames) ->
 :class:`EncoderStack`. Synthetic data: a tone at one of eight pitches, soft (sine) or
 buzzy (odd harmonics), with random onset, loudness and noise; the caption names both.
+
+Short clips: ``<m>_valid`` int32 (per input) is the count of real samples at the window's
+start (the rest is padding). The encoder zeroes the padded samples and the frame features
+of frames that start in the padding, masks tokens past ``ceil(ceil(frames / 2) / 2)`` (the
+subsampler's count for the valid frames) out of attention and zeroes their features.
 """
 
 from __future__ import annotations
@@ -83,6 +88,22 @@ def synthesize(spec, rng, label):
   return out
 
 
+def full_valid(spec) -> np.ndarray:
+  return np.asarray(spec["num_samples"], np.int32)
+
+
+def valid_frames(spec, valid):
+  """Frames holding at least one real sample (at least 1) for ``valid`` samples."""
+  return jnp.clip(-(-jnp.asarray(valid) // spec["hop"]), 1, num_frames(spec))
+
+
+def token_mask(spec, valid):
+  """bool [B, N]: tokens whose first frame holds a real sample, for ``valid`` [B]."""
+  half = (valid_frames(spec, valid) + 1) // 2
+  n_valid = (half + 1) // 2  # num_tokens' ceil(ceil(frames / 2) / 2) for the valid frames
+  return jnp.arange(num_tokens(spec)) < n_valid[..., None]
+
+
 def frame_features(spec, x, xp=jnp):
   """[B, S] or [B, S, C] -> [B, frames, features] (log-mel or raw frames, channels concat).
   ``xp`` = jnp (the encoder, under jit) or np (input workers: no JAX dispatch or compile)."""
@@ -116,17 +137,28 @@ class FramesEncoder(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x):
-    h = frame_features(self.spec, x.astype(jnp.float32)).astype(self.dtype)
+  def __call__(self, x, valid=None):
+    """``x`` [B, S(, C)]; ``valid`` int32 [B] real samples per clip, or None (all)."""
+    x = x.astype(jnp.float32)
+    if valid is not None:
+      keep = jnp.arange(x.shape[1]) < valid[:, None]
+      x = x * (keep if x.ndim == 2 else keep[..., None])
+    h = frame_features(self.spec, x)
+    if valid is not None:
+      fmask = jnp.arange(h.shape[1]) < valid_frames(self.spec, valid)[:, None]
+      h = h * fmask[..., None]
+    h = h.astype(self.dtype)
     dim = self.spec["encoder_dim"]
     for i in range(2):
       h = nn.gelu(nn.Conv(dim, kernel_size=(3,), strides=(2,), padding="SAME", dtype=self.dtype,
                           name=f"subsample_{i}")(h))
-    return stack_for(self.spec, self.d_model, self.dtype, num_tokens(self.spec))(h)
+    mask = None if valid is None else token_mask(self.spec, valid)
+    return stack_for(self.spec, self.d_model, self.dtype, num_tokens(self.spec))(h, mask)
 
 
 KIND = register_kind(ModalityKind(
     name="frames", defaults=DEFAULTS,
     encoder=FramesEncoder,
     input_shape=input_shape, num_tokens=num_tokens, labels=labels, synthesize=synthesize,
-    code_vectors=code_vectors, validate=_validate, frontend_flops=frontend_flops))
+    code_vectors=code_vectors, validate=_validate, frontend_flops=frontend_flops,
+    full_valid=full_valid, token_mask=token_mask))

@@ -4,6 +4,12 @@ Encoder: non-overlapping ``patch x patch`` patches -> linear stem -> :class:`Enc
 Synthetic data: a shape (circle, square, triangle, cross) of one of four colours in one of
 four quadrants on a faint textured background; the caption names all three, so the text
 after the image is predictable only by looking at it.
+
+``fit`` says how a decoded file of another shape meets ``size``: ``stretch`` (resize, aspect
+not kept), ``crop`` (scale to cover, centre crop) or ``letterbox`` (scale to fit, aspect kept,
+content top-left, zero padding). ``<m>_valid`` int32 [2] per input is the content's (height,
+width); the encoder zeroes pixels outside it, masks patches with no content pixel out of
+attention and zeroes their features.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from omni_jax.common.config import positive_int, require
+from omni_jax.common.config import one_of, positive_int, require
 from omni_jax.modalities.base import ModalityKind, register_kind, stack_for
 
 SHAPES = ("circle", "square", "triangle", "cross")
@@ -23,7 +29,8 @@ RGB_COLOURS = {"red": (0.9, 0.1, 0.1), "green": (0.1, 0.8, 0.2), "blue": (0.15, 
 LEVELS = {"faint": 0.3, "dim": 0.5, "bright": 0.75, "hot": 1.0}
 PLACES = ("top left", "top right", "bottom left", "bottom right")
 
-DEFAULTS = dict(size=(32, 32), channels=3, patch=8)
+FITS = ("stretch", "crop", "letterbox")
+DEFAULTS = dict(size=(32, 32), channels=3, patch=8, fit="stretch")
 
 
 def _validate(spec, prefix):
@@ -34,6 +41,11 @@ def _validate(spec, prefix):
           spec["size"], "must be (height, width) of positive integers")
   require(size[0] % spec["patch"] == 0 and size[1] % spec["patch"] == 0, prefix + "size",
           spec["size"], f"both sides must be multiples of patch={spec['patch']}")
+
+
+def _validate_patch(spec, prefix):
+  _validate(spec, prefix)
+  one_of(spec, "fit", FITS, prefix)
 
 
 def palette(channels: int) -> dict[str, np.ndarray]:
@@ -108,16 +120,35 @@ def code_vectors(spec, x: np.ndarray) -> np.ndarray:
       x.shape[0], num_tokens(spec), p * p, spec["channels"]).mean(axis=2)
 
 
+def full_valid(spec) -> np.ndarray:
+  return np.asarray(spec["size"], np.int32)
+
+
+def token_mask(spec, valid):
+  """bool [B, N]: patches holding a content pixel, for ``valid`` [B, 2] (height, width)."""
+  p, (h, w) = spec["patch"], spec["size"]
+  rows = jnp.arange(h // p) * p < valid[:, :1]  # [B, H/p]
+  cols = jnp.arange(w // p) * p < valid[:, 1:]  # [B, W/p]
+  return (rows[:, :, None] & cols[:, None, :]).reshape(valid.shape[0], -1)
+
+
 class PatchEncoder(nn.Module):
   spec: Any
   d_model: int
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, valid=None):
+    """``x`` [B, H, W, C]; ``valid`` int32 [B, 2] content (height, width), or None (all)."""
+    mask = None
+    if valid is not None:
+      inside = ((jnp.arange(x.shape[1])[None, :, None] < valid[:, :1, None])
+                & (jnp.arange(x.shape[2])[None, None, :] < valid[:, None, 1:]))
+      x = jnp.where(inside[..., None], x, 0)
+      mask = token_mask(self.spec, valid)
     h = patchify(x.astype(self.dtype), self.spec["patch"])
     h = nn.Dense(self.spec["encoder_dim"], dtype=self.dtype, name="stem")(h)
-    return stack_for(self.spec, self.d_model, self.dtype, num_tokens(self.spec))(h)
+    return stack_for(self.spec, self.d_model, self.dtype, num_tokens(self.spec))(h, mask)
 
 
 KIND = register_kind(ModalityKind(
@@ -125,4 +156,5 @@ KIND = register_kind(ModalityKind(
     encoder=PatchEncoder,
     input_shape=lambda spec: (*spec["size"], spec["channels"]),
     num_tokens=num_tokens, labels=labels, synthesize=synthesize,
-    code_vectors=code_vectors, validate=_validate))
+    code_vectors=code_vectors, validate=_validate_patch, full_valid=full_valid,
+    token_mask=token_mask))

@@ -161,10 +161,13 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True,
 
 @named_op("encoder_attention")
 def encoder_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
-                      causal: bool = False) -> jax.Array:
+                      causal: bool = False, key_mask: jax.Array | None = None) -> jax.Array:
   """Attention inside modality encoders (same maths as :func:`attention`). A separate named
-  op, so a layout that splits the backbone's sequence leaves the encoders' tokens alone."""
-  return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+  op, so a layout that splits the backbone's sequence leaves the encoders' tokens alone.
+  ``key_mask`` bool [B, S] (padded media): keys where it is False are seen by no query;
+  None: the unmasked computation."""
+  mask = None if key_mask is None else key_mask[:, None, None, :]
+  return jax.nn.dot_product_attention(q, k, v, is_causal=causal, mask=mask)
 
 
 def attention_sublayer(x, positions, wq, wk, wv, wo, *, rope_theta: float, block: int,

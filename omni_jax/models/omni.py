@@ -14,6 +14,11 @@ Batch layout (all fixed shapes, so one compile serves every mix of modalities):
   ``config.data.slots_per_row``): ``<m>`` [B, K, *input_shape], ``<m>_pos`` [B, K, N_m],
   ``<m>_mask`` bool [B, K] (slot k of row b is used). The encoder runs on all B·K inputs;
   positions of used slots are distinct within a row, unused slots write nothing;
+* optional, for kinds with variable-length media (``frames``, ``patch``): ``<m>_valid`` int32
+  [B(, K), *valid_shape] (audio: real samples; images: content (height, width)). The encoder
+  honours it (padding never reaches a valid token) and encoder tokens wholly in the padding
+  are not scattered: their positions keep the placeholder token's embedding, as an unused
+  slot's do. Absent: every input fills its window;
 * ``targets`` int32 [B, T] and ``target_head`` int32 [B, T]: the next id at each position
   and which output head predicts it (0 = no loss, 1 = text, 2.. = generated modalities);
 * optional, for packed rows: ``segment_ids`` int32 [B, T] (0 = padding, 1..n = the row's
@@ -25,6 +30,8 @@ Output: ``logits`` — one array [B, T, size] per head — and the backbone's Mo
 """
 
 from __future__ import annotations
+
+import functools
 
 import flax.linen as nn
 import jax
@@ -62,18 +69,25 @@ def run_encoder(enc, x):
   return enc(x)
 
 
-def encode_slots(enc, x, pos, mask):
+def encode_slots(enc, x, pos, mask, valid=None, token_mask=None):
   """Runs encoder ``enc`` on one modality's batch fields; returns (feats [B, S, D], pos [B, S],
   mask [B] or [B, S]) for :func:`scatter_features`. With K slots per row (``mask`` [B, K]) the
-  B·K inputs go through the encoder as one batch and each row's K feature runs are laid end
-  to end."""
-  if mask.ndim == 1:
-    return run_encoder(enc, x), pos, mask
-  b, k = mask.shape
-  feats = run_encoder(enc, x.reshape(b * k, *x.shape[2:]))
+  B*K inputs go through the encoder as one batch and each row's K feature runs are laid end
+  to end. ``valid`` (the ``<m>_valid`` field) goes to the encoder, and ``token_mask(valid)``
+  [*, N] keeps the tokens wholly in the padding out of the scatter."""
+  lead = mask.ndim
+  flat = lambda a: a.reshape(-1, *a.shape[lead:])
+  if valid is None:
+    feats = run_encoder(enc, flat(x))
+  else:
+    feats = run_encoder(functools.partial(enc, valid=flat(valid)), flat(x))
   n = feats.shape[1]
-  return (feats.reshape(b, k * n, feats.shape[-1]), pos.reshape(b, k * n),
-          jnp.repeat(mask, n, axis=1))
+  b = mask.shape[0]
+  feats, pos = feats.reshape(b, -1, feats.shape[-1]), pos.reshape(b, -1)
+  if valid is None:
+    return feats, pos, (mask if lead == 1 else jnp.repeat(mask, n, axis=1))
+  tmask = token_mask(flat(valid)).reshape(b, -1)
+  return feats, pos, jnp.repeat(mask.reshape(b, -1), n, axis=1) & tmask
 
 
 class OmniModel(nn.Module):
@@ -106,8 +120,10 @@ class OmniModel(nn.Module):
       kind = MODALITY_KINDS.get(ms["kind"])
       enc = kind.encoder(spec=ms, d_model=bb.d_model, dtype=bb.dtype, name=f"enc_{name}")
       if name in batch:
-        x = scatter_features(x, *encode_slots(enc, batch[name], batch[f"{name}_pos"],
-                                              batch[f"{name}_mask"]))
+        valid = batch.get(f"{name}_valid")
+        x = scatter_features(x, *encode_slots(
+            enc, batch[name], batch[f"{name}_pos"], batch[f"{name}_mask"], valid,
+            None if valid is None else functools.partial(kind.token_mask, ms)))
       elif cache is None and draft is None:  # dummy forward times 0: gradients stay defined
         dummy = jnp.zeros((b, *kind.input_shape(ms)), kind.input_dtype)
         x = x + 0.0 * run_encoder(enc, dummy).sum().astype(x.dtype)

@@ -37,7 +37,7 @@ def test_one_channel_png_modality_decodes_from_files(tmp_path):
   Image.new("RGB", (16, 16), (255, 0, 0)).save(tmp_path / "sub" / "r.png")
   out = decode_record({"id": "a", "text": "a ramp", "depth": "d.png", "image": "sub/r.png"},
                       spec, tmp_path)
-  assert sorted(out) == ["depth", "image"]
+  assert sorted(out) == ["depth", "depth_valid", "image", "image_valid"]
   assert out["depth"].shape == (8, 8, 1) and out["depth"].dtype == np.float32
   cols = out["depth"][0, :, 0] * 65535
   # Column k of the file holds 4000 k at x = k + 0.5; a symmetric filter keeps a linear ramp,
