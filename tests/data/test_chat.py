@@ -112,7 +112,9 @@ def test_chat_record_with_an_image_is_one_document_with_assistant_loss(tmp_path)
   out = maker(_item(tmp_path, rec))
   assert out["bad"] is None and len(out["docs"]) == 1
   doc = out["docs"][0]
-  assert doc.task == 1 and set(doc.inputs) == {"image"}
+  # the image and its valid extent (the pad mask: a 16 x 16 image fills its 16 x 16 input)
+  assert doc.task == 1 and set(doc.inputs) == {"image", "image_valid"}
+  np.testing.assert_array_equal(doc.inputs["image_valid"], [16, 16])
   slot = tok.special("<image:slot>")
   np.testing.assert_array_equal(doc.slots["image"], np.flatnonzero(doc.tokens == slot))
   assert len(doc.slots["image"]) == 4  # (16 / 8) ** 2 patches
