@@ -31,7 +31,7 @@ both by ``use_kernel(impl, interpret=True)``.
 
 The selection is a trace-time setting (:func:`use_kernel`, a context variable like the named
 ops' overrides): the backbone's blocks enter it with their spec's ``attention_impl``, so the
-parallel layouts that call the attention core inside a ``shard_map`` pick up the same kernel
+parallel layouts (omni_jax/parallel) that call the attention core per device pick up the same kernel
 without an extra argument through every layer.
 """
 
