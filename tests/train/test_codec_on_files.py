@@ -5,7 +5,6 @@ tokenizer workdir is gone; bad input is one clear error."""
 
 import json
 import shutil
-import wave
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +17,7 @@ from configs.omni_moe import get_config
 from configs.tokenizer import get_config as tokenizer_config
 from omni_jax.common.config import ConfigError
 from omni_jax.data.decode import decode_image, decode_wav
+from omni_jax.data.encode import write_wav
 from omni_jax.data.pipeline import DataError, PipelineStream
 from omni_jax.data.records import open_dataset
 from omni_jax.data.stream import make_stream
@@ -27,14 +27,6 @@ from omni_jax.tokenizers.codec_store import pin_codecs, saved_dir
 from omni_jax.tokenizers.image_codec import ImageCodec
 from omni_jax.train import codec_files, codec_fit
 from omni_jax.train.spec import build_spec
-
-
-def _wav(path, x, rate):
-  with wave.open(str(path), "wb") as w:
-    w.setnchannels(1)
-    w.setsampwidth(2)
-    w.setframerate(rate)
-    w.writeframes((np.asarray(x) * 32767).astype("<i2").tobytes())
 
 
 def _manifest(tmp_path, n=10, audio=True, broken=True):
@@ -48,7 +40,7 @@ def _manifest(tmp_path, n=10, audio=True, broken=True):
     Image.fromarray((img * 255).astype(np.uint8)).save(tmp_path / f"im{i}.png")
     rec = {"id": i, "text": f"ramp {i}", "image": f"im{i}.png"}
     if audio:
-      _wav(tmp_path / f"a{i}.wav", 0.5 * np.sin(np.arange(3000) * 0.05 * (i + 1)), 11025)
+      write_wav(tmp_path / f"a{i}.wav", 0.5 * np.sin(np.arange(3000) * 0.05 * (i + 1)), 11025)
       rec["audio"] = f"a{i}.wav"
     lines.append(json.dumps(rec))
   if broken:
