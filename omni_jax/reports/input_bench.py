@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from omni_jax.common.timing import time_interleaved
+from omni_jax.data.pipeline import pipeline_options
 from omni_jax.models.omni import OmniModel
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.train.loop import create_state, make_train_step
@@ -34,6 +35,7 @@ from omni_jax.train.omni import (
   state_sharding,
 )
 from omni_jax.train.optim import make_optimizer
+from omni_jax.train.prefetch import BatchPrefetcher
 
 
 def measure_input(stream, batches: int) -> dict[str, float]:
@@ -146,8 +148,10 @@ def measure_slowdown(config, spec, stream, host_batch: dict[str, np.ndarray], st
   """``step_slowdown_with_input``: ``rounds`` rounds (after one warm-up round, which
   compiles) of a block of ``steps`` train steps fed by the stream's next batches, then a
   block of ``steps`` on ``host_batch`` cached on the devices; the ratio of their total
-  seconds. Within a block steps are dispatched as the train loop does (no wait per step),
-  so the pipeline's reading overlaps the running step as in training."""
+  seconds. Within a block steps are dispatched as the train loop does (no wait per step) and
+  the fed block's batches are made ``data.device_prefetch`` steps ahead in a background
+  thread (:class:`~omni_jax.train.prefetch.BatchPrefetcher`), so the pipeline's reading
+  overlaps the running step as in training."""
   step_fn, state, mesh = _train_step(config, spec, host_batch)
   cached = mesh_lib.put_batch(mesh, host_batch)
   held = {"state": state}
@@ -159,11 +163,20 @@ def measure_slowdown(config, spec, stream, host_batch: dict[str, np.ndarray], st
     held["state"] = s
     return metrics["loss"]
 
+  first = stream.iterator.batches
+  feed = BatchPrefetcher(  # as train_omni: data.device_prefetch batches made ahead
+      lambda s: jax.block_until_ready(mesh_lib.put_local_batch(mesh, stream.batch(s),
+                                                               stream.batch_size)),
+      first, first + (rounds + 1) * steps - 1, pipeline_options(config.data)["device_prefetch"])
+  taken = iter(range(first, first + (rounds + 1) * steps))
+
   def fed() -> dict:
-    return mesh_lib.put_local_batch(mesh, stream.batch(stream.iterator.batches),
-                                    stream.batch_size)
-  with_input, on_cached = time_interleaved(
-      [(block, (fed,)), (block, (lambda: cached,))], repeats=rounds)
+    return feed.get(next(taken))[0]
+  try:
+    with_input, on_cached = time_interleaved(
+        [(block, (fed,)), (block, (lambda: cached,))], repeats=rounds)
+  finally:
+    feed.close()
   a, b = sum(with_input) / (rounds * steps), sum(on_cached) / (rounds * steps)
   return {"step_slowdown_with_input": a / b, "step_seconds_with_input": a,
           "step_seconds_cached_batch": b, "slowdown_steps": steps, "slowdown_rounds": rounds,
