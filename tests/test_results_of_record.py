@@ -46,7 +46,12 @@ KEYS = {
                      "spec_tokens_equal", "spec_tokens_per_verify_step", "machine.note"],
         # a variant with several runs of record: keyed by file name
         "tiny_corpus1m_input": ["startup_s", "rss_growth_mb", "pss_growth_mb",
-                                "rss_growth_after_first_tenth_mb", "records", "machine.note"],
+                                "rss_growth_after_first_tenth_mb", "records",
+                                "rss_main_growth_mb", "rss_children_growth_mb",
+                                "child_processes_at_start", "machine.note"],
+        "files_train": ["data.input_wait_fraction", "data.records_per_sec", "tokens_per_sec",
+                        "steps", "final_loss", "config.data.workers",
+                        "config.data.device_prefetch", "machine.note"],
         "generate_judged": ["conditional_accuracy_seen.image.shape",
                             "conditional_accuracy_unseen.image.shape",
                             "conditional_accuracy_unseen.audio.pitch", "caption_accuracy",
