@@ -299,8 +299,10 @@ class InputMeter:
   """Seconds the loop waited for its batches and records the input iterator read, per log
   window and over the run (the first, compiling step excluded, like :class:`RateMeter`).
 
-  The wait is the host's: with asynchronous dispatch the devices may still be running the
-  previous step while the host waits, so it bounds the devices' idle time from above."""
+  With batches made ahead (``fit(prefetch=N)``) the wait is the time the next batch was still
+  being made when the step could start. Without, it is the host's whole read and placement:
+  with asynchronous dispatch the devices may still be running the previous step meanwhile,
+  so it bounds the devices' idle time from above."""
 
   def __init__(self, data_iter=None, count=None):
     """``count``: the records read so far (default: ``data_iter.records_read`` when it has
@@ -414,6 +416,7 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   counts = hasattr(data_iter, "records_read")
   took = {"state": None, "records": int(data_iter.records_read) if counts else 0}
   inputs = InputMeter(data_iter, count=(lambda: took["records"]) if counts else None)
+
   def snapshot(s: int):  # in the producing thread, right after batch s - 1 was read
     saves = s % loop.checkpoint_every == 0 or s == loop.steps
     return (data_iter.get_state() if data_iter is not None and saves else None,
