@@ -19,8 +19,9 @@ Timings exclude compilation (each path runs once untimed first) and keep the fas
 A model with multi-token prediction modules (``config.model.mtp``) is also timed decoding
 speculatively (:mod:`omni_jax.generate.speculative`: MTP drafts, the main model verifies)
 against plain greedy decoding on the same cached decoder and weights, the two interleaved
-(:func:`omni_jax.common.timing.time_interleaved`, median of each): ``spec_decode_speedup``,
-``mtp_acceptance_rate`` (accepted drafts / drafts) and ``spec_tokens_equal``.
+(:func:`omni_jax.common.timing.time_interleaved`, median of each): ``spec_decode_speedup``
+(over the faster of two greedy decoders), ``mtp_acceptance_rate`` (accepted drafts / drafts)
+and ``spec_tokens_equal``, with the cost breakdown of :func:`spec_decode`.
 """
 
 from __future__ import annotations

@@ -113,12 +113,17 @@ def test_caches_after_rejections_equal_a_prefill(model):
   emitted, index = int(emitted), int(cache.index)
   assert 0 < int(accepted) < int(made) and index == prompts.shape[1] + emitted - 1
   np.testing.assert_array_equal(np.asarray(x), np.asarray(ids)[:, emitted - 1])
-  left, ref, mref = speculative._caches(spec, prompts, lengths, STEPS)
+  left, _, _ = speculative._caches(spec, prompts, lengths, STEPS)
   seq = jnp.concatenate([left, ids[:, :emitted - 1]], axis=1)
-  model_ = OmniModel(spec)
-  _, _, ref, h = model_.apply({"params": params}, {"tokens": seq}, ref, hidden=True)
-  nxt = jnp.concatenate([seq[:, 1:], x[:, None]], axis=1)
-  _, _, mref = model_.apply({"params": params}, {"tokens": nxt}, draft=(0, h, mref))
+
+  @jax.jit
+  def prefill(params, seq, x):   # one forward over the whole sequence, then the module
+    _, ref, mref = speculative._caches(spec, prompts, lengths, STEPS)
+    m = OmniModel(spec)
+    _, _, ref, h = m.apply({"params": params}, {"tokens": seq}, ref, hidden=True)
+    nxt = jnp.concatenate([seq[:, 1:], x[:, None]], axis=1)
+    return ref, m.apply({"params": params}, {"tokens": nxt}, draft=(0, h, mref))[2]
+  ref, mref = prefill(params, seq, x)
   assert int(mcache.index) == index == int(ref.index) == int(mref.index)
   for got, want in zip(_filled(cache, index) + _filled(mcache, index),
                        _filled(ref, index) + _filled(mref, index), strict=True):
