@@ -130,7 +130,8 @@ def step_loops(spec: OmniSpec, params, batch: int, steps: int) -> dict:
 
 
 def spec_decode(spec: OmniSpec, params, prompts: np.ndarray, steps: int, repeats: int,
-                log=print, accept_prompts: np.ndarray | None = None) -> dict:
+                log=print, accept_prompts: np.ndarray | None = None,
+                breakdown: bool = True) -> dict:
   """Speculative (MTP-drafted) against plain greedy decoding of ``steps`` tokens after
   ``prompts`` [B, P], all on unstacked unit weights, timed interleaved (medians); the
   ``spec_*`` / ``mtp_*`` summary keys.
@@ -142,7 +143,8 @@ def spec_decode(spec: OmniSpec, params, prompts: np.ndarray, steps: int, repeats
   relative to a greedy step (:func:`step_loops`, interleaved with the rest), whose ratio
   with the tokens per iteration models the speedup (``spec_speedup_modelled``).
   ``accept_prompts`` [N, P]: more prompts, each decoded alone, for
-  ``mtp_acceptance_rate_pooled`` (accepted / made over all of them)."""
+  ``mtp_acceptance_rate_pooled`` (accepted / made over all of them). ``breakdown=False``
+  leaves the step costs out (three compiles fewer)."""
   b, p = prompts.shape
   params = unstack_units(params)
   lengths = np.full(b, p, np.int32)
@@ -150,7 +152,7 @@ def spec_decode(spec: OmniSpec, params, prompts: np.ndarray, steps: int, repeats
   key = jax.random.PRNGKey(0)
   loop_fn = speculative.jitted_greedy(spec, steps)
   spec_fn = speculative.jitted(spec, steps)
-  parts = step_loops(spec, params, b, steps)
+  parts = step_loops(spec, params, b, steps) if breakdown else {}
   times = time_interleaved([(plain, (params, prompts, lengths, key, None)),
                             (loop_fn, (params, prompts, lengths)),
                             (spec_fn, (params, prompts, lengths)),
@@ -163,7 +165,6 @@ def spec_decode(spec: OmniSpec, params, prompts: np.ndarray, steps: int, repeats
   made, accepted = int(made), int(accepted)
   base = min(med["decode"], med["loop"])
   per_iter = steps / max(made, 1)
-  verify, draft = med["verify"] / med["step"], med["draft"] / med["step"]
   out = {"spec_batch": b, "spec_new_tokens": steps, "spec_repeats": repeats,
          "greedy_seconds": base, "greedy_decode_seconds": med["decode"],
          "greedy_loop_seconds": med["loop"], "spec_seconds": med["spec"],
@@ -173,9 +174,11 @@ def spec_decode(spec: OmniSpec, params, prompts: np.ndarray, steps: int, repeats
          "spec_tokens_equal": float(np.mean(ids_spec == ids_plain)),
          "greedy_loop_tokens_equal": float(np.mean(ids_loop == ids_plain)),
          "greedy_seconds_per_token": base / steps,
-         "spec_seconds_per_iteration": med["spec"] / max(made, 1),
-         "verify_step_over_greedy_step": verify, "draft_step_over_greedy_step": draft,
-         "spec_speedup_modelled": per_iter / (verify + draft)}
+         "spec_seconds_per_iteration": med["spec"] / max(made, 1)}
+  if breakdown:
+    verify, draft = med["verify"] / med["step"], med["draft"] / med["step"]
+    out.update(verify_step_over_greedy_step=verify, draft_step_over_greedy_step=draft,
+               spec_speedup_modelled=per_iter / (verify + draft))
   if accept_prompts is not None:
     one = speculative.jitted(spec, steps)
     rates, tot_made, tot_acc = [], 0, 0
@@ -187,8 +190,9 @@ def spec_decode(spec: OmniSpec, params, prompts: np.ndarray, steps: int, repeats
     out["mtp_acceptance_rate_pooled"] = tot_acc / max(tot_made, 1)
   log(f"speculative: {out['spec_decode_speedup']:.2f}x greedy ({out['spec_seconds']:.3f} s vs "
       f"{base:.3f} s), acceptance {out['mtp_acceptance_rate']:.3f}, tokens equal "
-      f"{out['spec_tokens_equal']:.3f}; verify step {verify:.2f}x and draft step {draft:.2f}x "
-      f"a greedy step, {per_iter:.2f} tokens per iteration")
+      f"{out['spec_tokens_equal']:.3f}, {per_iter:.2f} tokens per iteration"
+      + (f"; verify step {verify:.2f}x and draft step {draft:.2f}x a greedy step"
+         if breakdown else ""))
   return out
 
 

@@ -145,10 +145,25 @@ def test_bench_reports_speedup_and_acceptance(model):
   if not spec.backbone.mla:
     pytest.skip("one cache kind is enough for the summary keys")
   out = spec_decode(spec, bigram_drafter(params, spec.backbone.d_model, 0.0), prompts[:1],
-                    STEPS, repeats=1, log=lambda _: None)
+                    STEPS, repeats=1, log=lambda _: None, accept_prompts=prompts,
+                    breakdown=False)
   assert out["spec_tokens_equal"] == 1.0 and out["mtp_acceptance_rate"] == 1.0
   assert out["spec_verify_steps"] == STEPS // 2 and out["spec_tokens_per_verify_step"] == 2.0
   assert out["spec_decode_speedup"] == out["greedy_seconds"] / out["spec_seconds"]
   assert out["greedy_seconds"] == min(out["greedy_decode_seconds"], out["greedy_loop_seconds"])
   assert out["greedy_loop_tokens_equal"] == 1.0
-  assert out["verify_step_over_greedy_step"] > 0 and out["draft_step_over_greedy_step"] > 0
+  assert out["mtp_acceptance_rate_per_prompt"] == [1.0, 1.0]
+  assert out["mtp_acceptance_rate_pooled"] == 1.0 and "spec_speedup_modelled" not in out
+
+
+@pytest.mark.slow
+def test_bench_step_loops_decode_like_the_decoder(model):
+  """The breakdown's step programs compile and run, each feeding the tokens its name says
+  (one for a greedy step, two for a verify or a draft step)."""
+  from omni_jax.generate.bench import step_loops
+  spec, params, _, _ = model
+  if not spec.backbone.mla:
+    pytest.skip("one cache kind is enough")
+  loops = step_loops(spec, params, 1, 4)
+  shapes = {k: np.asarray(fn(params)).shape for k, fn in loops.items()}
+  assert shapes == {"step": (1, 1), "verify": (1, 2), "draft": (1, 2)}
