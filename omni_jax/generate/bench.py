@@ -104,7 +104,8 @@ def step_loops(spec: OmniSpec, params, batch: int, steps: int) -> dict:
   """Jitted programs of ``steps`` repeated decode steps on a cache of ``steps`` filled slots
   (the decode's mid-length), for the cost breakdown of speculative decoding: ``step`` (the
   main model on one token per row: a greedy step), ``verify`` (on two: a verify step),
-  ``draft`` (the MTP module on two: a draft step). Each ``fn(params) -> ids``; the write
+  ``draft`` (the MTP module on two: a draft step after an accepted draft), ``draft_1`` (on
+  one: after a rejected draft). Each ``fn(params) -> ids``; the write
   index is rolled back after every step, as a decode that rejects would."""
   bb = spec.backbone
   model = OmniModel(spec)
@@ -126,7 +127,8 @@ def step_loops(spec: OmniSpec, params, batch: int, steps: int) -> dict:
             jnp.int32)
       return jax.lax.fori_loop(0, steps, body, (cache, jnp.zeros((batch, t), jnp.int32)))[1]
     return jax.jit(run)
-  return {"step": loop(1, False), "verify": loop(2, False), "draft": loop(2, True)}
+  return {"step": loop(1, False), "verify": loop(2, False), "draft": loop(2, True),
+          "draft_1": loop(1, True)}
 
 
 def spec_decode(spec: OmniSpec, params, prompts: np.ndarray, steps: int, repeats: int,
@@ -139,9 +141,10 @@ def spec_decode(spec: OmniSpec, params, prompts: np.ndarray, steps: int, repeats
   The greedy baseline is the faster of two greedy decoders: :func:`decode.generate`
   (``greedy_decode_seconds``) and :func:`speculative.greedy` (the same prefill, cache and
   text-head argmax as the speculative loop, ``greedy_loop_seconds``). The breakdown: seconds
-  per greedy token and per speculative iteration, and the costs of a verify and a draft step
-  relative to a greedy step (:func:`step_loops`, interleaved with the rest), whose ratio
-  with the tokens per iteration models the speedup (``spec_speedup_modelled``).
+  per greedy token and per speculative iteration, and the costs of a verify and the draft
+  steps relative to a greedy step (:func:`step_loops`, interleaved with the rest), which with
+  the tokens per iteration ``1 + a`` model the speedup: ``spec_speedup_modelled = (1 + a) /
+  (verify + a * draft + (1 - a) * draft_1)``, ``a`` the acceptance rate.
   ``accept_prompts`` [N, P]: more prompts, each decoded alone, for
   ``mtp_acceptance_rate_pooled`` (accepted / made over all of them). ``breakdown=False``
   leaves the step costs out (three compiles fewer)."""
@@ -177,8 +180,10 @@ def spec_decode(spec: OmniSpec, params, prompts: np.ndarray, steps: int, repeats
          "spec_seconds_per_iteration": med["spec"] / max(made, 1)}
   if breakdown:
     verify, draft = med["verify"] / med["step"], med["draft"] / med["step"]
+    draft_1, a = med["draft_1"] / med["step"], out["mtp_acceptance_rate"]
     out.update(verify_step_over_greedy_step=verify, draft_step_over_greedy_step=draft,
-               spec_speedup_modelled=per_iter / (verify + draft))
+               draft_1_step_over_greedy_step=draft_1,
+               spec_speedup_modelled=per_iter / (verify + a * draft + (1 - a) * draft_1))
   if accept_prompts is not None:
     one = speculative.jitted(spec, steps)
     rates, tot_made, tot_acc = [], 0, 0

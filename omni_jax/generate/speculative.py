@@ -9,10 +9,10 @@ at cache slot ``n``) and a draft ``d`` of the token after it:
    cache) gives the greedy ``g1`` (after ``x``) and ``g2`` (after ``d``) and the hidden
    states ``h_n, h_{n+1}``; ``d`` is accepted when ``d == g1`` (in every row: the rows of a
    batch stay in step). Emitted: ``g1``, and ``g2`` when accepted.
-2. **draft**: the MTP module runs over the same two slots of its own cache with
-   ``(h_n, g1)`` and ``(h_{n+1}, g2)`` — the hidden state at slot ``i`` and the true token
-   ``t_{i+1}`` (``g2`` follows ``h_{n+1}`` only when ``d`` was accepted; otherwise that slot is
-   rolled back). The module's prediction at the last valid slot is the next draft.
+2. **draft**: the MTP module runs over the same slots of its own cache with ``(h_n, g1)``
+   and, when ``d`` was accepted, ``(h_{n+1}, g2)`` — the hidden state at slot ``i`` and the
+   true token ``t_{i+1}`` (a ``lax.cond``: after a rejection slot ``n + 1`` is rolled back,
+   so the module runs on one token). Its prediction at the last slot is the next draft.
 3. **roll back**: both caches' write index moves to the slot of the new ``x`` (``n + 1`` or
    ``n + 2``): a rejected slot is overwritten by the next iteration and never attended to
    before (a query at slot ``t`` sees slots ``<= t`` only).
@@ -73,14 +73,21 @@ def speculate(spec: OmniSpec, params, prompts: jax.Array, lengths: jax.Array, st
   draft = _greedy(mlogits)[:, -1]
   out = jnp.zeros((b, steps + 2), jnp.int32).at[:, 0].set(first)
 
+  def draft_after(g, h, t: int):
+    """The MTP module over the first ``t`` verified slots (``t = 1``: the draft was rejected,
+    the second slot is rolled back, so only the first is written); its last prediction."""
+    def run(mcache):
+      mlogits, _, mcache = apply({"tokens": g[:, :t]}, draft=(0, h[:, :t], mcache))
+      return _greedy(mlogits)[:, t - 1], mcache
+    return run
+
   def body(state):
     cache, mcache, x, d, out, n_out, made, accepted = state
     n = cache.index
     logits, _, cache, h = apply({"tokens": jnp.stack([x, d], 1)}, cache, hidden=True)
     g = _greedy(logits)                                        # [B, 2]
     ok = jnp.all(d == g[:, 0]).astype(jnp.int32)
-    mlogits, _, mcache = apply({"tokens": g}, draft=(0, h, mcache))
-    new_d = jax.lax.dynamic_index_in_dim(_greedy(mlogits), ok, axis=1, keepdims=False)
+    new_d, mcache = jax.lax.cond(ok == 1, draft_after(g, h, 2), draft_after(g, h, 1), mcache)
     out = jax.lax.dynamic_update_slice(out, g, (0, n_out))     # g2 kept only when accepted
     x = jax.lax.dynamic_index_in_dim(g, ok, axis=1, keepdims=False)
     back = n + 1 + ok

@@ -166,4 +166,4 @@ def test_bench_step_loops_decode_like_the_decoder(model):
     pytest.skip("one cache kind is enough")
   loops = step_loops(spec, params, 1, 4)
   shapes = {k: np.asarray(fn(params)).shape for k, fn in loops.items()}
-  assert shapes == {"step": (1, 1), "verify": (1, 2), "draft": (1, 2)}
+  assert shapes == {"step": (1, 1), "verify": (1, 2), "draft": (1, 2), "draft_1": (1, 1)}
