@@ -9,18 +9,13 @@ from jax.sharding import PartitionSpec as P
 
 from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
-from omni_jax.parallel import hlo_cost, layout, recipes
+from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.parallel.pipeline import SCHEDULES
 from omni_jax.parallel.pipeline_schedule import schedule_1f1b
 from omni_jax.parallel.pipeline_stages import stage_specs
 from omni_jax.train.omni import check_batch_fits_mesh, parallel_op_names
-
-
-def _max_rel(a_tree, b_tree):
-  return max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) / max(float(np.abs(b).max()),
-                                                                      1e-30)
-             for a, b in zip(jax.tree.leaves(a_tree), jax.tree.leaves(b_tree), strict=True))
+from tests.parallel.pipeline_checks import max_rel, step_against_one_device
 
 
 # Two stages of one unit each in the default suite (each case compiles the 8-device step once
@@ -28,19 +23,6 @@ def _max_rel(a_tree, b_tree):
 # walks a stage's units in reverse) run slow. The load-balancing loss is on with a large
 # coefficient: the pipeline rebuilds the whole batch's E * sum_e f_e P_e per unit, so it must
 # match one device as exactly as the cross-entropy does (f32).
-def _step_against_one_device(loss, params, batch, mesh, sh, ops, l1, g1, label):
-  """Compiles the layout's ``value_and_grad`` once, checks loss and gradients against the one
-  device run (``l1``, ``g1``) within 1e-5 and returns the gradients and the compiled step's
-  collectives (loop-counted)."""
-  f = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, ops)), out_shardings=(None, sh))
-  args = (jax.device_put(params, sh), mesh_lib.put_batch(mesh, batch))
-  compiled = f.lower(*args).compile()
-  lp, grads = compiled(*args)
-  assert abs(float(lp) - float(l1)) <= 1e-5 * abs(float(l1)), label
-  assert _max_rel(grads, g1) <= 1e-5, label
-  return grads, hlo_cost.collectives_per_step(compiled.as_text())
-
-
 @pytest.mark.parametrize("mesh_cfg,n_micro,units_per_stage", [
     (dict(pipeline=2, fsdp=4), 2, 1),
     pytest.param(dict(pipeline=4, fsdp=2), 4, 1, marks=pytest.mark.slow),
@@ -56,7 +38,7 @@ def test_schedules_match_one_device(mesh_cfg, n_micro, units_per_stage, micro):
   grads = {}
   for schedule in SCHEDULES:
     ops = layout.ops(mesh, {"pipeline": schedule}, n_micro)
-    grads[schedule], colls = _step_against_one_device(loss, params, batch, mesh, sh, ops,
+    grads[schedule], colls = step_against_one_device(loss, params, batch, mesh, sh, ops,
                                                       l1, g1, schedule)
     # Inside the tick loops only the pipeline's own traffic runs (neighbour sends, each
     # microbatch's publish over the stages); the stage parameters' gather over the batch axes
@@ -69,72 +51,7 @@ def test_schedules_match_one_device(mesh_cfg, n_micro, units_per_stage, micro):
     n_batch = mesh_lib.batch_divisor(mesh)
     assert {c.kind for c in colls if c.group == n_batch} >= (
         {"all-gather", "reduce-scatter"} if "fsdp" in mesh_cfg else {"all-reduce"}), schedule
-  assert _max_rel(grads["1f1b"], grads["gpipe"]) <= 1e-5
-
-
-# The pipeline composed with the model-parallel axes: the stage body is manual over every
-# axis of size > 1 and runs the Ulysses / ring, expert-parallel and Megatron bodies inside
-# (layout.stage_ops); the stage keeps the recipe's tensor / expert splits of its parameters
-# and gathers only the ZeRO (fsdp) split, once, outside the tick loop. Aux loss on, as above.
-def _pipeline_matches_one_device(micro, mesh_cfg, overrides, schedules, in_loop_kind,
-                                 recipe="omni"):
-  _, _, loss, params, batch = micro(lb_coef=1.0, num_layers=2)
-  l1, g1 = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, {})))(params, batch)
-  mesh = mesh_lib.make_mesh(mesh_cfg)
-  sh, _ = recipes.resolve(recipes.RECIPES.get(recipe), params, mesh)
-  grads = {}
-  for schedule in schedules:
-    names = layout.op_names(recipe, {**overrides, "pipeline": schedule})
-    ops = layout.ops(mesh, names, 2, recipe)
-    grads[schedule], colls = _step_against_one_device(loss, params, batch, mesh, sh, ops,
-                                                      l1, g1, schedule)
-    # The seam's own collective runs inside the tick loop (the op's body is in the stage);
-    # no parameter is gathered or reduce-scattered there (only once, outside).
-    in_loop = {c.kind for c in colls
-               if "backbone/shard_map" in c.op_name and "/while/" in c.op_name}
-    assert in_loop_kind in in_loop and not in_loop & {"all-gather", "reduce-scatter"}, (
-        schedule, in_loop)
-  if len(schedules) == 2:
-    assert _max_rel(grads["1f1b"], grads["gpipe"]) <= 1e-5
-
-
-@pytest.mark.parametrize("op,schedules", [
-    ("ulysses", ("1f1b",)),
-    pytest.param("ulysses", SCHEDULES, marks=pytest.mark.slow),
-    pytest.param("ring", ("1f1b",), marks=pytest.mark.slow),
-    pytest.param("ring_zigzag", ("gpipe",), marks=pytest.mark.slow),
-])
-def test_pipeline_with_sequence(op, schedules, micro):
-  _pipeline_matches_one_device(micro, dict(pipeline=2, sequence=2, fsdp=2),
-                               {"sequence_attention": op}, schedules,
-                               "all-to-all" if op == "ulysses" else "collective-permute")
-
-
-# 1F1B in the default suite (its forward is GPipe's; its backward the hand-written loop),
-# GPipe's autodiff backward too under slow (each schedule is a compile of the 8-device step).
-@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
-def test_pipeline_with_expert(schedule, micro):
-  _pipeline_matches_one_device(micro, dict(pipeline=2, expert=2, fsdp=2), {}, (schedule,),
-                               "all-to-all")
-
-
-# pipeline x tensor: 1F1B in the default suite (a promise of the README), GPipe under slow
-@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
-def test_pipeline_with_tensor(schedule, micro):
-  _pipeline_matches_one_device(micro, dict(pipeline=2, tensor=2, fsdp=2), {}, (schedule,),
-                               "all-reduce")
-
-
-@pytest.mark.slow  # experts split over expert and their width over tensor, in one stage
-def test_pipeline_with_expert_and_tensor(micro):
-  _pipeline_matches_one_device(micro, dict(pipeline=2, expert=2, tensor=2), {}, ("1f1b",),
-                               "all-to-all")
-
-
-def test_pipeline_with_expert_zero3(micro):
-  """The ZeRO group over fsdp x expert: the recipe reaches the stage."""
-  _pipeline_matches_one_device(micro, dict(pipeline=2, expert=2, fsdp=2), {}, ("gpipe",),
-                               "all-to-all", recipe="omni_zero3")
+  assert max_rel(grads["1f1b"], grads["gpipe"]) <= 1e-5
 
 
 def test_stage_specs_follow_the_recipe(micro):
@@ -173,7 +90,7 @@ def test_reference_variants_match_one_device(micro):
                 out_shardings=(None, sh))
     lp, g = f(jax.device_put(params, sh), mesh_lib.put_batch(mesh, batch))
     assert abs(float(lp) - float(l1)) <= 1e-5 * abs(float(l1)), name
-    assert _max_rel(g, g1) <= 1e-5, name
+    assert max_rel(g, g1) <= 1e-5, name
 
 
 @pytest.mark.parametrize("n_stages,m", [(2, 1), (2, 4), (2, 8), (3, 5), (4, 8), (4, 16)])
@@ -200,14 +117,13 @@ def test_1f1b_schedule(n_stages, m):
 
 
 def test_pipeline_config_errors(micro):
-  spec, cfg, *_ = micro(lb_coef=0.0, num_layers=2)
+  spec, cfg, loss, params, batch = micro(lb_coef=0.0, num_layers=2)
   stream = OmniStream(spec, cfg.data)
   with pytest.raises(ConfigError, match="must divide the backbone's 2 units"):
     check_batch_fits_mesh(stream, mesh_lib.make_mesh(dict(pipeline=4, fsdp=2)))
   with pytest.raises(ConfigError, match="pipeline_microbatches \\(8\\) x the 4 devices"):
     check_batch_fits_mesh(stream, mesh_lib.make_mesh(dict(pipeline=2, fsdp=4)), 8)
   # The stages run each batch shard's rows: a microbatch must split over the batch shards.
-  _, _, loss, params, batch = micro(lb_coef=0.0, num_layers=2)
   mesh = mesh_lib.make_mesh(dict(pipeline=2, fsdp=4))
   with pytest.raises(ValueError, match=r"microbatches of 2 rows \(batch 8 / parallel.pipeline_"
                      r"microbatches=4\) do not split over the 4 batch shards"):
