@@ -88,7 +88,7 @@ def _forward(x, w, group_sizes, chunk):
       return _masked_write(out, r, keep, y.astype(out.dtype))
     return jax.lax.fori_loop(0, (sizes[g] + chunk - 1) // chunk, step, out)
 
-  out0 = varying_like(jnp.zeros((m, w.shape[2]), x.dtype), x, w)
+  out0 = varying_like(jnp.zeros((m, w.shape[2]), x.dtype), x, w, group_sizes)
   return jax.lax.fori_loop(0, w.shape[0], group, out0)
 
 
@@ -117,11 +117,11 @@ def _chunked_bwd(chunk, res, dy):
       xc = jnp.where(keep, jax.lax.dynamic_slice_in_dim(x, r, chunk, 0), 0)
       dx = _masked_write(dx, r, keep, _dot(dyc, wg, ((1,), (1,))).astype(dx.dtype))
       return dx, acc + _dot(xc, dyc, ((0,), (0,)))
-    acc0 = varying_like(jnp.zeros(w.shape[1:], jnp.float32), x, dy, w)
+    acc0 = varying_like(jnp.zeros(w.shape[1:], jnp.float32), x, dy, w, group_sizes)
     dx, acc = jax.lax.fori_loop(0, (sizes[g] + chunk - 1) // chunk, step, (dx, acc0))
     return dx, jax.lax.dynamic_update_index_in_dim(dw, acc.astype(dw.dtype), g, 0)
 
-  init = (varying_like(jnp.zeros_like(x), x, dy, w), varying_like(jnp.zeros_like(w), x, dy, w))
+  init = tuple(varying_like(jnp.zeros_like(a), x, dy, w, group_sizes) for a in (x, w))
   dx, dw = jax.lax.fori_loop(0, w.shape[0], group, init)
   return dx, dw, None
 
@@ -144,8 +144,10 @@ def chunked_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
     return jnp.zeros((0, w.shape[2]), x.dtype)
   if not (isinstance(chunk, int) and 1 <= chunk <= m):
     raise ValueError(f"chunked_matmul: chunk = {chunk!r} must be an integer in [1, M={m}]")
-  # the rows may vary over manual mesh axes the weights do not (the shard-local dispatch):
-  # both are cast to the union first, so the custom VJP's dw has the weights' type and
-  # autodiff sums it over those axes outside (as in grouped_matmul.block_matmul)
-  x, w = varying_like(x, w), varying_like(w, x)
-  return _chunked(x, w, group_sizes.astype(jnp.int32), chunk)
+  # the rows and group sizes may vary over manual mesh axes the weights do not (the
+  # shard-local dispatch): all three are cast to the union first, so the custom VJP's
+  # gradients have their inputs' types and autodiff sums them over the added axes outside
+  # (as in grouped_matmul.block_matmul)
+  gs = group_sizes.astype(jnp.int32)
+  x, w, gs = varying_like(x, w, gs), varying_like(w, x, gs), varying_like(gs, x, w)
+  return _chunked(x, w, gs, chunk)
