@@ -53,7 +53,8 @@ from omni_jax.data.sequences import TASK_TEXT, generate_task, understand_task
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.models.spec import OmniSpec
 
-PIPELINE_DEFAULTS = dict(max_bad_fraction=0.001, workers=0, prefetch=2, epochs=0, shards=0,
+PIPELINE_DEFAULTS = dict(max_bad_fraction=0.001, workers=0, prefetch=2, device_prefetch=2,
+                         epochs=0, shards=0,
                          eval_fraction=0.1, pack_window=256, slots_per_row=1,
                          min_records_before_cap=1000, strict_keys=False,
                          chunk_positions="restart", sources=(), allow_changed_data=False,
@@ -68,7 +69,8 @@ def pipeline_options(data_cfg) -> dict[str, Any]:
   f = o["max_bad_fraction"]
   require(isinstance(f, int | float) and 0 <= f <= 1, "data.max_bad_fraction", f,
           "must be in [0, 1]")
-  for k in ("workers", "prefetch", "epochs", "shards", "min_records_before_cap"):
+  for k in ("workers", "prefetch", "device_prefetch", "epochs", "shards",
+            "min_records_before_cap"):
     require(isinstance(o[k], int) and not isinstance(o[k], bool) and o[k] >= 0, f"data.{k}",
             o[k], "must be an integer >= 0")
   e = o["eval_fraction"]

@@ -27,6 +27,7 @@ bad records.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import grain
@@ -82,6 +83,66 @@ def mixed_records(sources: list[RecordSource], weights, *, seed: int, shard: int
   return grain.MapDataset.mix(parts, [float(w) for w in weights]), sizes
 
 
+class WindowAhead:
+  """The next window of a Grain iterator, read in a background thread while the current one
+  is packed and trained on, with the iterator's state from just before it.
+
+  Grain's multiprocess prefetch starts a worker's process when the pipeline first asks it for
+  an element, and with windows of hundreds of records a window lasts many steps: without
+  this, the second worker would start (spawn, imports, a whole window's decoding) only when
+  the first window ran out, and the step would wait for all of it. One window is asked for
+  ahead, so a worker's start and its decoding overlap the window before. The iterator is
+  used only by the one reading thread at a time (``wait`` before touching it)."""
+
+  def __init__(self, it):
+    self.it, self.pulled = it, 0  # windows asked of the iterator
+    self._thread: threading.Thread | None = None
+    self._out: tuple | None = None
+
+  def _pull(self) -> None:
+    before = self.it.get_state()
+    try:
+      self._out = (before, next(self.it), None)
+    except StopIteration:
+      self._out = (before, None, None)  # the records ran out
+    except BaseException as e:  # noqa: BLE001  (raised in the reading process's thread)
+      self._out = (before, None, e)
+    self.pulled += 1
+
+  def start(self) -> None:
+    """Begins reading the next window (if none is being read)."""
+    if self._thread is None:
+      self._out = None
+      self._thread = threading.Thread(target=self._pull, name="window-ahead", daemon=True)
+      self._thread.start()
+
+  def wait(self) -> None:
+    """Blocks until no window is being read."""
+    if self._thread is not None and self._thread is not threading.current_thread():
+      self._thread.join()
+
+  def take(self) -> tuple[Any, list | None]:
+    """(the iterator's state before the next window, its items or None at the end); starts
+    reading the one after it."""
+    self.start()
+    self.wait()
+    self._thread = None
+    before, items, err = self._out
+    if err is not None:
+      raise err
+    if items is not None:
+      self.start()
+    return before, items
+
+  def drop(self, wait: bool = True) -> None:
+    """Forgets a window read ahead: after it was read (before the iterator's state is set),
+    or at once (``wait=False``: the iterator is being closed; the reading thread ends with
+    it)."""
+    if wait:
+      self.wait()
+    self._thread, self._out = None, None
+
+
 class ShardReader:
   """The packed-row stream of one shard of the training records, with resumable state.
 
@@ -104,6 +165,7 @@ class ShardReader:
     if opts["workers"]:
       it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=opts["workers"]))
     self.shard, self.it = shard, iter(it)
+    self.ahead = WindowAhead(self.it)
     self.window: dict | None = None
     self.offset = 0
     self.carry: list[tuple[Doc, tuple[int, int, int]]] = []  # documents of rows kept open
@@ -152,11 +214,9 @@ class ShardReader:
         self.bad.append(it["bad"])
 
   def _advance(self) -> None:
-    self.before = self._counts() | {"parent": self.it.get_state(),
-                                    "carry": [list(k) for _, k in self.carry]}
-    try:
-      items = next(self.it)
-    except StopIteration:
+    parent, items = self.ahead.take()
+    self.before = self._counts() | {"parent": parent, "carry": [list(k) for _, k in self.carry]}
+    if items is None:
       if not self.carry:
         raise DataError(f"shard {self.shard}'s {self.num_records} training records ran out "
                         f"after data.epochs = {self.epochs}; raise it (0 = endless)") from None
@@ -192,6 +252,7 @@ class ShardReader:
     return {**self.before, "window": self.window is not None, "offset": self.offset}
 
   def set_state(self, state: dict[str, Any]) -> None:
+    self.ahead.drop()
     self.it.set_state(state["parent"])
     self.read_by, self.bad_by = list(state["read_by"]), list(state["bad_by"])
     self.bad = list(state["bad"])
@@ -295,6 +356,7 @@ class InputIterator(grain.DatasetIterator):
 
   def close(self) -> None:
     for r in self.readers:
+      r.ahead.drop(wait=False)
       if hasattr(r.it, "close"):
         r.it.close()
 

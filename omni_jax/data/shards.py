@@ -25,6 +25,7 @@ import collections
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -139,15 +140,17 @@ class JsonlReader:
 
   def __init__(self, path: str, offsets: np.ndarray):
     self.path, self.offsets, self._f = path, offsets, None
+    self._lock = threading.Lock()
 
   def __len__(self) -> int:
     return len(self.offsets)
 
   def read(self, i: int) -> bytes:
-    if self._f is None:
-      self._f = open(self.path, "rb")  # noqa: SIM115 (kept open for the reader's life)
-    self._f.seek(int(self.offsets[i]))
-    return self._f.readline()
+    with self._lock:  # one file position: the shards of one process read from their threads
+      if self._f is None:
+        self._f = open(self.path, "rb")  # noqa: SIM115 (kept open for the reader's life)
+      self._f.seek(int(self.offsets[i]))
+      return self._f.readline()
 
   def close(self) -> None:
     if self._f is not None:
@@ -161,6 +164,7 @@ class ArrayRecordReader:
 
   def __init__(self, path: str):
     self.path, self._r = path, None
+    self._lock = threading.Lock()
     self._n = int(self._open().num_records())
 
   def _open(self):
@@ -173,7 +177,8 @@ class ArrayRecordReader:
     return self._n
 
   def read(self, i: int) -> bytes:
-    return self._open().read([int(i)])[0]
+    with self._lock:
+      return self._open().read([int(i)])[0]
 
   def close(self) -> None:
     if self._r is not None:
@@ -187,6 +192,7 @@ class ParquetReader:
 
   def __init__(self, path: str, cache: int = 4):
     self.path, self.cache, self._f = path, cache, None
+    self._lock = threading.Lock()
     self._groups: collections.OrderedDict[int, list[dict]] = collections.OrderedDict()
     md = self._open().metadata
     self.starts = np.cumsum([0] + [md.row_group(g).num_rows for g in range(md.num_row_groups)])
@@ -202,12 +208,13 @@ class ParquetReader:
 
   def read(self, i: int) -> dict[str, Any]:
     g = int(np.searchsorted(self.starts, i, side="right")) - 1
-    if g not in self._groups:
-      self._groups[g] = self._open().read_row_group(g).to_pylist()
-      while len(self._groups) > self.cache:
-        self._groups.popitem(last=False)
-    self._groups.move_to_end(g)
-    row = self._groups[g][i - int(self.starts[g])]
+    with self._lock:  # the row-group cache is shared by the threads reading this shard
+      if g not in self._groups:
+        self._groups[g] = self._open().read_row_group(g).to_pylist()
+        while len(self._groups) > self.cache:
+          self._groups.popitem(last=False)
+      self._groups.move_to_end(g)
+      row = self._groups[g][i - int(self.starts[g])]
     return {k: v for k, v in row.items() if v is not None}
 
   def close(self) -> None:
@@ -230,15 +237,23 @@ def open_reader(path: str | os.PathLike, fmt: str, index: dict | None = None):
 
 
 def pickle_state(reader) -> dict:
-  """A reader's picklable state (open handles dropped; reopened on the next read)."""
+  """A reader's picklable state (open handles and its lock dropped; reopened on the next
+  read, a new lock on unpickling)."""
   state = dict(reader.__dict__)
   for k in ("_f", "_r"):
     if k in state:
       state[k] = None
   if "_groups" in state:
     state["_groups"] = collections.OrderedDict()
+  state.pop("_lock", None)
   return state
+
+
+def unpickle_state(reader, state: dict) -> None:
+  reader.__dict__.update(state)
+  reader._lock = threading.Lock()
 
 
 for _cls in (JsonlReader, ArrayRecordReader, ParquetReader):
   _cls.__getstate__ = pickle_state
+  _cls.__setstate__ = unpickle_state

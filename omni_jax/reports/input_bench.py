@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from omni_jax.common.timing import time_interleaved
+from omni_jax.data.pipeline import pipeline_options
 from omni_jax.models.omni import OmniModel
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.train.loop import create_state, make_train_step
@@ -34,6 +35,7 @@ from omni_jax.train.omni import (
   state_sharding,
 )
 from omni_jax.train.optim import make_optimizer
+from omni_jax.train.prefetch import BatchPrefetcher
 
 
 def measure_input(stream, batches: int) -> dict[str, float]:
@@ -55,21 +57,26 @@ def measure_input(stream, batches: int) -> dict[str, float]:
           "packing_efficiency": it.packing_efficiency}
 
 
-def rss_mb(field: str = "rss") -> float:
-  """Memory of this process and its children (the Grain workers), MB: ``field`` 'rss'
-  (resident: a page shared by several of the processes, such as a library's, counts once per
-  process) or 'pss' (proportional: a shared page is split among its sharers, so the sum
-  counts each page once; Linux)."""
+def process_mb(field: str = "rss") -> tuple[float, float, int]:
+  """(this process's, its children's (the Grain workers') total, number of children) memory,
+  MB: ``field`` 'rss' (resident: a page shared by several of the processes, such as a
+  library's, counts once per process) or 'pss' (proportional: a shared page is split among
+  its sharers, so the sum counts each page once; Linux)."""
   import psutil  # noqa: PLC0415  (optional: only the benchmark's memory figure needs it)
   me = psutil.Process()
-  procs = [me, *me.children(recursive=True)]
-  total = 0
-  for p in procs:
+  out = []
+  for p in [me, *me.children(recursive=True)]:
     try:
-      total += p.memory_info().rss if field == "rss" else p.memory_full_info().pss
+      out.append(p.memory_info().rss if field == "rss" else p.memory_full_info().pss)
     except psutil.Error:  # a worker that just exited
       pass
-  return total / 2 ** 20
+  return out[0] / 2 ** 20, sum(out[1:]) / 2 ** 20, len(out) - 1
+
+
+def rss_mb(field: str = "rss") -> float:
+  """Memory of this process and its children (the Grain workers), MB (:func:`process_mb`)."""
+  main, children, _ = process_mb(field)
+  return main + children
 
 
 def measure_records(stream, records: int) -> dict[str, float]:
@@ -78,21 +85,28 @@ def measure_records(stream, records: int) -> dict[str, float]:
   also the growth after the first tenth of the records, which leaves out the workers' own
   start-up (imports, first decodes) and shows whether streaming itself grows, and the growth
   of the proportional set size (``pss_growth_mb``: pages the workers share with each other
-  and the trainer counted once)."""
+  and the trainer counted once). The ``rss_main_*`` / ``rss_children_*`` keys split the
+  resident memory between this process and its children (Grain's spawned workers, each
+  importing its own Python, JAX and Grain), with the number of child processes at the start
+  and at most: a worker still starting when the pass begins adds its whole footprint."""
   if stream.iterator is None:
     stream.bind()
   it = stream.iterator
   stream.batch(0)
   read0, nonpad0, step = it.records_read, it.nonpad, 1
-  rss0 = peak = rss_mb()
+  main0, kids0, n0 = process_mb()
+  rss0 = peak = main0 + kids0
+  main_peak, kids_peak, n_max = main0, kids0, n0
   pss0 = pss_peak = rss_mb("pss")
   warm = warm_peak = None  # after a tenth of the records: the workers have started and warmed
   t0 = time.perf_counter()
   while it.records_read - read0 < records:
     stream.batch(step)
     step += 1
-    now = rss_mb()
-    peak = max(peak, now)
+    main, kids, n = process_mb()
+    now = main + kids
+    peak, main_peak, kids_peak, n_max = (max(peak, now), max(main_peak, main),
+                                         max(kids_peak, kids), max(n_max, n))
     pss_peak = max(pss_peak, rss_mb("pss"))
     if warm is None and it.records_read - read0 >= records // 10:
       warm = warm_peak = now
@@ -107,7 +121,12 @@ def measure_records(stream, records: int) -> dict[str, float]:
           "packing_efficiency": it.packing_efficiency,
           "rss_start_mb": rss0, "rss_growth_mb": peak - rss0,
           "rss_growth_after_first_tenth_mb": None if warm is None else warm_peak - warm,
-          "pss_start_mb": pss0, "pss_growth_mb": pss_peak - pss0}
+          "pss_start_mb": pss0, "pss_growth_mb": pss_peak - pss0,
+          # where the growth is: this process vs its children (workers started after the
+          # first batch count whole), each side's peak over the pass minus its start
+          "rss_main_start_mb": main0, "rss_main_growth_mb": main_peak - main0,
+          "rss_children_start_mb": kids0, "rss_children_growth_mb": kids_peak - kids0,
+          "child_processes_at_start": n0, "child_processes_max": n_max}
 
 
 def _train_step(config, spec, host_batch: dict[str, np.ndarray]
@@ -146,8 +165,10 @@ def measure_slowdown(config, spec, stream, host_batch: dict[str, np.ndarray], st
   """``step_slowdown_with_input``: ``rounds`` rounds (after one warm-up round, which
   compiles) of a block of ``steps`` train steps fed by the stream's next batches, then a
   block of ``steps`` on ``host_batch`` cached on the devices; the ratio of their total
-  seconds. Within a block steps are dispatched as the train loop does (no wait per step),
-  so the pipeline's reading overlaps the running step as in training."""
+  seconds. Within a block steps are dispatched as the train loop does (no wait per step) and
+  the fed block's batches are made ``data.device_prefetch`` steps ahead in a background
+  thread (:class:`~omni_jax.train.prefetch.BatchPrefetcher`), so the pipeline's reading
+  overlaps the running step as in training."""
   step_fn, state, mesh = _train_step(config, spec, host_batch)
   cached = mesh_lib.put_batch(mesh, host_batch)
   held = {"state": state}
@@ -159,11 +180,20 @@ def measure_slowdown(config, spec, stream, host_batch: dict[str, np.ndarray], st
     held["state"] = s
     return metrics["loss"]
 
+  first = stream.iterator.batches
+  feed = BatchPrefetcher(  # as train_omni: data.device_prefetch batches made ahead
+      lambda s: jax.block_until_ready(mesh_lib.put_local_batch(mesh, stream.batch(s),
+                                                               stream.batch_size)),
+      first, first + (rounds + 1) * steps - 1, pipeline_options(config.data)["device_prefetch"])
+  taken = iter(range(first, first + (rounds + 1) * steps))
+
   def fed() -> dict:
-    return mesh_lib.put_local_batch(mesh, stream.batch(stream.iterator.batches),
-                                    stream.batch_size)
-  with_input, on_cached = time_interleaved(
-      [(block, (fed,)), (block, (lambda: cached,))], repeats=rounds)
+    return feed.get(next(taken))[0]
+  try:
+    with_input, on_cached = time_interleaved(
+        [(block, (fed,)), (block, (lambda: cached,))], repeats=rounds)
+  finally:
+    feed.close()
   a, b = sum(with_input) / (rounds * steps), sum(on_cached) / (rounds * steps)
   return {"step_slowdown_with_input": a / b, "step_seconds_with_input": a,
           "step_seconds_cached_batch": b, "slowdown_steps": steps, "slowdown_rounds": rounds,

@@ -19,9 +19,13 @@
   so the last checkpoint on disk is a good one;
 * records: a progress line every ``log_every`` steps (loss, tokens/s, MFU, ETA),
   ``metrics.jsonl``, and the numbers ``summary.json`` is built from;
-* input stalls: the seconds the loop waits for each batch (``get_batch`` + ``put_batch``,
-  until the batch is on the devices) over the wall time, ``input_wait_fraction``, and the
-  input iterator's records per second when it counts them (``records_per_sec``).
+* input made ahead: with ``prefetch = N`` a background thread reads and places the batches
+  of the next ``N`` steps while the step runs (:mod:`omni_jax.train.prefetch`); the input
+  state saved with a checkpoint is the one just after the last batch trained on;
+* input stalls: the seconds the loop waits for each batch (until it is on the devices: the
+  whole ``get_batch`` + ``put_batch`` without prefetch, the time the made-ahead batch is
+  still missing with it) over the wall time, ``input_wait_fraction``, and the input
+  iterator's records per second over the batches trained on (``records_per_sec``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 import flax
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,6 +50,7 @@ from omni_jax.common.metrics import MetricsLog
 from omni_jax.common.progress import Progress
 from omni_jax.common.timing import RateMeter, timed
 from omni_jax.train import offload as offload_lib
+from omni_jax.train.prefetch import BatchPrefetcher
 from omni_jax.train.profiling import StepProfiler, parse_profile_steps
 
 TRAIN_KEYS = ("steps", "seed", "log_every", "eval_every", "eval_batches", "checkpoint_every",
@@ -293,12 +299,16 @@ class InputMeter:
   """Seconds the loop waited for its batches and records the input iterator read, per log
   window and over the run (the first, compiling step excluded, like :class:`RateMeter`).
 
-  The wait is the host's: with asynchronous dispatch the devices may still be running the
-  previous step while the host waits, so it bounds the devices' idle time from above."""
+  With batches made ahead (``fit(prefetch=N)``) the wait is the time the next batch was still
+  being made when the step could start. Without, it is the host's whole read and placement:
+  with asynchronous dispatch the devices may still be running the previous step meanwhile,
+  so it bounds the devices' idle time from above."""
 
-  def __init__(self, data_iter=None):
-    self.count = (lambda: int(data_iter.records_read)) if hasattr(
-        data_iter, "records_read") else None
+  def __init__(self, data_iter=None, count=None):
+    """``count``: the records read so far (default: ``data_iter.records_read`` when it has
+    one); the loop passes the count after the last batch it took."""
+    self.count = count or ((lambda: int(data_iter.records_read)) if hasattr(
+        data_iter, "records_read") else None)
     self.wait = self.total_wait = 0.0
     self.total_records = 0
     self.records0 = 0
@@ -328,6 +338,25 @@ class InputMeter:
             "records_per_sec": self.total_records / seconds if self.count else None}
 
 
+class StateOf(grain.DatasetIterator):
+  """A saved input state in the iterator interface Grain's checkpoint handler writes: the
+  state of the input iterator just after the last batch trained on (the iterator itself may
+  have read ahead)."""
+
+  def __init__(self, state):
+    super().__init__()
+    self.state = state
+
+  def __next__(self):
+    raise TypeError("StateOf holds a saved input state; it yields nothing")
+
+  def get_state(self):
+    return self.state
+
+  def set_state(self, state):
+    self.state = state
+
+
 @dataclasses.dataclass
 class FitResult:
   state: TrainState
@@ -343,7 +372,7 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
         eval_fn: Callable[[Any, int], dict] | None = None,
         tokens_per_step: int = 0, flops_per_step: float = 0.0,
         params_hook: Callable[[Any], Any] | None = None, data_iter=None,
-        loss_norm: Callable | None = None, frozen: Any = None) -> FitResult:
+        loss_norm: Callable | None = None, frozen: Any = None, prefetch: int = 0) -> FitResult:
   """Trains ``loop.steps`` steps (resuming from ``workdir`` when a checkpoint exists).
 
   ``params_hook(abstract params) -> params`` builds a fresh start's initial parameters from
@@ -353,7 +382,8 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   resumed run restores its checkpoint instead. ``data_iter``: the input iterator behind
   ``get_batch`` when it has state (a Grain ``DatasetIterator``); it is checkpointed beside
   the train state and restored on resume. ``frozen``: the parameters that never
-  change (:func:`make_train_step`)."""
+  change (:func:`make_train_step`). ``prefetch``: batches read and placed on the devices
+  ahead of the step, in a background thread (0: each when its step needs it)."""
   ckpt = Checkpointer(workdir, loop.keep_checkpoints, with_data=data_iter is not None)
   sharding = offload_lib.state_sharding(param_sharding, loop.offload)
   resumed = ckpt.latest_step()
@@ -383,13 +413,22 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
     log.write({"step": 0, **{f"eval/{k}": v for k, v in eval_fn(state.params, 0).items()}})
 
   meter, window, losses = RateMeter(), [], []
-  inputs = InputMeter(data_iter)
+  counts = hasattr(data_iter, "records_read")
+  took = {"state": None, "records": int(data_iter.records_read) if counts else 0}
+  inputs = InputMeter(data_iter, count=(lambda: took["records"]) if counts else None)
+
+  def snapshot(s: int):  # in the producing thread, right after batch s - 1 was read
+    saves = s % loop.checkpoint_every == 0 or s == loop.steps
+    return (data_iter.get_state() if data_iter is not None and saves else None,
+            int(data_iter.records_read) if counts else 0)
+  feed = BatchPrefetcher(lambda s: jax.block_until_ready(put_batch(get_batch(s - 1))),
+                         start + 1, loop.steps, prefetch, snapshot)
   profiler = StepProfiler(workdir, loop.profile_steps)
   t_start = time.perf_counter()
   try:
     for step in range(start + 1, loop.steps + 1):
       profiler.before(step)
-      batch, waited = timed(lambda s=step: put_batch(get_batch(s - 1)))
+      (batch, (took["state"], took["records"])), waited = timed(feed.get, step)
       inputs.wait += waited
       state, metrics = step_fn(state, batch)
       profiler.after(step, metrics)
@@ -429,10 +468,11 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
         meter.start()
         inputs.start()
       if do_ckpt:
-        ckpt.save(step, state, data=data_iter)
+        ckpt.save(step, state, data=None if data_iter is None else StateOf(took["state"]))
     if start < loop.steps:
       prog.finish()
   finally:
+    feed.close()
     profiler.close()
     ckpt.close()
   return FitResult(state, log.read(), meter.mean_step_time, resumed,

@@ -23,6 +23,7 @@ from omni_jax.common.config import ConfigError, check_keys, require, to_dict
 from omni_jax.common.figures import plot_curves
 from omni_jax.common.metrics import write_json_atomic
 from omni_jax.common.timing import measure_matmul_flops
+from omni_jax.data.pipeline import pipeline_options
 from omni_jax.data.sequences import TASK_TEXT
 from omni_jax.data.stream import OmniStream, make_stream
 from omni_jax.hf.omni_init import load_into_omni
@@ -283,7 +284,8 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
         tokens_per_step=tokens_per_step, flops_per_step=flops,
         params_hook=pretrained_hook(spec, ft, stages.source_workdir(config.train)),
         data_iter=data_iter, loss_norm=loss_norm(spec),
-        frozen=ft.frozen(abstract_state_params))
+        frozen=ft.frozen(abstract_state_params),
+        prefetch=pipeline_options(config.data)["device_prefetch"])
   finally:
     if data_iter is not None:
       data_iter.close()  # stops Grain's worker processes

@@ -306,3 +306,8 @@ def test_an_input_pass_by_record_count_reports_memory(tmp_path):
   assert out["rss_growth_after_first_tenth_mb"] <= out["rss_growth_mb"] + 1e-9
   # One process (no workers): every page is its own, so PSS is at most RSS.
   assert 10 < out["pss_start_mb"] <= out["rss_start_mb"] and np.isfinite(out["pss_growth_mb"])
+  # No workers: the whole figure is this process's; children are none at the start and after.
+  assert out["child_processes_at_start"] == out["child_processes_max"] == 0
+  assert out["rss_children_start_mb"] == out["rss_children_growth_mb"] == 0
+  assert out["rss_main_start_mb"] == out["rss_start_mb"]
+  assert out["rss_main_growth_mb"] == out["rss_growth_mb"]

@@ -190,15 +190,15 @@ import os, signal
 import jax
 jax.config.update("jax_num_cpu_devices", 8)
 from tests.train.test_train_omni import manifest_config
-from omni_jax.data.pipeline import InputIterator
+from omni_jax.train.loop import StateOf
 from omni_jax.train.omni import train_omni
 
-real = InputIterator.get_state
+real = StateOf.get_state
 def get_state(self):  # called by the checkpoint's data item, after the train state's save began
-  if self.batches == 4:
+  if self.state["batches"] == 4:  # the input state saved with step 4
     os.kill(os.getpid(), signal.SIGKILL)
   return real(self)
-InputIterator.get_state = get_state
+StateOf.get_state = get_state
 train_omni(manifest_config({manifest!r}, {modalities!r}), {workdir!r})
 """
 
