@@ -3,8 +3,12 @@
 Rows sorted by group (expert) times each group's weight, ``jax.lax.ragged_dot``'s contract
 (rows past ``sum(group_sizes)`` give zeros). :func:`default_impl` picks by backend:
 
-* ``blocked`` (CPU): the block-padded scan of :mod:`omni_jax.models.grouped_matmul`, one
-  block per step (XLA:CPU lowers ``ragged_dot`` to a dense matmul of an E-times masked copy);
+* ``chunked`` (CPU): :mod:`omni_jax.models.chunked_matmul`, a loop over the groups, each
+  group's weight sliced once and its rows multiplied in fixed-size chunks (XLA:CPU lowers
+  ``ragged_dot`` to a dense matmul of an E-times masked copy);
+* ``blocked``: the block-padded scan of :mod:`omni_jax.models.grouped_matmul`, one block per
+  step (each block copies its group's weight before its matmul: slower on CPU than
+  ``chunked``, by request);
 * ``megablox`` (TPU): the Pallas TPU grouped matmul, ``megablox`` ``gmm`` forward, ``gmm``
   on the transposed weights and ``tgmm`` backward (:func:`megablox_matmul`);
 * ``padded_batched`` (GPU): the same block-padded layout, each scan step one batched matmul
@@ -31,9 +35,10 @@ import jax
 import jax.numpy as jnp
 
 from omni_jax.models import grouped_matmul as gmm
+from omni_jax.models.chunked_matmul import chunked_matmul
 
-GROUPED_MATMUL_IMPLS = ("blocked", "padded_batched", "megablox", "ragged_dot")
-_BY_BACKEND = {"cpu": "blocked", "gpu": "padded_batched", "tpu": "megablox"}
+GROUPED_MATMUL_IMPLS = ("chunked", "blocked", "padded_batched", "megablox", "ragged_dot")
+_BY_BACKEND = {"cpu": "chunked", "gpu": "padded_batched", "tpu": "megablox"}
 GPU_BLOCK = 128            # rows per block of the GPU form (a tensor-core friendly tile)
 GPU_BLOCKS_PER_STEP = 16   # blocks per batched matmul: up to 2,048 rows per scan step
 _TILE = 128                # megablox tiles (m, k, n): TPU lane width, shrunk for small dims
@@ -140,6 +145,8 @@ class GroupedPlan(NamedTuple):
     """Kernel rows ``a`` times their groups' weights ``w [E, K, N]``."""
     if self.layout is not None:
       return gmm.block_matmul(a, w, self.layout, self.blocks_per_step)
+    if self.impl == "chunked":
+      return chunked_matmul(a, w, self.group_sizes)
     if self.impl == "megablox":
       return megablox_matmul(a, w, self.group_sizes, interpret=self.interpret)
     return jax.lax.ragged_dot(a, w, self.group_sizes)

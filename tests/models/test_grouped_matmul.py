@@ -1,6 +1,7 @@
-"""Every grouped-matmul kernel (block-padded CPU and GPU forms, megablox gmm/tgmm in Pallas
-interpret mode) equals ``jax.lax.ragged_dot`` (values and gradients), the dropless MoE
-dispatch is unchanged by it, and the CPU form needs less compiled memory on CPU."""
+"""Every grouped-matmul kernel (the chunked CPU form, the block-padded forms, megablox
+gmm/tgmm in Pallas interpret mode) equals ``jax.lax.ragged_dot`` (values and gradients), the
+dropless MoE dispatch is unchanged by it, and the CPU form needs less compiled memory on
+CPU."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from omni_jax.models import chunked_matmul as cmm
 from omni_jax.models import grouped_kernels as gk
 from omni_jax.models import grouped_matmul as gmm
 from omni_jax.models import moe as moe_lib
@@ -23,6 +25,8 @@ GROUP_SIZES = [
     [0, 0, 0, 24],
     [1, 2, 3, 4],          # 14 of 24 rows: the rest give zeros, as in ragged_dot
     [0, 0, 0, 0],
+    [3, 21, 0, 0],         # a chunked group's last chunk starts at M - chunk, inside it
+    [0, 3, 19, 1],
 ]
 
 
@@ -60,7 +64,40 @@ def test_equals_ragged_dot_values_and_gradients(block, per_step):
       np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=str(sizes))
 
 
-@pytest.mark.parametrize("impl", ["padded_batched", "megablox"])
+@pytest.mark.parametrize("chunk", [1, 4, 5, 8, M, None])
+def test_chunked_equals_ragged_dot_values_and_gradients(chunk):
+  """Chunks of 1 row, of sizes that do and do not divide the groups, the whole array."""
+  x, w, cot = _data()
+  ours = _value_and_grads(lambda x, w, gs: cmm.chunked_matmul(x, w, gs, chunk=chunk))
+  for sizes in GROUP_SIZES:
+    gs = jnp.asarray(sizes, jnp.int32)
+    (_, y_ref), g_ref = _REF(x, w, gs, cot)
+    (_, y), g = ours(x, w, gs, cot)
+    np.testing.assert_allclose(y, y_ref, atol=1e-5, rtol=1e-5, err_msg=f"{chunk} {sizes}")
+    assert not np.any(np.asarray(y)[sum(sizes):])        # rows past the last group
+    assert not np.any(np.asarray(g[0])[sum(sizes):])
+    for a, b in zip(g, g_ref, strict=True):
+      np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=f"{chunk} {sizes}")
+
+
+def test_chunk_size_bounds_padding_and_bad_input():
+  assert cmm.chunk_size(8192, 32) == 64                  # 32 * 64 * 4 <= 8192 < 32 * 128 * 4
+  assert cmm.chunk_size(1 << 20, 8) == 256               # the cap
+  assert cmm.chunk_size(16, 4) == 8                      # the floor
+  assert cmm.chunk_size(5, 4) == 5                       # never more than the rows
+  for rows, e in [(512, 4), (768, 4), (4096, 8), (8192, 32)]:
+    c = cmm.chunk_size(rows, e)
+    assert c & (c - 1) == 0 and 8 <= c <= 256 and (c == 8 or e * c * 4 <= rows)
+  with pytest.raises(ValueError, match="num_groups"):
+    cmm.chunk_size(8, 0)
+  x, w, _ = _data()
+  with pytest.raises(ValueError, match=r"chunk = 25 must be an integer in \[1, M=24\]"):
+    cmm.chunked_matmul(x, w, jnp.asarray([24, 0, 0, 0]), chunk=25)
+  with pytest.raises(ValueError, match="group_sizes"):
+    cmm.chunked_matmul(x, w, jnp.asarray([24, 0, 0]))
+
+
+@pytest.mark.parametrize("impl", ["chunked", "padded_batched", "megablox"])
 def test_selected_kernel_equals_ragged_dot(impl):
   """The selector's kernels; megablox (Pallas TPU gmm forward, gmm + tgmm backward) runs in
   interpret mode here, with empty groups and rows past the last group."""
@@ -88,8 +125,8 @@ def test_tgmm_is_the_weight_gradient_of_ragged_dot():
 
 def test_selector_by_backend_and_bad_name():
   assert [gk.default_impl(b) for b in ("cpu", "gpu", "tpu", "rocm")] == [
-      "blocked", "padded_batched", "megablox", "ragged_dot"]
-  with pytest.raises(ValueError, match="allowed: blocked, padded_batched, megablox"):
+      "chunked", "padded_batched", "megablox", "ragged_dot"]
+  with pytest.raises(ValueError, match="allowed: chunked, blocked, padded_batched, megablox"):
     gk.grouped_plan(jnp.zeros(4, jnp.int32), 8, impl="cutlass")
 
 
@@ -124,7 +161,7 @@ def _dispatch_inputs(n=40, d=8, f=12, e=4, k=2, seed=0):
   return x, ids, ws
 
 
-def test_moe_dispatch_blocked_equals_ragged_outputs_and_gradients():
+def test_moe_dispatch_cpu_kernels_equal_ragged_outputs_and_gradients():
   x, ids, ws = _dispatch_inputs()
   cot = jax.random.normal(jax.random.PRNGKey(9), (x.shape[0], ids.shape[1], x.shape[1]))
 
@@ -135,7 +172,7 @@ def test_moe_dispatch_blocked_equals_ragged_outputs_and_gradients():
     return jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3), has_aux=True))(x, *ws)
 
   (_, b), gb = run("ragged_dot")
-  for impl in ("blocked", "padded_batched"):
+  for impl in ("chunked", "blocked", "padded_batched"):
     (_, a), ga = run(impl)
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=impl)
     for u, v in zip(ga, gb, strict=True):
@@ -143,8 +180,8 @@ def test_moe_dispatch_blocked_equals_ragged_outputs_and_gradients():
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the E-times copy is XLA:CPU's")
-def test_cpu_picks_blocked_and_needs_less_compiled_memory():
-  assert gk.default_impl() == "blocked"
+def test_cpu_picks_chunked_and_needs_less_compiled_memory():
+  assert gk.default_impl() == "chunked"
   n, d, f, e, k = 256, 64, 64, 8, 2
   x, ids, ws = _dispatch_inputs(n, d, f, e, k)
 
@@ -153,8 +190,8 @@ def test_cpu_picks_blocked_and_needs_less_compiled_memory():
     c = jax.jit(jax.value_and_grad(fn, (0, 1, 2, 3))).lower(x, *ws).compile()
     return c.memory_analysis().temp_size_in_bytes
 
-  ratio = temp("blocked") / temp("ragged_dot")
-  assert ratio < 0.5, ratio                               # measured 0.27
+  assert temp("blocked") / temp("ragged_dot") < 0.5      # measured 0.27
+  assert temp("chunked") / temp("ragged_dot") < 0.5
 
 
 def test_inside_shard_map_with_replicated_weights():
@@ -172,10 +209,11 @@ def test_inside_shard_map_with_replicated_weights():
                       out_specs=P("d"))
     return jax.jit(jax.grad(lambda x, w: jnp.sum(f(x, w, gs, cot)), (0, 1)))(x, w)
 
-  ours = run(lambda x, w, g: gmm.grouped_matmul(x, w, g))
   ref = run(jax.lax.ragged_dot)
-  for a, b in zip(ours, ref, strict=True):
-    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+  for fn in (gmm.grouped_matmul, cmm.chunked_matmul):
+    ours = run(lambda x, w, g, fn=fn: fn(x, w, g))
+    for a, b in zip(ours, ref, strict=True):
+      np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.tpu
