@@ -1,6 +1,7 @@
 """Every experiment's command line, run as a user launches it, on the default suite.
 
-Each entry point is started once with a mistake a user makes (an unknown config variant, a
+Each entry point is started once (forked from one driver that has the shared third-party
+libraries imported: tests/cli.py) with a mistake a user makes (an unknown config variant, a
 missing required flag): it must import, define its flags, load its config and stop with one
 clear message naming what is wrong, no Python traceback, exit code non-zero. The full runs
 at micro size live beside each system's tests; this file guarantees that no command line is
@@ -14,7 +15,7 @@ import os
 
 import pytest
 
-from tests.cli import ROOT, run_module
+from tests.cli import ROOT, run_modules_forked
 
 # module -> (arguments, a phrase the error must contain)
 BAD = {
@@ -57,12 +58,19 @@ def test_every_experiment_module_has_a_smoke_entry():
   assert here == set(BAD), f"add a smoke entry for {sorted(here - set(BAD))}"
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """Every entry point run once with its mistake (one forking driver: tests/cli.py)."""
+  tmp = tmp_path_factory.mktemp("cli")
+  calls = [(f"experiments.{m}", tuple(a.replace("=W", f"={tmp}/{m}/w").replace(
+      "=P", f"={tmp}/{m}/p.jsonl") for a in BAD[m][0])) for m in sorted(BAD)]
+  return dict(zip(sorted(BAD), run_modules_forked(calls), strict=True))
+
+
 @pytest.mark.parametrize("module", sorted(BAD))
-def test_a_mistake_on_the_command_line_is_one_clear_error(module, tmp_path):
-  args, phrase = BAD[module]
-  args = tuple(a.replace("=W", f"={tmp_path}/w").replace("=P", f"={tmp_path}/p.jsonl")
-               for a in args)
-  r = run_module(f"experiments.{module}", *args, timeout=300)
+def test_a_mistake_on_the_command_line_is_one_clear_error(module, runs):
+  phrase = BAD[module][1]
+  r = runs[module]
   out = r.stdout + r.stderr
   assert r.returncode != 0, out[-2000:]
   assert phrase in out, out[-2000:]
