@@ -181,9 +181,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.model.moe.update(num_experts=8, top_k=2, d_ff=64, shared_experts=1, score="sigmoid",
                        n_group=4, topk_group=2, routed_scaling=2.5, first_dense=1,
                        balance="bias")
-    # one multi-token prediction module (its loss times 0.3, DeepSeek-V3's first weight):
-    # experiments.bench_decode drafts with it (speculative decoding)
-    c.model.mtp = dict(num_nextn_predict_layers=1, loss_weight=0.3)
+    # one multi-token prediction module: experiments.bench_decode drafts with it (speculative
+    # decoding). Its loss weight is 1.0, not DeepSeek-V3's 0.3: over these 300 steps 0.3 left
+    # the drafts accepted 0.44 of the time on random-byte prompts (seed 1, not the bench's),
+    # 1.0 raised that to 0.63 with the main model's held-out text accuracy unchanged.
+    c.model.mtp = dict(num_nextn_predict_layers=1, loss_weight=1.0)
   elif arg == "omni30b":
     # experiments.scale_plan only (compile, never run): ~30B total / ~3B active omni MoE at
     # 160K tokens of context on 128 devices (the seed's setting).

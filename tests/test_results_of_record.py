@@ -43,7 +43,9 @@ KEYS = {
                   "step_tokens_per_sec", "packing_efficiency", "workers", "machine.note"],
         "mla_tiny": ["cache_bytes_per_token_per_layer", "kv_speedup_64", "outputs_match_64",
                      "checkpoint_step", "spec_decode_speedup", "mtp_acceptance_rate",
-                     "spec_tokens_equal", "spec_tokens_per_verify_step", "machine.note"],
+                     "spec_tokens_equal", "spec_tokens_per_verify_step", "machine.note",
+                     "mtp_acceptance_rate_pooled", "verify_step_over_greedy_step",
+                     "draft_step_over_greedy_step", "greedy_loop_seconds"],
         # a variant with several runs of record: keyed by file name
         "tiny_corpus1m_input": ["startup_s", "rss_growth_mb", "pss_growth_mb",
                                 "rss_growth_after_first_tenth_mb", "records",

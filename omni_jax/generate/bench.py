@@ -19,12 +19,14 @@ Timings exclude compilation (each path runs once untimed first) and keep the fas
 A model with multi-token prediction modules (``config.model.mtp``) is also timed decoding
 speculatively (:mod:`omni_jax.generate.speculative`: MTP drafts, the main model verifies)
 against plain greedy decoding on the same cached decoder and weights, the two interleaved
-(:func:`omni_jax.common.timing.time_interleaved`, median of each): ``spec_decode_speedup``,
-``mtp_acceptance_rate`` (accepted drafts / drafts) and ``spec_tokens_equal``.
+(:func:`omni_jax.common.timing.time_interleaved`, median of each): ``spec_decode_speedup``
+(over the faster of two greedy decoders), ``mtp_acceptance_rate`` (accepted drafts / drafts)
+and ``spec_tokens_equal``, with the cost breakdown of :func:`spec_decode`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
@@ -98,31 +100,104 @@ def kv_decode(spec: OmniSpec, params, prompts: np.ndarray, steps: int,
   return t, np.asarray(out)
 
 
+def step_loops(spec: OmniSpec, params, batch: int, steps: int) -> dict:
+  """Jitted programs of ``steps`` repeated decode steps on a cache of ``steps`` filled slots
+  (the decode's mid-length), for the cost breakdown of speculative decoding: ``step`` (the
+  main model on one token per row: a greedy step), ``verify`` (on two: a verify step),
+  ``draft`` (the MTP module on two: a draft step after an accepted draft), ``draft_1`` (on
+  one: after a rejected draft). Each ``fn(params) -> ids``; the write
+  index is rolled back after every step, as a decode that rejects would."""
+  bb = spec.backbone
+  model = OmniModel(spec)
+  mtp_bb = dataclasses.replace(bb, num_layers=1)
+
+  def loop(t: int, mtp: bool):
+    def run(params):
+      cache = kv_cache.init_cache(mtp_bb if mtp else bb, batch, 2 * steps + t)
+      cache = cache.replace(index=jnp.asarray(steps, jnp.int32))
+      h = jnp.zeros((batch, t, bb.d_model), bb.dtype)
+
+      def body(_, state):
+        cache, tok = state
+        if mtp:
+          lg, _, cache = model.apply({"params": params}, {"tokens": tok}, draft=(0, h, cache))
+        else:
+          lg, _, cache = model.apply({"params": params}, {"tokens": tok}, cache)
+        return cache.replace(index=cache.index - t), jnp.argmax(lg["text"], -1).astype(
+            jnp.int32)
+      return jax.lax.fori_loop(0, steps, body, (cache, jnp.zeros((batch, t), jnp.int32)))[1]
+    return jax.jit(run)
+  return {"step": loop(1, False), "verify": loop(2, False), "draft": loop(2, True),
+          "draft_1": loop(1, True)}
+
+
 def spec_decode(spec: OmniSpec, params, prompts: np.ndarray, steps: int, repeats: int,
-                log=print) -> dict:
+                log=print, accept_prompts: np.ndarray | None = None,
+                breakdown: bool = True) -> dict:
   """Speculative (MTP-drafted) against plain greedy decoding of ``steps`` tokens after
-  ``prompts`` [B, P], both through the model's cached forward on unstacked unit weights,
-  timed interleaved; the ``spec_*`` / ``mtp_*`` summary keys."""
+  ``prompts`` [B, P], all on unstacked unit weights, timed interleaved (medians); the
+  ``spec_*`` / ``mtp_*`` summary keys.
+
+  The greedy baseline is the faster of two greedy decoders: :func:`decode.generate`
+  (``greedy_decode_seconds``) and :func:`speculative.greedy` (the same prefill, cache and
+  text-head argmax as the speculative loop, ``greedy_loop_seconds``). The breakdown: seconds
+  per greedy token and per speculative iteration, and the costs of a verify and the draft
+  steps relative to a greedy step (:func:`step_loops`, interleaved with the rest), which with
+  the tokens per iteration ``1 + a`` model the speedup: ``spec_speedup_modelled = (1 + a) /
+  (verify + a * draft + (1 - a) * draft_1)``, ``a`` the acceptance rate.
+  ``accept_prompts`` [N, P]: more prompts, each decoded alone, for
+  ``mtp_acceptance_rate_pooled`` (accepted / made over all of them). ``breakdown=False``
+  leaves the step costs out (three compiles fewer)."""
   b, p = prompts.shape
   params = unstack_units(params)
   lengths = np.full(b, p, np.int32)
   plain = dec.jitted(spec, sampling.Grammar.free(steps, spec.text_vocab), temperature=0.0)
   key = jax.random.PRNGKey(0)
+  loop_fn = speculative.jitted_greedy(spec, steps)
   spec_fn = speculative.jitted(spec, steps)
-  t_plain, t_spec = time_interleaved([(plain, (params, prompts, lengths, key, None)),
-                                      (spec_fn, (params, prompts, lengths))], repeats)
+  parts = step_loops(spec, params, b, steps) if breakdown else {}
+  times = time_interleaved([(plain, (params, prompts, lengths, key, None)),
+                            (loop_fn, (params, prompts, lengths)),
+                            (spec_fn, (params, prompts, lengths)),
+                            *((fn, (params,)) for fn in parts.values())], repeats)
+  med = dict(zip(["decode", "loop", "spec", *parts], map(STATS["median"], times),
+                 strict=True))
   ids_plain = np.asarray(plain(params, prompts, lengths, key, None))
+  ids_loop = np.asarray(loop_fn(params, prompts, lengths))
   ids_spec, made, accepted = (np.asarray(a) for a in spec_fn(params, prompts, lengths))
-  med = STATS["median"]
+  made, accepted = int(made), int(accepted)
+  base = min(med["decode"], med["loop"])
+  per_iter = steps / max(made, 1)
   out = {"spec_batch": b, "spec_new_tokens": steps, "spec_repeats": repeats,
-         "greedy_seconds": med(t_plain), "spec_seconds": med(t_spec),
-         "spec_decode_speedup": med(t_plain) / med(t_spec),
-         "mtp_acceptance_rate": float(accepted) / max(int(made), 1),
-         "spec_verify_steps": int(made), "spec_tokens_per_verify_step": steps / max(int(made), 1),
-         "spec_tokens_equal": float(np.mean(ids_spec == ids_plain))}
+         "greedy_seconds": base, "greedy_decode_seconds": med["decode"],
+         "greedy_loop_seconds": med["loop"], "spec_seconds": med["spec"],
+         "spec_decode_speedup": base / med["spec"],
+         "mtp_acceptance_rate": float(accepted) / max(made, 1),
+         "spec_verify_steps": made, "spec_tokens_per_verify_step": per_iter,
+         "spec_tokens_equal": float(np.mean(ids_spec == ids_plain)),
+         "greedy_loop_tokens_equal": float(np.mean(ids_loop == ids_plain)),
+         "greedy_seconds_per_token": base / steps,
+         "spec_seconds_per_iteration": med["spec"] / max(made, 1)}
+  if breakdown:
+    verify, draft = med["verify"] / med["step"], med["draft"] / med["step"]
+    draft_1, a = med["draft_1"] / med["step"], out["mtp_acceptance_rate"]
+    out.update(verify_step_over_greedy_step=verify, draft_step_over_greedy_step=draft,
+               draft_1_step_over_greedy_step=draft_1,
+               spec_speedup_modelled=per_iter / (verify + a * draft + (1 - a) * draft_1))
+  if accept_prompts is not None:
+    one = speculative.jitted(spec, steps)
+    rates, tot_made, tot_acc = [], 0, 0
+    for row in accept_prompts:
+      _, m, a = one(params, row[None], np.full(1, row.shape[0], np.int32))
+      tot_made, tot_acc = tot_made + int(m), tot_acc + int(a)
+      rates.append(int(a) / max(int(m), 1))
+    out["mtp_acceptance_rate_per_prompt"] = rates
+    out["mtp_acceptance_rate_pooled"] = tot_acc / max(tot_made, 1)
   log(f"speculative: {out['spec_decode_speedup']:.2f}x greedy ({out['spec_seconds']:.3f} s vs "
-      f"{out['greedy_seconds']:.3f} s), acceptance {out['mtp_acceptance_rate']:.3f}, tokens "
-      f"equal {out['spec_tokens_equal']:.3f}")
+      f"{base:.3f} s), acceptance {out['mtp_acceptance_rate']:.3f}, tokens equal "
+      f"{out['spec_tokens_equal']:.3f}, {per_iter:.2f} tokens per iteration"
+      + (f"; verify step {verify:.2f}x and draft step {draft:.2f}x a greedy step"
+         if breakdown else ""))
   return out
 
 
@@ -159,5 +234,5 @@ def bench_decode(spec: OmniSpec, *, new_tokens=(64, 512), batch: int = 4,
     out[f"outputs_match_{n}"] = float(np.mean(ids_kv == ids_re))
   if spec.backbone.mtp_layers:
     out.update(spec_decode(spec, params, prompts[:spec_batch], list(new_tokens)[-1],
-                           spec_repeats, log))
+                           spec_repeats, log, accept_prompts=prompts))
   return out
