@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import scipy.io.wavfile
-import scipy.signal
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from omni_jax.common.config import UserError
@@ -122,6 +121,8 @@ def resample_filter(up: int, down: int) -> np.ndarray:
   """``resample_poly``'s own default low-pass (Kaiser beta 5, cutoff 1 / max(up, down), half
   width 10 max(up, down)), designed once per ratio: scipy designs it again on every call,
   a third of the resampling time of a short clip. Read-only (scipy copies it)."""
+  import scipy.signal  # heavy (~60 MB resident): loaded by a worker only when it resamples
+
   m = max(up, down)
   h = scipy.signal.firwin(2 * 10 * m + 1, 1.0 / m, window=("kaiser", 5.0))
   h.flags.writeable = False
@@ -163,6 +164,8 @@ def fit_audio(x: np.ndarray, rate: int, *, sample_rate: int, num_samples: int, c
     pre = min(k, math.ceil(reach / down)) * down  # input before the window (filter warm-up)
     a = k * down - pre
     need = math.ceil(num_samples * down / up) + reach
+    import scipy.signal  # heavy (~60 MB resident): loaded by a worker only when it resamples
+
     y = scipy.signal.resample_poly(x[a:k * down + need], up, down, axis=0,
                                    window=resample_filter(up, down))
     x = y[pre * up // down:]

@@ -5,7 +5,10 @@ an :class:`~omni_jax.data.records.Item` becomes ``{'docs': [Doc], 'bad': message
 'source': k, 'rid': record number}``. A record gives an understand document (or a text
 document when it carries no modality) and a generate document per carried modality with a
 k-means codebook (targets: nearest codes) or a trained ``tokenizer`` (targets: the FSQ codec's
-ids of the decoded file, :func:`omni_jax.tokenizers.omni_codes.encode`). A document longer
+ids of the decoded file, :func:`omni_jax.tokenizers.omni_codes.encode`, passed in as
+``tokenizer_codes``). The module imports no model code (flax): the maker holds a
+:class:`~omni_jax.data.data_spec.DataSpec`, and the workers that unpickle it load only the
+record-to-document code. A document longer
 than ``seq_len`` is cut into ``seq_len`` windows
 (:func:`~omni_jax.data.packing.chunk_document`), never dropped: a corpus of long texts
 trains. Keys that are neither ``id``, ``text`` nor a modality's ``source_key`` are metadata
@@ -25,13 +28,12 @@ from typing import Any
 import numpy as np
 
 from omni_jax.data import chat
+from omni_jax.data.data_spec import DataSpec
 from omni_jax.data.decode import RecordError, decode_record
 from omni_jax.data.packing import Doc, chunk_document, valid_of
 from omni_jax.data.records import Item
 from omni_jax.data.sequences import TASK_TEXT, RowBuilder, generate_task, understand_task
 from omni_jax.modalities import MODALITY_KINDS
-from omni_jax.models.spec import OmniSpec
-from omni_jax.tokenizers import omni_codes
 
 AUDIO_CROPS = ("random", "head")
 NEAREST_CHUNK_BYTES = 1 << 24  # nearest_codes' working memory (its distance block), bytes
@@ -62,24 +64,32 @@ class DocMaker:
   """``Item -> {'docs', 'bad', 'source', 'rid'}`` (picklable). ``source_modalities[k]``: the
   modalities data source ``k`` feeds (None: all)."""
 
-  def __init__(self, spec: OmniSpec, seq_len: int, codebooks, tasks, *,
+  def __init__(self, spec: DataSpec, seq_len: int, codebooks, tasks, *,
                source_modalities=(None,), strict_keys: bool = False,
-               continue_positions: bool = False, audio_crop: str = "head", seed: int = 0):
+               continue_positions: bool = False, audio_crop: str = "head", seed: int = 0,
+               tokenizer_codes=None):
     if audio_crop not in AUDIO_CROPS:
       raise ValueError(f"audio_crop must be one of {AUDIO_CROPS}, got {audio_crop!r}")
     self.audio_crop, self.seed = audio_crop, int(seed)
-    self.spec, self.seq_len = spec, seq_len
+    self.spec, self.seq_len = DataSpec.of(spec), seq_len
     self.codebooks = dict(codebooks)
     self.tasks = list(tasks)
-    self.mods = dict(spec.modalities)
+    self.mods = dict(self.spec.modalities)
     self.strict_keys, self.continue_positions = strict_keys, continue_positions
-    keys = {m: ms["source_key"] for m, ms in spec.modalities}
+    keys = {m: ms["source_key"] for m, ms in self.spec.modalities}
     # Per source: the record keys of the modalities it does not feed (dropped before decoding).
     self.drop = [() if ms is None else tuple(keys[m] for m in self.mods if m not in ms)
                  for ms in source_modalities]
     self.feeds = [None if ms is None else set(ms) for ms in source_modalities]
     self._builder = None
     self._chat = None  # the chat template, read on the first chat record
+    # (modality spec, inputs [B, ...]) -> FSQ code ids [B, N] for a modality with a trained
+    # ``tokenizer`` (omni_jax.tokenizers.omni_codes.encode); passed in, not imported, so that
+    # workers load the codec code only when a modality has one
+    self.tokenizer_codes = tokenizer_codes
+    if tokenizer_codes is None and any(ms.get("tokenizer") for ms in self.mods.values()):
+      raise ValueError("a modality has a trained tokenizer: pass tokenizer_codes "
+                       "(omni_jax.tokenizers.omni_codes.encode)")
 
   def crop_offset(self, index: int | None) -> float:
     """Where a long audio file's window lies: ``audio_crop = 'random'``: uniform, drawn from
@@ -140,7 +150,7 @@ class DocMaker:
       out = chunk(b.text_ids(text), {}, TASK_TEXT)
     for m in present:
       if self.mods[m].get("tokenizer"):  # a trained FSQ codec's ids of the decoded file
-        codes = omni_codes.encode(self.mods[m], x[m][None])[0]
+        codes = self.tokenizer_codes(self.mods[m], x[m][None])[0]
       elif m in self.codebooks:
         kind = MODALITY_KINDS.get(self.mods[m]["kind"])
         codes = nearest_codes(self.codebooks[m], kind.code_vectors(self.mods[m], x[m][None]))[0]

@@ -42,8 +42,8 @@ import dataclasses
 
 import numpy as np
 
+from omni_jax.data.data_spec import DataSpec
 from omni_jax.modalities import MODALITY_KINDS
-from omni_jax.models.spec import OmniSpec
 
 
 @dataclasses.dataclass
@@ -166,7 +166,7 @@ def hold_open(rows: list[list[Doc]], seq_len: int, holds: dict[int, int],
   return emit, hold
 
 
-def collate_packed(spec: OmniSpec, rows: list[list[Doc]], seq_len: int,
+def collate_packed(spec: DataSpec, rows: list[list[Doc]], seq_len: int,
                    slots: int = 1) -> dict[str, np.ndarray]:
   """Packed rows -> a batch: the :func:`~omni_jax.data.sequences.collate` fields plus
   ``segment_ids`` and ``positions`` (``slots`` encoder slots per modality per row, see the

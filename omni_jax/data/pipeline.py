@@ -52,6 +52,7 @@ from omni_jax.data.records import open_dataset
 from omni_jax.data.sequences import TASK_TEXT, generate_task, understand_task
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.models.spec import OmniSpec
+from omni_jax.tokenizers import omni_codes
 
 PIPELINE_DEFAULTS = dict(max_bad_fraction=0.001, workers=0, prefetch=2, device_prefetch=2,
                          epochs=0, shards=0,
@@ -157,7 +158,8 @@ class PipelineStream:
     maker_args = dict(source_modalities=[s["modalities"] for s in self.sources],
                       strict_keys=self.opts["strict_keys"],
                       continue_positions=self.opts["chunk_positions"] == "continue",
-                      audio_crop=self.opts["audio_crop"], seed=self.seed)
+                      audio_crop=self.opts["audio_crop"], seed=self.seed,
+                      tokenizer_codes=omni_codes.encode)
     self.codebooks = self._fit_codebooks(positive_int(data_cfg, "codebook_samples", "data."),
                                          maker_args)
     self.maker = DocMaker(spec, self.seq_len, self.codebooks, self.tasks, **maker_args)

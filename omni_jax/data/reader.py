@@ -35,10 +35,10 @@ import numpy as np
 from absl import logging
 
 from omni_jax.common.config import UserError
+from omni_jax.data.data_spec import DataSpec
 from omni_jax.data.documents import DocMaker
 from omni_jax.data.packing import Doc, collate_packed, efficiency, hold_open, pack
 from omni_jax.data.records import RecordSource
-from omni_jax.models.spec import OmniSpec
 
 MAX_LISTED = 10
 MAX_LOGGED = 100  # bad records logged one by one (per shard)
@@ -53,7 +53,7 @@ class WindowPacker:
   to keep open (:func:`~omni_jax.data.packing.hold_open`). Runs in the reading process: what
   it keeps open is reader state."""
 
-  def __init__(self, spec: OmniSpec, seq_len: int, slots: int = 1):
+  def __init__(self, spec: DataSpec, seq_len: int, slots: int = 1):
     self.spec, self.seq_len, self.slots = spec, seq_len, slots
 
   def __call__(self, docs: list[Doc], holds: dict[int, int], flush: bool

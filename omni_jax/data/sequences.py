@@ -17,8 +17,8 @@ import dataclasses
 
 import numpy as np
 
+from omni_jax.data.data_spec import DataSpec
 from omni_jax.modalities import MODALITY_KINDS
-from omni_jax.models.spec import OmniSpec
 
 TASK_TEXT = "text"
 Ids = tuple[list[int], list[int], list[int], dict[str, np.ndarray]]
@@ -41,9 +41,10 @@ class Row:
 
 
 class RowBuilder:
-  """Builds :class:`Row` objects for one :class:`OmniSpec` and sequence length."""
+  """Builds :class:`Row` objects for one spec (a :class:`~omni_jax.data.data_spec.DataSpec`
+  or an OmniSpec) and sequence length."""
 
-  def __init__(self, spec: OmniSpec, seq_len: int):
+  def __init__(self, spec: DataSpec, seq_len: int):
     self.spec = spec
     self.seq_len = seq_len
     self.tok = spec.tokenizer
@@ -144,7 +145,7 @@ def _num_tokens(ms) -> int:
   return MODALITY_KINDS.get(ms["kind"]).num_tokens(ms)
 
 
-def collate(spec: OmniSpec, rows: list[Row], inputs: list[dict[str, np.ndarray]],
+def collate(spec: DataSpec, rows: list[Row], inputs: list[dict[str, np.ndarray]],
             tasks: list[int]) -> dict[str, np.ndarray]:
   """Stacks rows into a batch with every modality's arrays (zeros where a row lacks it)."""
   b = len(rows)
@@ -169,7 +170,7 @@ def collate(spec: OmniSpec, rows: list[Row], inputs: list[dict[str, np.ndarray]]
   return batch
 
 
-def batch_shapes(spec: OmniSpec, batch_size: int, seq_len: int) -> dict[str, tuple]:
+def batch_shapes(spec: DataSpec, batch_size: int, seq_len: int) -> dict[str, tuple]:
   """``{field: (shape, dtype)}`` of a :func:`collate` batch, without building one (for
   compile-only plans at sizes no host could generate)."""
   b = batch_size

@@ -1,12 +1,12 @@
-"""Modality kinds: how a modality is encoded, how big it is, and how to synthesise it.
+"""Modality kinds: what a modality's inputs are, how big they are, and how to synthesise them.
 
 A *modality* is an entry of ``config.model.modalities`` (``image``, ``audio``, a user's
 ``thermal`` ...). Its ``kind`` names a :class:`ModalityKind` in :data:`MODALITY_KINDS`,
-which holds everything the omni model, the data pipeline and the trainer need:
+which holds what the data pipeline, the trainer and the model need to know of its inputs
+(its flax encoder is registered apart, in :mod:`omni_jax.models.encoders`, so that this
+package, which input workers import, loads no model code):
 
 * ``defaults``: the kind's config fields and their defaults (anything else is an error);
-* ``encoder``: a flax module class with fields ``spec``, ``d_model``, ``dtype`` mapping a
-  batch of raw inputs ``[B, *input_shape]`` to ``[B, num_tokens, d_model]`` features;
 * ``input_shape(spec)`` / ``input_dtype``: one raw sample's shape and dtype;
 * ``num_tokens(spec)``: how many placeholder positions the features fill;
 * ``labels(spec)`` / ``synthesize(spec, rng, label)``: caption words and a sample of each
@@ -23,7 +23,8 @@ which holds everything the omni model, the data pipeline and the trainer need:
   features zeroed), so the features do not depend on what the padding holds.
 
 New modalities that fit a generic kind (``patch``, ``frames``, ``tokens``) need only a
-config entry; anything else registers one new kind (see ``video.py``). Where a modality's
+config entry; anything else registers one new kind (see ``video.py``) and its encoder
+(:func:`omni_jax.models.encoders.register_encoder`). Where a modality's
 inputs come from in a manifest (record key, file decoder) is set by the source fields of
 ``sources.py``, common to every kind.
 """
@@ -34,14 +35,11 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import flax.linen as nn
-import jax.numpy as jnp
 import numpy as np
 
 from omni_jax.common.config import ConfigError, check_keys, nonneg_float, positive_int, require
 from omni_jax.common.registry import Registry
 from omni_jax.modalities.sources import SOURCE_DEFAULTS, resolve_source
-from omni_jax.models.layers import RMSNorm, SwiGLU, encoder_attention
 
 # Fields every modality has, whatever its kind.
 COMMON_DEFAULTS: dict[str, Any] = dict(
@@ -60,7 +58,6 @@ COMMON_DEFAULTS: dict[str, Any] = dict(
 class ModalityKind:
   name: str
   defaults: Mapping[str, Any]
-  encoder: type[nn.Module]
   input_shape: Callable[[Mapping[str, Any]], tuple[int, ...]]
   num_tokens: Callable[[Mapping[str, Any]], int]
   labels: Callable[[Mapping[str, Any]], list[str]]
@@ -114,40 +111,3 @@ def gen_codes(spec: Mapping[str, Any]) -> int:
   return spec.get("gen_codes") or MODALITY_KINDS.get(spec["kind"]).num_tokens(spec)
 
 
-class EncoderStack(nn.Module):
-  """Learned positions + pre-norm bidirectional transformer + MLP projector to d_model."""
-  num_tokens: int
-  dim: int
-  layers: int
-  heads: int
-  d_model: int
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, h, mask=None):
-    """``h`` [B, N, dim]; ``mask`` bool [B, N] or None (all valid): masked tokens are no
-    attention key of any token and their outputs are zero."""
-    pos = self.param("pos", nn.initializers.normal(0.02), (self.num_tokens, self.dim))
-    h = h + pos.astype(h.dtype)
-    hd = self.dim // self.heads
-    for i in range(self.layers):
-      y = RMSNorm(dtype=self.dtype, name=f"ln_attn_{i}")(h)
-      qkv = nn.DenseGeneral((3, self.heads, hd), use_bias=False, dtype=self.dtype,
-                            name=f"qkv_{i}")(y)
-      a = encoder_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=False,
-                            key_mask=mask)
-      h = h + nn.DenseGeneral(self.dim, axis=(-2, -1), use_bias=False, dtype=self.dtype,
-                              name=f"o_{i}")(a)
-      h = h + SwiGLU(4 * self.dim, dtype=self.dtype, seam=False, name=f"mlp_{i}")(
-          RMSNorm(dtype=self.dtype, name=f"ln_mlp_{i}")(h))
-    h = RMSNorm(dtype=self.dtype, name="ln_out")(h)
-    h = nn.gelu(nn.Dense(self.d_model, dtype=self.dtype, name="proj_in")(h))
-    out = nn.Dense(self.d_model, dtype=self.dtype, name="proj_out")(h)
-    return out if mask is None else jnp.where(mask[..., None], out, 0).astype(out.dtype)
-
-
-def stack_for(spec: Mapping[str, Any], d_model: int, dtype: Any, num_tokens: int,
-              name: str = "stack") -> EncoderStack:
-  return EncoderStack(num_tokens=num_tokens, dim=spec["encoder_dim"],
-                      layers=spec["encoder_layers"], heads=spec["encoder_heads"],
-                      d_model=d_model, dtype=dtype, name=name)

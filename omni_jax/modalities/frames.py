@@ -1,9 +1,10 @@
 """``frames`` kind: 1-D signals (audio, accelerometers, ECG ...), optionally multi-channel.
 
-Encoder: signal -> per-frame features (log-mel spectrogram computed in JAX, or the raw
-frame samples) -> conv subsampler (two stride-2 convolutions, 4x fewer frames) ->
-:class:`EncoderStack`. Synthetic data: a tone at one of eight pitches, soft (sine) or
-buzzy (odd harmonics), with random onset, loudness and noise; the caption names both.
+Encoder (:mod:`omni_jax.models.encoders`): signal -> per-frame features (log-mel spectrogram
+computed in JAX, or the raw frame samples) -> conv subsampler (two stride-2 convolutions, 4x
+fewer frames) -> :class:`~omni_jax.models.encoders.EncoderStack`. Synthetic data: a tone at
+one of eight pitches, soft (sine) or buzzy (odd harmonics), with random onset, loudness and
+noise; the caption names both.
 
 Short clips: ``<m>_valid`` int32 (per input) is the count of real samples at the window's
 start (the rest is padding). The encoder zeroes the padded samples and the frame features
@@ -14,14 +15,12 @@ subsampler's count for the valid frames) out of attention and zeroes their featu
 from __future__ import annotations
 
 import math
-from typing import Any
 
-import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
 from omni_jax.common.config import one_of, positive_int, require
-from omni_jax.modalities.base import ModalityKind, register_kind, stack_for
+from omni_jax.modalities.base import ModalityKind, register_kind
 from omni_jax.modalities.logmel import log_mel_spectrogram, log_mel_spectrogram_np
 
 NOTES = {"c4": 261.63, "f4": 349.23, "a#4": 466.16, "d#5": 622.25, "g#5": 830.61,
@@ -131,34 +130,8 @@ def code_vectors(spec, x: np.ndarray) -> np.ndarray:
   return f.reshape(f.shape[0], n, 4, f.shape[2]).mean(axis=2)
 
 
-class FramesEncoder(nn.Module):
-  spec: Any
-  d_model: int
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x, valid=None):
-    """``x`` [B, S(, C)]; ``valid`` int32 [B] real samples per clip, or None (all)."""
-    x = x.astype(jnp.float32)
-    if valid is not None:
-      keep = jnp.arange(x.shape[1]) < valid[:, None]
-      x = x * (keep if x.ndim == 2 else keep[..., None])
-    h = frame_features(self.spec, x)
-    if valid is not None:
-      fmask = jnp.arange(h.shape[1]) < valid_frames(self.spec, valid)[:, None]
-      h = h * fmask[..., None]
-    h = h.astype(self.dtype)
-    dim = self.spec["encoder_dim"]
-    for i in range(2):
-      h = nn.gelu(nn.Conv(dim, kernel_size=(3,), strides=(2,), padding="SAME", dtype=self.dtype,
-                          name=f"subsample_{i}")(h))
-    mask = None if valid is None else token_mask(self.spec, valid)
-    return stack_for(self.spec, self.d_model, self.dtype, num_tokens(self.spec))(h, mask)
-
-
 KIND = register_kind(ModalityKind(
     name="frames", defaults=DEFAULTS,
-    encoder=FramesEncoder,
     input_shape=input_shape, num_tokens=num_tokens, labels=labels, synthesize=synthesize,
     code_vectors=code_vectors, validate=_validate, frontend_flops=frontend_flops,
     full_valid=full_valid, token_mask=token_mask))

@@ -1,9 +1,10 @@
 """``patch`` kind: grid data with any channel count (RGB images, thermal maps, depth ...).
 
-Encoder: non-overlapping ``patch x patch`` patches -> linear stem -> :class:`EncoderStack`.
-Synthetic data: a shape (circle, square, triangle, cross) of one of four colours in one of
-four quadrants on a faint textured background; the caption names all three, so the text
-after the image is predictable only by looking at it.
+Encoder (:mod:`omni_jax.models.encoders`): non-overlapping ``patch x patch`` patches ->
+linear stem -> :class:`~omni_jax.models.encoders.EncoderStack`. Synthetic data: a shape
+(circle, square, triangle, cross) of one of four colours in one of four quadrants on a faint
+textured background; the caption names all three, so the text after the image is predictable
+only by looking at it.
 
 ``fit`` says how a decoded file of another shape meets ``size``: ``stretch`` (resize, aspect
 not kept), ``crop`` (scale to cover, centre crop) or ``letterbox`` (scale to fit, aspect kept,
@@ -14,14 +15,11 @@ attention and zeroes their features.
 
 from __future__ import annotations
 
-from typing import Any
-
-import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
 from omni_jax.common.config import one_of, positive_int, require
-from omni_jax.modalities.base import ModalityKind, register_kind, stack_for
+from omni_jax.modalities.base import ModalityKind, register_kind
 
 SHAPES = ("circle", "square", "triangle", "cross")
 RGB_COLOURS = {"red": (0.9, 0.1, 0.1), "green": (0.1, 0.8, 0.2), "blue": (0.15, 0.2, 0.95),
@@ -132,28 +130,8 @@ def token_mask(spec, valid):
   return (rows[:, :, None] & cols[:, None, :]).reshape(valid.shape[0], -1)
 
 
-class PatchEncoder(nn.Module):
-  spec: Any
-  d_model: int
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x, valid=None):
-    """``x`` [B, H, W, C]; ``valid`` int32 [B, 2] content (height, width), or None (all)."""
-    mask = None
-    if valid is not None:
-      inside = ((jnp.arange(x.shape[1])[None, :, None] < valid[:, :1, None])
-                & (jnp.arange(x.shape[2])[None, None, :] < valid[:, None, 1:]))
-      x = jnp.where(inside[..., None], x, 0)
-      mask = token_mask(self.spec, valid)
-    h = patchify(x.astype(self.dtype), self.spec["patch"])
-    h = nn.Dense(self.spec["encoder_dim"], dtype=self.dtype, name="stem")(h)
-    return stack_for(self.spec, self.d_model, self.dtype, num_tokens(self.spec))(h, mask)
-
-
 KIND = register_kind(ModalityKind(
     name="patch", defaults=DEFAULTS,
-    encoder=PatchEncoder,
     input_shape=lambda spec: (*spec["size"], spec["channels"]),
     num_tokens=num_tokens, labels=labels, synthesize=synthesize,
     code_vectors=code_vectors, validate=_validate_patch, full_valid=full_valid,

@@ -1,20 +1,16 @@
 """``tokens`` kind: discrete id sequences (symbolic music, actions, codes ...).
 
-Encoder: embedding table -> :class:`EncoderStack`. Synthetic data: an arithmetic
-progression of ids modulo ``vocab`` whose step (1..8) the caption names. When generated
-(``codebook_size == vocab``) the ids themselves are the targets.
-"""
+Encoder (:mod:`omni_jax.models.encoders`): embedding table ->
+:class:`~omni_jax.models.encoders.EncoderStack`. Synthetic data: an arithmetic progression
+of ids modulo ``vocab`` whose step (1..8) the caption names. When generated (``codebook_size
+== vocab``) the ids themselves are the targets."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import flax.linen as nn
-import jax.numpy as jnp
 import numpy as np
 
 from omni_jax.common.config import positive_int, require
-from omni_jax.modalities.base import ModalityKind, register_kind, stack_for
+from omni_jax.modalities.base import ModalityKind, register_kind
 
 DEFAULTS = dict(length=16, vocab=64)
 STEPS = 8
@@ -33,21 +29,8 @@ def synthesize(spec, rng, label):
   return ((start + (label + 1) * np.arange(spec["length"])) % spec["vocab"]).astype(np.int32)
 
 
-class TokensEncoder(nn.Module):
-  spec: Any
-  d_model: int
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x):
-    h = nn.Embed(self.spec["vocab"], self.spec["encoder_dim"], dtype=self.dtype,
-                 name="embed")(x.astype(jnp.int32))
-    return stack_for(self.spec, self.d_model, self.dtype, self.spec["length"])(h)
-
-
 KIND = register_kind(ModalityKind(
     name="tokens", defaults=DEFAULTS,
-    encoder=TokensEncoder,
     input_shape=lambda spec: (spec["length"],), input_dtype=np.int32,
     num_tokens=lambda spec: spec["length"],
     labels=lambda spec: [f"step {k + 1}" for k in range(STEPS)],

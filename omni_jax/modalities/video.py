@@ -1,22 +1,18 @@
 """``video`` kind: frames of patches with temporal pooling — the registered-encoder example.
 
 Video does not fit a generic kind (it is a grid *and* a sequence), so it registers its own
-:class:`ModalityKind`, which is all a new modality of that sort needs. Encoder: per-frame
-patches -> linear stem -> mean over each group of ``temporal_pool`` frames ->
-:class:`EncoderStack`. Synthetic data: a coloured shape moving left, right, up or down.
-"""
+:class:`ModalityKind` and its encoder (:mod:`omni_jax.models.encoders`), which is all a new
+modality of that sort needs. Encoder: per-frame patches -> linear stem -> mean over each
+group of ``temporal_pool`` frames -> :class:`~omni_jax.models.encoders.EncoderStack`.
+Synthetic data: a coloured shape moving left, right, up or down."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import flax.linen as nn
-import jax.numpy as jnp
 import numpy as np
 
 from omni_jax.common.config import positive_int, require
 from omni_jax.modalities import patch as patch_kind
-from omni_jax.modalities.base import ModalityKind, register_kind, stack_for
+from omni_jax.modalities.base import ModalityKind, register_kind
 
 DIRECTIONS = {"left": (0.0, -1.0), "right": (0.0, 1.0), "up": (-1.0, 0.0), "down": (1.0, 0.0)}
 DEFAULTS = dict(frames=4, size=(32, 32), channels=3, patch=8, temporal_pool=2)
@@ -30,12 +26,12 @@ def _validate(spec, prefix):
           f"must be a multiple of temporal_pool={spec['temporal_pool']}")
 
 
-def _grid(spec) -> int:
+def grid(spec) -> int:
   return (spec["size"][0] // spec["patch"]) * (spec["size"][1] // spec["patch"])
 
 
 def num_tokens(spec) -> int:
-  return spec["frames"] // spec["temporal_pool"] * _grid(spec)
+  return spec["frames"] // spec["temporal_pool"] * grid(spec)
 
 
 def labels(spec) -> list[str]:
@@ -61,30 +57,12 @@ def code_vectors(spec, x: np.ndarray) -> np.ndarray:
   b, f = x.shape[:2]
   per_frame = patch_kind.code_vectors(spec, x.reshape(b * f, *x.shape[2:]))
   tp = spec["temporal_pool"]
-  return per_frame.reshape(b, f // tp, tp, _grid(spec), -1).mean(axis=2).reshape(
+  return per_frame.reshape(b, f // tp, tp, grid(spec), -1).mean(axis=2).reshape(
       b, num_tokens(spec), -1)
-
-
-class VideoEncoder(nn.Module):
-  spec: Any
-  d_model: int
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x):  # [B, F, H, W, C]
-    b, f = x.shape[:2]
-    h = patch_kind.patchify(x.reshape(b * f, *x.shape[2:]).astype(self.dtype),
-                            self.spec["patch"])
-    h = nn.Dense(self.spec["encoder_dim"], dtype=self.dtype, name="stem")(h)
-    tp = self.spec["temporal_pool"]
-    h = h.reshape(b, f // tp, tp, _grid(self.spec), -1).mean(axis=2)
-    h = h.reshape(b, num_tokens(self.spec), -1)
-    return stack_for(self.spec, self.d_model, self.dtype, num_tokens(self.spec))(h)
 
 
 KIND = register_kind(ModalityKind(
     name="video", defaults=DEFAULTS,
-    encoder=VideoEncoder,
     input_shape=lambda spec: (spec["frames"], *spec["size"], spec["channels"]),
     num_tokens=num_tokens, labels=labels, synthesize=synthesize,
     code_vectors=code_vectors, validate=_validate))

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from omni_jax.modalities import MODALITY_KINDS
+from omni_jax.models.encoders import ENCODERS
 from omni_jax.models.layers import RMSNorm
 from omni_jax.models.mtp import MTPModule, mtp_chain, mtp_counts, mtp_loss
 from omni_jax.models.named_ops import named_op
@@ -118,7 +119,8 @@ class OmniModel(nn.Module):
                  embedding_init=nn.initializers.normal(1.0), name="embed")(tokens)
     for name, ms in s.modalities:
       kind = MODALITY_KINDS.get(ms["kind"])
-      enc = kind.encoder(spec=ms, d_model=bb.d_model, dtype=bb.dtype, name=f"enc_{name}")
+      enc = ENCODERS.get(ms["kind"])(spec=ms, d_model=bb.d_model, dtype=bb.dtype,
+                                     name=f"enc_{name}")
       if name in batch:
         valid = batch.get(f"{name}_valid")
         x = scatter_features(x, *encode_slots(

@@ -16,6 +16,7 @@ from omni_jax.data.decode import decode_record
 from omni_jax.data.encode import write_wav
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.modalities.base import resolve_spec
+from omni_jax.models.encoders import ENCODERS
 from omni_jax.train.spec import build_spec
 from tests.data.test_decode_record import micro_model
 
@@ -26,8 +27,7 @@ IMAGE = dict(kind="patch", size=(16, 16), channels=3, patch=4, encoder_dim=16,
 
 
 def _encode(spec, x, valid):
-  kind = MODALITY_KINDS.get(spec["kind"])
-  enc = kind.encoder(spec=spec, d_model=8)
+  enc = ENCODERS.get(spec["kind"])(spec=spec, d_model=8)
   params = enc.init(jax.random.PRNGKey(0), jnp.asarray(x[:1]), jnp.asarray(valid[:1]))
   apply = jax.jit(enc.apply)
   with_mask = apply(params, jnp.asarray(x), jnp.asarray(valid))
@@ -142,7 +142,7 @@ def test_slots_with_padding_scatter_only_real_tokens():
   garbage[0, 1, :, 4:] = -5.0
   pos = np.arange(32, dtype=np.int32).reshape(1, 2, 16)
   used = np.asarray([[True, True]])
-  enc = kind.encoder(spec=spec, d_model=8)
+  enc = ENCODERS.get(spec["kind"])(spec=spec, d_model=8)
   params = enc.init(jax.random.PRNGKey(0), jnp.asarray(x[:, 0]))
 
   def run(inputs):

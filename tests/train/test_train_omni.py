@@ -21,7 +21,8 @@ from omni_jax.common.config import ConfigError
 from omni_jax.common.tensorboard import read_events
 from omni_jax.data.stream import OmniStream
 from omni_jax.modalities import ModalityKind, register_kind
-from omni_jax.modalities.base import MODALITY_KINDS, stack_for
+from omni_jax.modalities.base import MODALITY_KINDS
+from omni_jax.models.encoders import register_encoder, stack_for
 from omni_jax.train import loop as loop_lib
 from omni_jax.train.omni import train_omni
 
@@ -130,11 +131,12 @@ class SpectrumEncoder(nn.Module):
 def test_new_modalities_by_config_and_by_registration_train(tmp_path):
   if "test_spectrum" not in MODALITY_KINDS:
     register_kind(ModalityKind(
-        name="test_spectrum", defaults=dict(bins=8), encoder=SpectrumEncoder,
+        name="test_spectrum", defaults=dict(bins=8),
         input_shape=lambda s: (4, s["bins"]), num_tokens=lambda s: 4,
         labels=lambda s: ["flat", "peaked"],
         synthesize=lambda s, rng, lab: (rng.normal(size=(4, s["bins"])) * 0.1 + (
             np.eye(4, s["bins"]) * 3 * lab)).astype(np.float32)))
+    register_encoder("test_spectrum", SpectrumEncoder)
   cfg = get_config("micro")
   cfg.model.modalities = dict(
       thermal=dict(kind="patch", size=(16, 16), channels=1, patch=8, codebook_size=8,
