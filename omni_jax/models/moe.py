@@ -238,12 +238,12 @@ def _dispatch_dropless(x, expert_ids, wi_gate, wi_up, wo, *, impl: str | None = 
 
   The assignments are sorted by expert; the three SwiGLU matmuls are grouped matmuls over
   the sorted rows, by the backend's kernel (``impl=None``:
-  :func:`omni_jax.models.grouped_kernels.default_impl`; megablox on TPU, a block-padded
-  form on CPU and GPU). For the block-padded forms the rows are gathered straight into the
-  padded layout of :mod:`omni_jax.models.grouped_matmul` (each expert's rows start at a
-  multiple of the block size): the grouped FLOPs plus at most ``E*(b-1)`` padding rows,
-  instead of the ``E`` times the FLOPs and working set of ragged_dot's dense lowering
-  (XLA:CPU).
+  :func:`omni_jax.models.grouped_kernels.default_impl`; megablox on TPU, a loop over row
+  chunks on CPU, a block-padded form on GPU). For the block-padded forms the rows are
+  gathered straight into the padded layout of :mod:`omni_jax.models.grouped_matmul` (each
+  expert's rows start at a multiple of the block size): the grouped FLOPs plus at most
+  ``E*(b-1)`` padding rows, instead of the ``E`` times the FLOPs and working set of
+  ragged_dot's dense lowering (XLA:CPU).
   """
   n, k = expert_ids.shape
   num_experts = wi_gate.shape[0]
