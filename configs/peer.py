@@ -46,8 +46,8 @@ def get_config(arg: str = "qwen3_moe") -> ml_collections.ConfigDict:
   c.torch_threads = 0          # 0: as many as JAX's cores (the CPUs this process may use)
   c.logits_atol = 1e-4         # float32 logits of the forward batch, ours vs transformers
   c.loss_rtol = 1e-4           # the losses of the first check_steps train steps
-  c.machine_note = ("shared 2-core machine (other agents' jobs running); both sides "
-                    "measured alternately in one process")
+  # the host's conditions, written into summary.json as `machine` (say if other jobs ran)
+  c.machine_note = "both sides measured alternately in one process"
   if arg == "micro":
     c.hf.update(dict(vocab_size=128, hidden_size=64, intermediate_size=96,
                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
