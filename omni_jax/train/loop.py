@@ -417,9 +417,11 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   took = {"state": None, "records": int(data_iter.records_read) if counts else 0}
   inputs = InputMeter(data_iter, count=(lambda: took["records"]) if counts else None)
 
+  def saves_at(s: int) -> bool:
+    return s % loop.checkpoint_every == 0 or s == loop.steps
+
   def snapshot(s: int):  # in the producing thread, right after batch s - 1 was read
-    saves = s % loop.checkpoint_every == 0 or s == loop.steps
-    return (data_iter.get_state() if data_iter is not None and saves else None,
+    return (data_iter.get_state() if data_iter is not None and saves_at(s) else None,
             int(data_iter.records_read) if counts else 0)
   feed = BatchPrefetcher(lambda s: jax.block_until_ready(put_batch(get_batch(s - 1))),
                          start + 1, loop.steps, prefetch, snapshot)
@@ -443,7 +445,7 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
       else:
         meter.tick()
       last = step == loop.steps
-      do_ckpt = step % loop.checkpoint_every == 0 or last
+      do_ckpt = saves_at(step)
       if step % loop.log_every == 0 or last or do_ckpt or step == 1:
         _check_finite(losses, step, ckpt)
         losses = []
