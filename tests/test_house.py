@@ -127,3 +127,10 @@ def test_no_module_over_500_lines(graph):
 def test_cycles_finds_a_circle():
   assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
   assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_heavy_files_the_suite_schedules_first_exist():
+  from tests.conftest import HEAVY_FILES_FIRST
+  root = Path(__file__).resolve().parent.parent
+  missing = [f for f in HEAVY_FILES_FIRST if not (root / f).is_file()]
+  assert not missing, f"tests/conftest.py HEAVY_FILES_FIRST names files that are gone: {missing}"
