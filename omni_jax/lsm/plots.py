@@ -62,7 +62,7 @@ def precision(path: str, names: list, acc_val: dict, acc_test: dict, energy_rel:
   ax[0].set_xticks(x, names)
   ax[0].set_xlabel("precision (bits; membrane/weight/calcium)")
   ax[0].set_ylabel("accuracy")
-  ax[0].legend(loc="lower left")
+  ax[0].legend(bbox_to_anchor=(0.0, 1.0), loc="lower left", ncol=2, frameon=False)
   ax[1].bar(x, energy_rel, 0.6, color="tab:green")
   ax[1].set_xticks(x, names)
   ax[1].set_xlabel("precision")

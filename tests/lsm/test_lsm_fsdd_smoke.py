@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 
+from omni_jax.lsm import fsdd
 from tests.cli import run_module
 
 
@@ -34,11 +35,15 @@ def test_fsdd_tiny_runs_end_to_end(tmp_path):
   assert set(s["baselines"]) == {"logreg_pooled_mfcc", "reservoir_float_logreg_counts",
                                  "reservoir_float_logreg_binned", "reservoir_float_calcium_rule"}
   assert 0.0 <= s["accuracy_test_calcium_rule"] <= 1.0
-  # The accumulator holds the worst case of the longest utterance (92 frames x 4 = 368 steps):
-  # 270 neurons x ceil(368 / 3) spikes = 33210 x the largest weight: x 127 (8-bit weights) =
-  # 4.2e6 >= 2**22 -> at least 24 signed bits; x 32767 (16-bit) = 1.09e9 >= 2**29 -> 32.
-  acc = s["readout_acc_bits_by_bits"]
-  assert acc["12/8/8"] >= 24 and acc["16"] >= 32 and acc["16"] <= 40
+  # The accumulator holds the worst case of the longest utterance run (T steps): 270 neurons
+  # x ceil(T / 3) spikes (refractory 2) x the largest weight, 2**(w - 1) - 1, plus the bias
+  # (at most one more bit).
+  c = fsdd.load()
+  sp = fsdd.split(c.labels, 30, 27, 0, train_per_class=20)
+  steps = 4 * max(c.mfccs[i].shape[0] for i in np.concatenate(sp))
+  for bits, w in (("12/8/8", 8), ("16", 16)):
+    least = (270 * -(-steps // 3) * (2 ** (w - 1) - 1)).bit_length() + 1
+    assert least <= s["readout_acc_bits_by_bits"][bits] <= least + 1
   # Chance is 0.1: logistic regression on pooled MFCCs and on the reservoir's spike counts
   # must be well above it even with 20 training utterances per digit.
   assert s["baselines"]["logreg_pooled_mfcc"] >= 0.5
