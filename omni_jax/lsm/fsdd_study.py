@@ -2,15 +2,19 @@
 ``config.data.corpus = "fsdd"``.
 
 Train / validation / test split of recordings (``fsdd.split``); the encoder's statistics come
-from the train part. The reservoir runs at every precision of ``config.bits`` and in float;
-one calcium-rule readout per precision learns from the train part (all precisions in one
-vmapped scan over the train utterances laid end to end). The precision whose validation
-accuracy is within ``max_accuracy_loss`` of the reference precision's and whose modelled
-energy is lowest is chosen on validation; ``accuracy_test`` is that fixed-point readout on the
-test part. Baselines on the same split, each tuned on validation only: logistic regression on
-time-pooled MFCCs (no spikes), logistic regression on the float reservoir's spike counts and
-the calcium rule in float arithmetic. Brian2 runs the same reservoir on a few train
-utterances; its spike counts are compared with ours.
+from the train part. The reservoir runs at every precision of ``config.bits`` and in float.
+At each precision a fixed-point linear readout on spike counts in ``config.fsdd.bins`` time
+bins (``linear_readout``: trained off-chip by logistic regression, weights rounded to the
+precision's weight width, integer inference) is fitted on the train part, its C chosen on
+validation. The precision whose validation accuracy is within ``max_accuracy_loss`` of the
+reference precision's and whose modelled energy (reservoir + that readout) is lowest is chosen
+on validation; ``accuracy_test`` is that fixed-point readout on the test part. The paper's
+on-chip calcium rule is trained beside it at the chosen precision and in float (one vmapped
+scan over the train utterances laid end to end). Baselines on the same split, each tuned on
+validation only: logistic regression on time-pooled MFCCs (no spikes), logistic regression
+on the float reservoir's total and binned spike counts, and the calcium rule in float
+arithmetic. Brian2 runs the same reservoir on a few train utterances; its spike counts are
+compared with ours.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from omni_jax.common.metrics import MetricsLog, atomic_path, write_json_atomic
 from omni_jax.common.progress import Progress
 from omni_jax.lsm import fixed_point as fxp
 from omni_jax.lsm import fsdd, plots, power, readout, reservoir, speed, study
+from omni_jax.lsm import linear_readout as lin
 
 FLOAT = "float"
 C_GRID = (0.01, 0.1, 1.0, 10.0)
@@ -47,6 +52,10 @@ def validate(cfg) -> None:
   if not isinstance(f.train_per_class, int) or f.train_per_class < 0:
     raise ValueError(f"config.fsdd.train_per_class = {f.train_per_class!r}: an integer >= 0 "
                      "allowed (0 = every utterance left after test and validation)")
+  if not isinstance(f.bins, int) or not 1 <= f.bins <= 6 * f.steps_per_frame:
+    raise ValueError(f"config.fsdd.bins = {f.bins!r}: an integer in [1, "
+                     f"{6 * f.steps_per_frame}] allowed (the shortest utterance: 6 frames x "
+                     f"steps_per_frame = {f.steps_per_frame} steps)")
   if f.span <= 0:
     raise ValueError(f"config.fsdd.span = {f.span}: > 0 allowed")
 
@@ -130,9 +139,52 @@ def train_rule(cfg, res, lengths, labels, train_idx, fmts, out_lif, rule, evalua
   return w
 
 
+def simulate_all(cfg, net, spikes, lengths, train, res_lif, specs, fmts):
+  """Gated reservoir spikes at every precision, (P, S, T, N) uint8; the train part's operation
+  totals per precision; the ungated reference run's totals and whether its spikes equal the
+  gated run's."""
+  res, tots, ref = [], [], {}
+  for spec, fmt in zip(specs, fmts, strict=True):
+    s, st = reservoir.simulate_batch_jit(net, fmt, jnp.asarray(spikes), lif=res_lif, gate=True)
+    res.append(np.asarray(s, np.uint8))
+    tots.append(reservoir.total_stats(jax.tree.map(lambda a: a[train], st), lengths[train]))
+    if spec == cfg.reference_bits:
+      ung, ung_st = reservoir.simulate_batch_jit(net, fmt, jnp.asarray(spikes[train]),
+                                                 lif=res_lif, gate=False)
+      ref["identical"] = bool((np.asarray(ung, np.uint8) == res[-1][train]).all())
+      ref["ungated"] = reservoir.total_stats(ung_st, lengths[train])
+    logging.info("reservoir %s: rate %.4f spikes/neuron/step", spec,
+                 tots[-1].spikes / (tots[-1].steps * net.w_res.shape[0]))
+  return np.stack(res), tots, ref
+
+
+def fit_linear(cfg, res, lengths, y, sp, specs, refractory) -> list[dict]:
+  """Per precision: the binned counts' logistic regression (C on validation), rounded to the
+  precision's weight width (float reservoir: float weights only), its accumulator width and
+  the predictions on validation and test of the integer and the float weights."""
+  cap = lin.max_spikes(res.shape[3], res.shape[2], refractory)
+  out = []
+  for i, spec in enumerate(specs):
+    x = lin.binned_counts(res[i], lengths, cfg.fsdd.bins)
+    fl = lin.fit(x[sp.train], y[sp.train], x[sp.val], y[sp.val], C_GRID)
+    o = {"float": fl, "val_float": lin.predict_float(x[sp.val], fl),
+         "test_float": lin.predict_float(x[sp.test], fl)}
+    if spec is not None:
+      q = lin.quantize(fl, study.parse_precision(spec)[1])
+      o.update(int=q, acc_bits=lin.acc_bits(q, cap), val=lin.predict(x[sp.val], q),
+               test=lin.predict(x[sp.test], q))
+    logging.info("linear readout %s: C %s, validation %s", spec, fl.c, fl.val_by_c)
+    out.append(o)
+  return out
+
+
+def _acc(pred, labels) -> float:
+  return float((pred == labels).mean())
+
+
 def run(cfg, workdir: str | Path) -> dict:
-  """The fsdd study end to end; writes summary.json, metrics.jsonl, raster.png and
-  confusion.png into ``workdir`` and returns the summary."""
+  """The fsdd study end to end; writes summary.json, metrics.jsonl, raster.png,
+  confusion.png and precision.png into ``workdir`` and returns the summary."""
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   t_start = time.time()
@@ -142,49 +194,51 @@ def run(cfg, workdir: str | Path) -> dict:
   net = reservoir.build_network(cfg.seed, spikes.shape[2], tuple(r.grid), r=r.r,
                                 frac_inhibitory=r.frac_inhibitory,
                                 inputs_per_channel=r.inputs_per_channel, w_input=r.w_input)
+  n_res, k = net.w_res.shape[0], fsdd.NUM_CLASSES
   res_lif, out_lif, rule = study.lif_params(cfg)
-  outputs = fsdd.NUM_CLASSES * cfg.readout.group
   emodel = power.model_for(r.syn_shift > 0)
+  specs = list(cfg.bits) + [None]
   names = [str(b) for b in cfg.bits] + [FLOAT]
   fmts = [study.fmt_for(cfg, b) for b in cfg.bits] + [fxp.make_format(None)]
-  res, energy, rate = [], {}, {}
-  for b, name, fmt in zip(list(cfg.bits) + [None], names, fmts, strict=True):
-    s, st = reservoir.simulate_batch_jit(net, fmt, jnp.asarray(spikes), lif=res_lif, gate=True)
-    res.append(np.asarray(s, np.uint8))
-    tot = reservoir.total_stats(jax.tree.map(lambda a: a[sp.train], st), lengths[sp.train])
-    rate[name] = tot.spikes / (tot.steps * net.w_res.shape[0])
-    if b is not None:
-      m_bits, w_bits, _ = study.parse_precision(b)
-      energy[name] = power.energy_pj(study.readout_counts(tot, outputs), m_bits, w_bits, emodel)
-    if b == cfg.reference_bits:
-      ung, ung_st = reservoir.simulate_batch_jit(net, fmt, jnp.asarray(spikes[sp.train]),
-                                                 lif=res_lif, gate=False)
-      identical = bool((np.asarray(ung, np.uint8) == res[-1][sp.train]).all())
-      ung_tot = reservoir.total_stats(ung_st, lengths[sp.train])
-    logging.info("reservoir %s: rate %.4f spikes/neuron/step", name, rate[name])
-  res = np.stack(res)
-  base = power.energy_pj(study.readout_counts(ung_tot, outputs), cfg.reference_bits,
-                         cfg.reference_bits, emodel)
-  fmt_all = _stack(fmts)
+  res, tots, ref = simulate_all(cfg, net, spikes, lengths, sp.train, res_lif, specs, fmts)
+  rate = {n: t.spikes / (t.steps * n_res) for n, t in zip(names, tots, strict=True)}
+  lino = fit_linear(cfg, res, lengths, y, sp, specs, res_lif.refractory)
+  n_tr = sp.train.size
+
+  def energy_of(tot, spec, acc_bits):    # per utterance: gated reservoir + linear readout
+    m_bits, w_bits, _ = study.parse_precision(spec)
+    ro = power.linear_readout_counts(tot.steps, tot.spikes, n_tr, n_res, k)
+    return (power.energy_pj(study.readout_counts(tot, 0), m_bits, w_bits, emodel)
+            + power.linear_readout_pj(ro, w_bits, acc_bits)) / n_tr
+
+  fixed = names[:-1]
+  energy = {n: energy_of(tots[i], specs[i], lino[i]["acc_bits"]) for i, n in enumerate(fixed)}
+  rb = str(cfg.reference_bits)
+  ri = names.index(rb)
+  base = energy_of(ref["ungated"], cfg.reference_bits, lino[ri]["acc_bits"])
+  acc_val = {n: _acc(lino[i]["val"], y[sp.val]) for i, n in enumerate(fixed)}
+  acc_test = {n: _acc(lino[i]["test"], y[sp.test]) for i, n in enumerate(fixed)}
+  ok = [n for n in fixed if acc_val[n] >= acc_val[rb] - cfg.max_accuracy_loss]
+  chosen = min(ok, key=lambda n: energy[n])
+  ci = names.index(chosen)
+  # The paper's on-chip calcium rule at the chosen precision and in float.
+  rule_idx = [ci, len(names) - 1]
+  res_rule, fmt_rule = res[rule_idx], _stack([fmts[i] for i in rule_idx])
   g = cfg.readout.group
   pred_v = jax.jit(jax.vmap(functools.partial(readout.predict, group=g),
                             in_axes=(0, 0, None, None, 0)), static_argnums=(2, 3))
 
   def predict(w, idx):
-    return np.asarray(pred_v(w, jnp.asarray(res[:, idx]), out_lif, rule, fmt_all))
+    return np.asarray(pred_v(w, jnp.asarray(res_rule[:, idx]), out_lif, rule, fmt_rule))
 
   def evaluate(w):
     p = predict(w, sp.val)
-    return {n: round(float((p[i] == y[sp.val]).mean()), 4) for i, n in enumerate(names)}
+    return {names[j]: round(_acc(p[i], y[sp.val]), 4) for i, j in enumerate(rule_idx)}
 
   metrics = MetricsLog(str(workdir / "metrics.jsonl"))
-  w = train_rule(cfg, res, lengths, y, sp.train, fmt_all, out_lif, rule, evaluate, metrics)
-  p_val, p_test = predict(w, sp.val), predict(w, sp.test)
-  acc_val = {n: float((p_val[i] == y[sp.val]).mean()) for i, n in enumerate(names)}
-  acc_test = {n: float((p_test[i] == y[sp.test]).mean()) for i, n in enumerate(names)}
-  rb = str(cfg.reference_bits)
-  ok = [n for n in names[:-1] if acc_val[n] >= acc_val[rb] - cfg.max_accuracy_loss]
-  chosen = min(ok, key=lambda n: energy[n])
+  w = train_rule(cfg, res_rule, lengths, y, sp.train, fmt_rule, out_lif, rule, evaluate,
+                 metrics)
+  rule_val, rule_test = predict(w, sp.val), predict(w, sp.test)
   # Baselines, tuned on validation.
   pooled = fsdd.pooled_features(corpus.mfccs)
   lr_mfcc = logreg_tuned(pooled[sp.train], y[sp.train], pooled[sp.val], y[sp.val],
@@ -201,40 +255,68 @@ def run(cfg, workdir: str | Path) -> dict:
   ours_b2 = int(np.asarray(ours_b2).sum())
   single, _ = speed.time_ours(net, study.fmt_for(cfg, cfg.reference_bits), spikes[sp.train[:8]],
                               res_lif, cfg.speed_repeats)
-  b2_rates = {k: v for k, v in b2["steps_per_sec"].items() if v}
+  b2_rates = {kk: v for kk, v in b2["steps_per_sec"].items() if v}
   b2_best = max(b2_rates, key=b2_rates.get) if b2_rates else None
-  ci = names.index(chosen)
-  cm = np.zeros((fsdd.NUM_CLASSES, fsdd.NUM_CLASSES), int)
-  np.add.at(cm, (y[sp.test], p_test[ci]), 1)
+  cm = np.zeros((k, k), int)
+  np.add.at(cm, (y[sp.test], lino[ci]["test"]), 1)
   i = int(sp.train[np.argmax(y[sp.train] == 7)])
   plots.raster(str(workdir / "raster.png"), spikes[i, :lengths[i]],
-               res[names.index(rb), i, :lengths[i]], net.inhibitory,
+               res[ri, i, :lengths[i]], net.inhibitory,
                f"FSDD utterance {i} (digit 7): input (top), reservoir (bottom), {rb}-bit",
                step=f"1/{cfg.fsdd.steps_per_frame} MFCC frame")
   plots.confusion(str(workdir / "confusion.png"), cm, [str(d) for d in range(10)],
-                  f"calcium-rule readout, {chosen}-bit, FSDD test: {acc_test[chosen]:.3f}")
+                  f"linear readout, {cfg.fsdd.bins} bins, {chosen}-bit, FSDD test: "
+                  f"{acc_test[chosen]:.3f}")
+  m_c, w_c, _ = study.parse_precision(specs[ci])
+  rule_energy = power.energy_pj(study.readout_counts(tots[ci], k * g), m_c, w_c, emodel) / n_tr
+  plots.precision(str(workdir / "precision.png"), fixed, acc_val, acc_test,
+                  [energy[n] / base for n in fixed],
+                  f"FSDD, linear readout ({cfg.fsdd.bins} bins): accuracy and modelled energy")
+  ro_ops = power.linear_readout_counts(tots[ci].steps, tots[ci].spikes, n_tr, n_res, k)
   summary = {
       "accuracy_test": acc_test[chosen],
       "accuracy_val": acc_val[chosen],
       "chosen_bits": chosen,
-      "accuracy_test_by_bits": {n: acc_test[n] for n in names[:-1]},
-      "accuracy_val_by_bits": {n: acc_val[n] for n in names[:-1]},
+      "accuracy_test_by_bits": acc_test,
+      "accuracy_val_by_bits": acc_val,
+      "readout": f"linear, {cfg.fsdd.bins} time bins",
+      "readout_note": ("off-chip training, fixed-point inference: logistic regression in float "
+                       "on the train part's binned spike counts (C on validation), weights "
+                       "and bias rounded to the precision's weight width, integer "
+                       "accumulation (omni_jax/lsm/linear_readout.py); not the paper's "
+                       "on-chip calcium rule (accuracy_test_calcium_rule)"),
+      "readout_C_by_bits": {n: lino[i]["float"].c for i, n in enumerate(names)},
+      "readout_acc_bits_by_bits": {n: lino[i]["acc_bits"] for i, n in enumerate(fixed)},
+      "accuracy_val_float_weights_by_bits": {n: _acc(lino[i]["val_float"], y[sp.val])
+                                             for i, n in enumerate(fixed)},
+      "accuracy_test_float_weights_by_bits": {n: _acc(lino[i]["test_float"], y[sp.test])
+                                              for i, n in enumerate(fixed)},
+      "accuracy_test_calcium_rule": _acc(rule_test[0], y[sp.test]),
+      "accuracy_val_calcium_rule": _acc(rule_val[0], y[sp.val]),
       "baselines": {"logreg_pooled_mfcc": lr_mfcc["test"],
                     "reservoir_float_logreg_counts": lr_res["test"],
-                    "reservoir_float_calcium_rule": acc_test[FLOAT]},
+                    "reservoir_float_logreg_binned": _acc(lino[-1]["test_float"], y[sp.test]),
+                    "reservoir_float_calcium_rule": _acc(rule_test[1], y[sp.test])},
       "baselines_val": {"logreg_pooled_mfcc": lr_mfcc["val"],
                         "reservoir_float_logreg_counts": lr_res["val"],
-                        "reservoir_float_calcium_rule": acc_val[FLOAT]},
+                        "reservoir_float_logreg_binned": _acc(lino[-1]["val_float"], y[sp.val]),
+                        "reservoir_float_calcium_rule": _acc(rule_val[1], y[sp.val])},
       "baselines_C": {"logreg_pooled_mfcc": lr_mfcc["C"],
-                      "reservoir_float_logreg_counts": lr_res["C"]},
+                      "reservoir_float_logreg_counts": lr_res["C"],
+                      "reservoir_float_logreg_binned": lino[-1]["float"].c},
       "energy_saving_gating": power.saving(energy[rb], base),
       "energy_saving_total": power.saving(energy[chosen], base),
       "energy_pj_by_bits": energy,
       "energy_pj_ungated_reference": base,
-      "energy_note": "modelled (omni_jax/lsm/power.py: operation counts of the simulation x "
-                     "per-bit costs), per train utterance set, relative to the ungated design at "
-                     f"{rb} bits",
-      "gated_ungated_spikes_identical": identical,
+      "energy_pj_calcium_rule_design": rule_energy,
+      "readout_ops_per_utterance": {kk: v / n_tr for kk, v in ro_ops._asdict().items()},
+      "energy_note": ("modelled (omni_jax/lsm/power.py: operation counts of the simulation x "
+                      "per-bit costs), per utterance (mean over the train part): gated "
+                      "reservoir + linear readout, relative to the ungated design at "
+                      f"{rb} bits with the {rb}-bit readout; energy_pj_calcium_rule_design: "
+                      f"the gated reservoir + the calcium rule's {k * g} spiking readout "
+                      f"neurons at {chosen} bits"),
+      "gated_ungated_spikes_identical": ref["identical"],
       "firing_rate_by_bits": rate,
       "split": {"train": int(sp.train.size), "val": int(sp.val.size),
                 "test": int(sp.test.size), "seed": cfg.seed},

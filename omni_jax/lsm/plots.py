@@ -1,4 +1,5 @@
-"""PNG figures of an LSM run: input/reservoir spike raster and the confusion matrix."""
+"""PNG figures of an LSM run: input/reservoir spike raster, the confusion matrix, accuracy and
+energy per precision."""
 
 from __future__ import annotations
 
@@ -45,4 +46,27 @@ def confusion(path: str, cm: np.ndarray, labels: tuple, title: str) -> None:
   ax.set_xlabel("predicted")
   ax.set_ylabel("true")
   ax.set_title(title)
+  _save(fig, path)
+
+
+def precision(path: str, names: list, acc_val: dict, acc_test: dict, energy_rel: list,
+              title: str) -> None:
+  """Accuracy (validation, test) and modelled energy relative to the reference, per
+  precision."""
+  fig, ax = plt.subplots(1, 2, figsize=(9, 3.6))
+  x = np.arange(len(names))
+  ax[0].bar(x - 0.2, [acc_val[n] for n in names], 0.4, label="validation")
+  ax[0].bar(x + 0.2, [acc_test[n] for n in names], 0.4, label="test")
+  lo = min(min(acc_val.values()), min(acc_test.values()))
+  ax[0].set_ylim(max(0.0, lo - 0.05), 1.0)
+  ax[0].set_xticks(x, names)
+  ax[0].set_xlabel("precision (bits; membrane/weight/calcium)")
+  ax[0].set_ylabel("accuracy")
+  ax[0].legend(bbox_to_anchor=(0.0, 1.0), loc="lower left", ncol=2, frameon=False)
+  ax[1].bar(x, energy_rel, 0.6, color="tab:green")
+  ax[1].set_xticks(x, names)
+  ax[1].set_xlabel("precision")
+  ax[1].set_ylabel("energy / ungated reference (modelled)")
+  ax[1].set_ylim(0, 1.05)
+  fig.suptitle(title)
   _save(fig, path)

@@ -12,6 +12,13 @@ Energy per inference is counted from the simulation's operation counts:
   accumulation;
 * a gated (idle) unit costs nothing: its clock and state port are switched off.
 
+The linear readout (``linear_readout``) is priced by what it does (``linear_readout_counts``):
+every step's spike row is written to a buffer and read back (one SRAM bit per neuron each
+way); each reservoir spike reads one weight word per class and adds it to that class's
+accumulator; each decision reads K bias words and compares K accumulators (K - 1 adds), at
+the accumulator's width. The number of time bins does not change the operation count (a
+spike reads only its own bin's weights), only the weight memory's size.
+
 Additions and memory accesses scale linearly with word width, with per-bit costs from
 Horowitz (ISSCC 2014, 45 nm): a 32-bit integer add about 0.1 pJ and an 8 KB SRAM read about
 10 pJ per 64 bits. Results are reported relative to the ungated design at the reference
@@ -64,6 +71,37 @@ def saving(energy: float, baseline: float) -> float:
   if baseline <= 0:
     raise ValueError(f"baseline energy must be positive, got {baseline}")
   return 1.0 - energy / baseline
+
+
+class ReadoutCounts(NamedTuple):
+  """Operations of the linear readout (``linear_readout``) over one or more inferences."""
+  raster_bits: float    # spike-buffer bits written and read back (2 x neurons x steps)
+  weight_reads: float   # one weight word per (reservoir spike, class)
+  acc_adds: float       # one accumulator add per (spike, class), K - 1 compares per decision
+  bias_reads: float     # one bias word per (utterance, class)
+
+
+def linear_readout_counts(steps: float, spikes: float, utterances: float, neurons: int,
+                          classes: int) -> ReadoutCounts:
+  """What the linear readout does for ``utterances`` utterances of ``steps`` steps in all with
+  ``spikes`` reservoir spikes: buffer every step's spike row (write + read), then per spike
+  read its bin's weight for each class and add it, start from the bias, take the largest."""
+  return ReadoutCounts(raster_bits=2.0 * neurons * steps, weight_reads=classes * spikes,
+                       acc_adds=classes * spikes + (classes - 1) * utterances,
+                       bias_reads=classes * utterances)
+
+
+def linear_readout_pj(c: ReadoutCounts, weight_bits: int, acc_bits: int,
+                      model: EnergyModel | None = None) -> float:
+  """Energy in pJ of the linear readout's operations: weight reads at ``weight_bits``, adds
+  and bias reads at the accumulator width ``acc_bits``, raster bits one SRAM bit each."""
+  model = model or EnergyModel()
+  if weight_bits <= 0 or acc_bits <= 0:
+    raise ValueError(f"bit widths must be positive, got weight={weight_bits}, acc={acc_bits}")
+  return (c.raster_bits * model.sram_pj_per_bit
+          + c.weight_reads * weight_bits * model.sram_pj_per_bit
+          + c.acc_adds * acc_bits * model.add_pj_per_bit
+          + c.bias_reads * acc_bits * model.sram_pj_per_bit)
 
 
 def model_for(syn_trace: bool) -> EnergyModel:
