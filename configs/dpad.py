@@ -13,8 +13,11 @@ Variants: ``tiny`` (a few documents, a few training steps, 2 seeds: seconds, for
 ``default`` (the run of record, results/dpad/default.json: ResNet, 3 training seeds, 32
 training and 12 validation documents per training kind through the training camera, 144
 held-out images per quality through the held-out test cameras; screen period 1.5-3 sensor
-px, test lens MTF at 0.7 cycles/px 0.14-0.35 (high) / 0.05-0.14 (low), the low-end camera at
-0.7-0.9x the resolution; genuine prints through the printer model, omni_jax/dpad/halftone.py),
+px; test phones from in focus to a focus miss (PSF sigma 0.33-0.8 px high, 0.45-1.0 low),
+ISO noise, JPEG 75-95 / 55-85, ISP sharpening 0.3-2, the low-end camera at 0.7-0.9x the
+resolution; hand shake 0-1.5 px everywhere; genuine and recaptured captures of a channel
+drawn from the same conditions; genuine prints through the printer model,
+omni_jax/dpad/halftone.py),
 ``half_data`` / ``quarter_data`` (the first 16 / 8 training documents per kind of the same
 captures: data scaling; ``captures_from`` reuses the default's rendered captures),
 ``blurry_low`` (a blurrier low-quality channel: periods 1.2-1.7 px, PSF sigma 0.6-0.9 px,
@@ -93,20 +96,35 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       # document filling 70-100 % of a 12-MP frame's short side (3024 px over 210 mm: 14.4
       # sensor px per mm at 100 %)
       halftone=dict(lpi=_range(150, 200), dpi=600.0, px_per_mm=_range(10.0, 14.4)),
+      # Capture conditions, set from phone-camera practice before any result was read; within
+      # a channel genuine prints and screens are shot under the same ranges (the same phones,
+      # hands and light: sample_params does not know the class).
+      # Hand shake, every channel (the hand, not the camera): a hand-held 12-MP phone at
+      # 1/30-1/120 s moves 0-1.5 px during the exposure (about 0.3 mrad per px at 26 mm eq.).
+      motion=_range(0.0, 1.5),
+      sharpen_radius=1.0,                  # the ISP's unsharp-mask radius (px)
       # The training camera, held out from both test channels (every CAMERA_KEYS range
       # disjoint, recapture.camera_overlaps): a sharp binned-flagship lens (MTF(0.7)
-      # 0.47-0.36), large pixels (full well 1100-2500 e-), fine JPEG, 0.92-0.98x resolution.
+      # 0.47-0.36), large pixels (full well 1100-2500 e-), fine JPEG, 0.92-0.98x resolution,
+      # light (RAW-style) sharpening.
       train=dict(sigma=_range(0.28, 0.325), shot=_range(0.0004, 0.0009),
                  read=_range(0.001, 0.0018), jpeg=(96, 98), scale=_range(1.0, 1.0),
-                 res=_range(0.92, 0.98)),
-      # phone optics, no optical low-pass filter: lens MTF at 0.7 cycles/px
-      # exp(-2 pi^2 sigma^2 0.49) = 0.35-0.14 (high-end) and 0.14-0.05 (low-end lens)
-      high=dict(sigma=_range(0.33, 0.45), shot=_range(0.001, 0.004), read=_range(0.002, 0.006),
-                jpeg=(85, 95), scale=_range(1.0, 1.0), res=_range(1.0, 1.0)),
-      # low-end camera: blurrier lens, smaller pixels (more noise), harsher JPEG, and
-      # 0.7-0.9x the linear resolution (fewer sensor px per screen px: more aliasing)
-      low=dict(sigma=_range(0.45, 0.55), shot=_range(0.003, 0.01), read=_range(0.004, 0.01),
-               jpeg=(65, 85), scale=_range(1.0, 1.0), res=_range(0.7, 0.9))))
+                 res=_range(0.92, 0.98), sharpen=_range(0.0, 0.2)),
+      # Test phones, no optical low-pass filter. sigma: lens plus focus, from in focus on a
+      # good lens (MTF at 0.7 cycles/px exp(-2 pi^2 sigma^2 0.49) = 0.35) to a focus miss
+      # (sigma 0.8: MTF50 0.23 cycles/px, still an ordinary phone photo); shot/read: ISO
+      # about 100-1600 on ~1-um pixels; JPEG as phones save it (75-95); sharpen: the
+      # unsharp-mask amount phone ISPs apply, up to an extra re-sharpening (0.3-2).
+      high=dict(sigma=_range(0.33, 0.8), shot=_range(0.001, 0.008), read=_range(0.002, 0.008),
+                jpeg=(75, 95), scale=_range(1.0, 1.0), res=_range(1.0, 1.0),
+                sharpen=_range(0.3, 2.0)),
+      # low-end camera: blurrier lens (in focus to a focus miss), smaller pixels (more noise,
+      # ISO up to ~3200), harsher JPEG (as saved or re-encoded by a messaging app), the same
+      # sharpening range, and 0.7-0.9x the linear resolution (fewer sensor px per screen px:
+      # more aliasing)
+      low=dict(sigma=_range(0.45, 1.0), shot=_range(0.003, 0.015), read=_range(0.004, 0.015),
+               jpeg=(55, 85), scale=_range(1.0, 1.0), res=_range(0.7, 0.9),
+               sharpen=_range(0.3, 2.0))))
   c.patch = 64                             # classifier patch side (px)
   c.fmag = ml_collections.ConfigDict(dict(
       prob=0.5,                            # share of training patches augmented

@@ -10,9 +10,10 @@ sensor's own sampling — not the simulator's — makes the moiré.
 Pipeline (``capture``, one jit-compiled function per (sensor, ss, screen) triple):
   print page --(screen: box-downsample to the screen's pixels, sub-pixel stripe mosaic)-->
   radiance at sensor point x: lens distortion (inverse radial model) -> perspective pose
-  (homography: scale 1/p, roll, foreshortening, shift) -> optical blur (Gaussian PSF) ->
-  pixel aperture (box over ss x ss) -> exposure/white balance/illumination -> Bayer RGGB
-  sampling -> shot + read noise -> bilinear demosaic.
+  (homography: scale 1/p, roll, foreshortening, shift) -> optical blur (Gaussian PSF: lens
+  and focus) and hand-shake motion blur (a line of ``motion`` px) -> pixel aperture (box
+  over ss x ss) -> exposure/white balance/illumination -> Bayer RGGB sampling -> shot + read
+  noise -> bilinear demosaic -> the ISP's unsharp mask (``sharpen``, :func:`unsharp`).
 A genuine capture takes the same camera path, but the radiance is the printed page with no
 screen: with ``print_match`` (the default config) the print carries the page at the screen's
 resolution — the same light as the screen without its sub-pixel mosaic — times a print dot
@@ -21,7 +22,9 @@ genuine captures detail the screen cannot show (the shortcut check).
 
 Channels: ``"train"`` is the training camera, ``"high"`` / ``"low"`` the test channels; the
 camera parameters (:data:`CAMERA_KEYS`) of the training camera are drawn from ranges
-disjoint from both test channels' (:func:`camera_overlaps`).
+disjoint from both test channels' (:func:`camera_overlaps`). Within a channel, genuine and
+recaptured captures draw every condition (pose, focus, motion, noise, sharpening, JPEG,
+resolution) from the same ranges: :func:`sample_params` does not know the class.
 
 ``finish`` then applies the channel's resolution loss (down and back up) and JPEG with
 Pillow, outside jit (JPEG is entropy coding: no useful jit form).
@@ -43,9 +46,13 @@ from omni_jax.dpad import halftone
 PRINT_PER_SCREEN = 2        # print pixels per screen pixel (the screen shows the page at half res)
 QUALITIES = ("high", "low")            # the test channels
 CHANNELS = ("train",) + QUALITIES      # "train": the camera the training captures come from
-CAMERA_KEYS = ("sigma", "shot", "read", "jpeg", "res")   # lens, sensor noise, ISP, resolution
+CAMERA_KEYS = ("sigma", "shot", "read", "jpeg", "res", "sharpen")   # lens, sensor noise,
+                                                      # JPEG, resolution, ISP sharpening
 _PARAM_KEYS = ("period", "roll", "persp", "shift", "k1", "sigma", "gain", "illum", "shot",
-               "read", "grain")
+               "read", "grain", "motion", "motion_angle", "sharpen", "sharpen_radius")
+_OPTIONAL = {"grain": 0.0, "motion": 0.0, "motion_angle": 0.0, "sharpen": 0.0,
+             "sharpen_radius": 1.0}           # parameters a capture without them lacks
+_DEFAULT_RANGES = {"res": (1.0, 1.0), "sharpen": (0.0, 0.0)}   # camera keys a config may omit
 HALFTONE_KEYS = ("ht_lpi", "ht_dpi", "ht_mm", "ht_phase")   # the printer (halftone.py)
 
 
@@ -97,9 +104,13 @@ def sample_params(rng: np.random.Generator, quality: str, cfg: Any) -> dict[str,
   channel ``"high"`` / ``"low"``. ``cfg`` holds ``period`` (range of screen periods on the
   sensor, px) and per channel ``sigma`` (PSF), ``shot``/``read`` (noise), ``jpeg`` and
   ``scale`` ranges and optionally ``res`` (camera resolution, :func:`camera_resolution`;
-  the returned ``period`` already includes it) and ``print_grain`` (the print texture's
-  amount, drawn last); see configs/dpad.py. Returns float32 arrays; ``jpeg``/``scale`` are
-  for :func:`finish`.
+  the returned ``period`` already includes it) and ``sharpen`` (the ISP's unsharp-mask
+  amount, radius ``cfg.sharpen_radius`` px), ``cfg.motion`` (hand-shake blur length in
+  sensor px, every channel: the hand, not the camera) and ``print_grain`` (the print
+  texture's amount); see configs/dpad.py. A degenerate range (``lo == hi``) consumes no
+  randomness, and the printer is drawn last, so configs without these keep their random
+  streams. The class (print or screen) is not an argument: both draw from the same ranges.
+  Returns float32 arrays; ``jpeg``/``scale`` are for :func:`finish`.
   """
   if quality not in CHANNELS:
     raise ValueError(f"quality {quality!r} is not known; allowed: {list(CHANNELS)}")
@@ -119,6 +130,11 @@ def sample_params(rng: np.random.Generator, quality: str, cfg: Any) -> dict[str,
   out["res"] = np.asarray(res, np.float32)
   out["period"] = np.asarray(out["period"] * res, np.float32)
   out["grain"] = np.asarray(u(cfg.get("print_grain", (0.0, 0.0))), np.float32)
+  out["sharpen"] = np.asarray(_draw(rng, q.get("sharpen", (0.0, 0.0))), np.float32)
+  out["sharpen_radius"] = np.asarray(cfg.get("sharpen_radius", 1.0), np.float32)
+  out["motion"] = np.asarray(_draw(rng, cfg.get("motion", (0.0, 0.0))), np.float32)
+  out["motion_angle"] = np.asarray(rng.uniform(0.0, np.pi) if out["motion"] > 0 else 0.0,
+                                   np.float32)
   ht = cfg.get("halftone")
   if ht is not None:                        # the printer, drawn last: recaptures unchanged
     out["ht_lpi"] = np.asarray(u(ht.lpi), np.float32)
@@ -128,6 +144,14 @@ def sample_params(rng: np.random.Generator, quality: str, cfg: Any) -> dict[str,
     out["ht_mm"] = np.asarray(out["period"] / res / u(ht.px_per_mm), np.float32)
     out["ht_phase"] = rng.uniform(0.0, 1.0, (len(halftone.INKS), 2)).astype(np.float32)
   return out
+
+
+def _draw(rng: np.random.Generator, lo_hi: Any) -> float:
+  """Uniform draw from ``lo_hi``; a degenerate range returns ``lo`` without using ``rng``."""
+  lo, hi = float(lo_hi[0]), float(lo_hi[1])
+  if not lo <= hi:
+    raise ValueError(f"range {lo_hi!r} must satisfy lo <= hi")
+  return lo if lo == hi else float(rng.uniform(lo, hi))
 
 
 def camera_resolution(rng: np.random.Generator, lo_hi: Any) -> float:
@@ -148,9 +172,10 @@ def camera_resolution(rng: np.random.Generator, lo_hi: Any) -> float:
 
 def camera_ranges(cfg: Any, channel: str) -> dict[str, tuple[float, float]]:
   """The (lo, hi) range of every :data:`CAMERA_KEYS` parameter of ``channel`` in ``cfg``
-  (``res`` defaults to (1, 1), as in :func:`sample_params`)."""
+  (``res`` defaults to (1, 1) and ``sharpen`` to (0, 0), as in :func:`sample_params`)."""
   q = cfg[channel]
-  return {k: tuple(float(x) for x in (q.get("res", (1.0, 1.0)) if k == "res" else q[k]))
+  return {k: tuple(float(x) for x in (q.get(k, _DEFAULT_RANGES[k]) if k in _DEFAULT_RANGES
+                                      else q[k]))
           for k in CAMERA_KEYS}
 
 
@@ -259,12 +284,36 @@ def _halftone_radiance(page: jax.Array, u: jax.Array, v: jax.Array, p: dict,
   return halftone.print_reflectance(ink)
 
 
+def blur_transfer(n: int, sigma: Any, motion: Any = 0.0, angle: Any = 0.0) -> jax.Array:
+  """(n, n) transfer function on ``jnp.fft.fftfreq(n)`` (rows: y, columns: x) of a Gaussian
+  PSF of std ``sigma`` samples times a uniform motion streak ``motion`` samples long at
+  ``angle`` (radians from the x axis): ``exp(-2 pi^2 sigma^2 |f|^2) sinc(motion f.d)``."""
+  f = jnp.fft.fftfreq(n)
+  fy, fx = f[:, None], f[None, :]
+  along = fx * jnp.cos(angle) + fy * jnp.sin(angle)
+  return (jnp.exp(-2 * (jnp.pi * sigma) ** 2 * (fx ** 2 + fy ** 2))
+          * jnp.sinc(motion * along))
+
+
+def _blur(img: jax.Array, h: jax.Array) -> jax.Array:
+  """``img`` (n, n, c) filtered by the transfer function ``h`` (periodic borders; the frames
+  are large, the kernels a few pixels)."""
+  return jnp.fft.ifft2(jnp.fft.fft2(img, axes=(0, 1)) * h[..., None], axes=(0, 1)).real
+
+
 def _gaussian_blur(img: jax.Array, sigma_samples: jax.Array) -> jax.Array:
   """Gaussian PSF by multiplying the spectrum (periodic borders; frames are large)."""
-  n = img.shape[0]
-  f = jnp.fft.fftfreq(n)
-  h = jnp.exp(-2 * (jnp.pi * sigma_samples) ** 2 * (f[:, None] ** 2 + f[None, :] ** 2))
-  return jnp.fft.ifft2(jnp.fft.fft2(img, axes=(0, 1)) * h[..., None], axes=(0, 1)).real
+  return _blur(img, blur_transfer(img.shape[0], sigma_samples))
+
+
+def unsharp(img: jax.Array, amount: Any, radius: Any) -> jax.Array:
+  """A phone ISP's unsharp mask, ``img + amount (img - G_radius * img)`` (Gaussian of std
+  ``radius`` px): gain ``1 + amount (1 - exp(-2 pi^2 radius^2 |f|^2))`` at frequency f.
+
+  Why: every phone sharpens its JPEGs (and attackers re-sharpen a soft recapture); it lifts
+  edges, noise and any fine pattern alike, so the frame's high-frequency energy says as much
+  about the camera's processing as about what was photographed."""
+  return img + amount * (img - _gaussian_blur(img, radius))
 
 
 def bayer_mask(h: int, w: int) -> jax.Array:
@@ -307,7 +356,8 @@ def capture(page: jax.Array, params: dict, key: jax.Array, *, sensor: int, ss: i
   printer model (:func:`_halftone_radiance`, needs the :data:`HALFTONE_KEYS` parameters),
   else it is continuous-tone.
   """
-  p = {k: jnp.asarray(params.get(k, 0.0) if k == "grain" else params[k], jnp.float32)
+  p = {k: jnp.asarray(params.get(k, _OPTIONAL[k]) if k in _OPTIONAL else params[k],
+                     jnp.float32)
        for k in _PARAM_KEYS + (HALFTONE_KEYS if halftoned and not screen else ())}
   u, v = _sensor_to_page(p, sensor, ss)
   if screen:
@@ -318,7 +368,8 @@ def capture(page: jax.Array, params: dict, key: jax.Array, *, sensor: int, ss: i
     rad = _screen_content(page, u, v)[0] if print_match else _print_radiance(page, u, v)
   if not screen:
     rad = rad * _print_grain(jax.random.fold_in(key, 1), page.shape[0], u, v, p["grain"])
-  rad = _gaussian_blur(rad, p["sigma"] * ss)
+  rad = _blur(rad, blur_transfer(sensor * ss, p["sigma"] * ss, p["motion"] * ss,
+                                 p["motion_angle"]))
   img = rad.reshape(sensor, ss, sensor, ss, 3).mean((1, 3))      # pixel aperture
   x = (jnp.arange(sensor, dtype=jnp.float32) + 0.5) / sensor - 0.5
   illum = 1.0 + p["illum"][0] * x[None, :] + p["illum"][1] * x[:, None]
@@ -327,7 +378,8 @@ def capture(page: jax.Array, params: dict, key: jax.Array, *, sensor: int, ss: i
   raw = jnp.clip((img * mask).sum(-1), 0.0, 1.0)
   std = jnp.sqrt(p["shot"] * raw + p["read"] ** 2)
   raw = jnp.clip(raw + std * jax.random.normal(key, raw.shape), 0.0, 1.0)
-  return jnp.clip(demosaic_bilinear(raw[..., None] * mask), 0.0, 1.0)
+  rgb = jnp.clip(demosaic_bilinear(raw[..., None] * mask), 0.0, 1.0)
+  return jnp.clip(unsharp(rgb, p["sharpen"], p["sharpen_radius"]), 0.0, 1.0)
 
 
 def finish(img: Any, jpeg_quality: int, scale: float = 1.0) -> np.ndarray:

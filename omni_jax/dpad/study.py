@@ -31,7 +31,7 @@ from omni_jax.dpad import fmag as fmag_lib
 from omni_jax.dpad.models import MODELS
 
 METHODS = ("baseline_aug", "fmag", "fmag_m2fm")
-CAPTURE_VERSION = 4          # bump when the document or simulator code changes the pixels
+CAPTURE_VERSION = 5          # bump when the document or simulator code changes the pixels
 
 
 def validate(cfg) -> None:
@@ -51,6 +51,14 @@ def validate(cfg) -> None:
   for q in recapture.CHANNELS:
     r = cfg.sim[q].get("res", (1.0, 1.0))
     require(0 < r[0] <= r[1] <= 1, f"sim.{q}.res", r, "a (lo, hi) range with 0 < lo <= hi <= 1")
+    a = cfg.sim[q].get("sharpen", (0.0, 0.0))
+    require(len(a) == 2 and 0 <= a[0] <= a[1] <= 5, f"sim.{q}.sharpen", a,
+            "a (lo, hi) unsharp-mask amount range with 0 <= lo <= hi <= 5")
+  mo = cfg.sim.get("motion", (0.0, 0.0))
+  require(len(mo) == 2 and 0 <= mo[0] <= mo[1] <= 8, "sim.motion", mo,
+          "a (lo, hi) hand-shake length range in sensor px, 0 <= lo <= hi <= 8")
+  require(cfg.sim.get("sharpen_radius", 1.0) > 0, "sim.sharpen_radius",
+          cfg.sim.get("sharpen_radius"), "> 0 (the unsharp mask's Gaussian std, px)")
   lo *= min(cfg.sim[q].get("res", (1.0, 1.0))[0] for q in recapture.CHANNELS)
   require(2.0 / lo < cfg.sim.ss / 2, "sim.ss", cfg.sim.ss,
           f"must resolve the mosaic's 2nd harmonic: ss > 4 / (period_lo x res_lo) = {4 / lo:.2f}")

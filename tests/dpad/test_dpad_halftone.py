@@ -174,13 +174,15 @@ def test_flat_genuine_patch_through_the_high_test_camera_keeps_a_periodic_halfto
   # distortion, which spread a peak over many bins): a flat 50 % grey print shows a
   # spectral peak standing far above its ring (for Rayleigh noise alone the highest of
   # 16,000 bins stands about 4x its ring's median); the same page continuous-tone does not.
-  # (The low-end camera, blurrier and at 0.7-0.9x the resolution, often loses a 150-200 lpi
-  # screen, as a real one does; not asserted.)
+  # The camera is in focus (the lens's sharp end of the high channel's blur range) and held
+  # steady: a focus miss or hand shake, like the low-end camera (blurrier, 0.7-0.9x the
+  # resolution), often loses a 150-200 lpi screen, as a real one does; not asserted.
   sim = get_config("default").sim
   page = jnp.full((128, 128, 3), 0.5, jnp.float32)
   for s in range(3):
     p = recapture.sample_params(np.random.default_rng(s), "high", sim)
-    p.update(persp=np.zeros(2, np.float32), k1=np.float32(0.0))
+    p.update(persp=np.zeros(2, np.float32), k1=np.float32(0.0),
+             sigma=np.float32(sim.high.sigma[0]), motion=np.float32(0.0))
     ratio = {ht: _peak_over_ring(np.asarray(recapture.capture(
         page, p, jax.random.key(s), sensor=128, ss=sim.ss, screen=False, print_match=True,
         halftoned=ht))) for ht in (True, False)}

@@ -137,9 +137,9 @@ def test_held_out_camera_ranges_are_disjoint_and_drawn_from():
       vals = np.array([float(p[k]) for p in draws])
       assert lo <= vals.min() and vals.max() <= hi, (ch, k)
   bad = get_config("default")
-  bad.sim.train.sigma = (0.3, 0.4)                     # meets the high channel's (0.33, 0.45)
+  bad.sim.train.sigma = (0.3, 0.4)                     # meets the high channel's (0.33, 0.8)
   assert recapture.camera_overlaps(bad.sim) == [
-      "sigma: train (0.3, 0.4) vs high (0.33, 0.45)"]
+      "sigma: train (0.3, 0.4) vs high (0.33, 0.8)"]
   from omni_jax.common.config import ConfigError
   with pytest.raises(ConfigError, match="held-out camera"):
     dpad_study.validate(bad)
