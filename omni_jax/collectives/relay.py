@@ -40,7 +40,9 @@ and its own cost: per aggregation (seconds since GO) when its first piece arrive
 complete) and when the aggregate had been handed to every worker's socket (``done_s``), so
 ``done_s - fire_s`` is the relay's processing on the critical path after the last byte
 (sync switch: the last packet's sum and its N sends; PS: the optimizer step and N sends);
-``cpu_s``, the process's CPU seconds while serving, and ``messages_in``.
+``cpu_s``, the process's CPU seconds while serving, ``busy_s``, the seconds its threads ran
+or waited runnable for a core (Linux schedstat: on a shared machine a process needs more
+wall time than CPU time), and ``messages_in``.
 """
 
 from __future__ import annotations
@@ -62,6 +64,17 @@ READY, GO, BYE = -1, -2, -4
 MODES = ("sync", "async", "ps")
 SOCKET_BUFFER = 4 << 20   # bytes: aggregates may queue at a computing worker (async)
 clock = time.perf_counter
+
+
+def sched_seconds() -> float:
+  """Seconds the calling thread has run on a core plus waited runnable for one (Linux
+  ``/proc/thread-self/schedstat``); its CPU seconds where that file is missing."""
+  try:
+    with open("/proc/thread-self/schedstat") as f:
+      run_ns, wait_ns, _ = f.read().split()
+    return (int(run_ns) + int(wait_ns)) * 1e-9
+  except (OSError, ValueError):
+    return time.thread_time()
 
 
 def send_msg(sock: socket.socket, step: int, seg: int = 0, tag: int = 0,
@@ -137,6 +150,7 @@ class Relay:
     self.fire: list[float] = []
     self.done: list[float] = []
     self.messages_in = [0] * n   # per worker's connection
+    self.busy = [0.0] * n        # per reader thread: run + runnable seconds (sched_seconds)
     self._first: dict[int, float] = {}   # open aggregation -> when its first piece arrived
     # sync switch: step -> (accumulator, counters); steps whose every segment went down
     self.open: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -188,7 +202,7 @@ class Relay:
         raise RuntimeError(f"relay: expected READY, got step {step}")
     readers = [threading.Thread(target=self._reader, args=(w,), daemon=True)
                for w in range(self.n)]
-    cpu0 = time.process_time()
+    cpu0, sched0 = time.process_time(), sched_seconds()
     self.t0 = clock()
     self._broadcast(GO)
     for t in readers:
@@ -196,6 +210,7 @@ class Relay:
     for t in readers:
       t.join()
     cpu = time.process_time() - cpu0
+    busy = sum(self.busy) + sched_seconds() - sched0
     for c in self.conns:
       c.close()
     return {"mode": self.mode, "workers": self.n, "threshold": self.h,
@@ -203,7 +218,7 @@ class Relay:
             "contributors": self.counts, "staleness": self.staleness_log,
             "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
             "first_in_s": self.first_in, "fire_s": self.fire, "done_s": self.done,
-            "cpu_s": cpu, "messages_in": self.messages_in}
+            "cpu_s": cpu, "busy_s": busy, "messages_in": self.messages_in}
 
   def _now(self) -> float:
     return clock() - self.t0
@@ -218,6 +233,12 @@ class Relay:
     self.fire.append(self._now())
 
   def _reader(self, w: int) -> None:
+    try:
+      self._read(w)
+    finally:
+      self.busy[w] = sched_seconds()   # this thread's whole life: it started at GO
+
+  def _read(self, w: int) -> None:
     conn = self.conns[w]
     while True:
       try:

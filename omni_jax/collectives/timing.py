@@ -65,7 +65,10 @@ pull, compute and push after the other ``N - 1`` pulls, plus the server's own pr
 
 (``phi = 1``: ``c + r + 4a + (N + 1) w / B``, against ``c + r + 2(2a + N w/B)`` when push
 and pull are serialised). The switch adds its relay's processing of the last packet ``r``:
-``c + r + T_switch``; the ring ``c + T_ring`` (every worker waits for every step).
+``c + r + T_switch``; the ring ``c + T_ring`` (every worker waits for every step). A server
+that needs ``u`` seconds to process one aggregation (a relay in software: its CPU seconds
+per aggregation) is one more resource working while the bytes arrive: the switch's ``w/B``
+becomes ``max(w/B, u)``, and ``u`` joins the PS's maximum.
 
 **DDP-style overlapped baseline** (:func:`ddp_iteration_time`): backward produces gradients
 from the last layer to the first; they are all-reduced in buckets (PyTorch DDP's default
@@ -214,24 +217,27 @@ def aggregation_time(nbytes: float, cluster: Cluster, method: str,
 
 
 def sync_period(compute_s: float, nbytes: float, cluster: Cluster, method: str,
-                server_s: float = 0.0) -> float:
+                server_s: float = 0.0, server_busy_s: float = 0.0) -> float:
   """Seconds per aggregation of synchronous training that repeats compute (``compute_s``, the
-  slowest worker's) and an uncompressed aggregation of ``nbytes`` back to back; ``server_s``:
-  the aggregation server's measured processing after the last byte arrived (PS: optimizer
-  step and sends; switch: the last packet's sum and sends; unused by the ring). Formulas in
-  the module docstring."""
+  slowest worker's) and an uncompressed aggregation of ``nbytes`` back to back. The
+  aggregation server (unused by the ring), measured: ``server_s``, its processing after the
+  last byte arrived (PS: optimizer step and sends; switch: the last packet's sum and sends);
+  ``server_busy_s``, its whole processing of one aggregation (e.g. its CPU seconds per
+  aggregation), which it does while bytes still arrive, so it bounds the period like a link.
+  Formulas in the module docstring."""
   c = _check_number("compute_s", compute_s, positive=False)
   r = _check_number("server_s", server_s, positive=False)
+  busy = _check_number("server_busy_s", server_busy_s, positive=False)
   comm = aggregation_time(nbytes, cluster, method)
   if cluster.workers == 1 or comm == 0:
     return c
   if method == "ring":
     return c + comm
-  if method == "switch":
-    return c + r + comm
   N, a, B = cluster.workers, cluster.latency_s, cluster.bandwidth_bytes_per_s
+  if method == "switch":
+    return c + r + comm + max(busy - nbytes / B, 0.0)
   phi = 1.0 if cluster.store_and_forward else 0.0
-  return max(N * nbytes / B, c + r + 4 * a + (N - 1 + 2 * phi) * nbytes / B)
+  return max(N * nbytes / B, busy, c + r + 4 * a + (N - 1 + 2 * phi) * nbytes / B)
 
 
 def hops_per_aggregation(cluster: Cluster, method: str) -> int:

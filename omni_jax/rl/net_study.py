@@ -16,21 +16,25 @@ Runs (every one from the same initial parameters and seeds):
   method, which alone fit the model's two constants.
 
 Modelled (labelled so): seconds per aggregation from the run's measured inputs -- the
-compute (the slowest worker's, sleep included) and the relay's processing after an
-aggregation's last byte arrived (``relay_s``, the median of the relay's ``done_s - fire_s``)
--- and two constants, the per-hop latency ``a`` and the link efficiency (``B = efficiency *
-rate``), fitted on the calibration runs only (at two or more rates, so the latency and the
-bandwidth terms separate). The links release a queued packet whole (:data:`WHOLE_PACKETS`),
-and each method is bound by the bytes its busiest link carries per aggregation:
+compute ``c`` (the slowest worker's, sleep included), the relay's processing after an
+aggregation's last byte arrived (``r = relay_s``, the median of the relay's
+``done_s - fire_s``) and the seconds per aggregation its threads ran or waited for a core
+(``u = relay_busy_s``, the relay's ``busy_s``: one Python process, it cannot aggregate
+faster; on a quiet machine its CPU seconds) -- and two constants, the per-hop latency
+``a`` and the link efficiency (``B = efficiency * rate``), fitted on the calibration runs
+only (at two or more rates, so the latency and the bandwidth terms separate). The links
+release a queued packet whole (:data:`WHOLE_PACKETS`), and each method is bound by its
+busiest resource per aggregation (a link's bytes over B, the relay's ``u``):
 
-* sync (:func:`omni_jax.collectives.timing.sync_period`): switch ``c + r + 2a + w/B`` (every
-  worker's up- and down-link carry ``w``, overlapped per packet); ring
-  ``c + 2(N-1)(2a + w/(N B))``; PS ``max(N w/B, c + r + 4a + (N-1) w/B)``: the server answers
-  its workers in turn, so its in- and out-link, each carrying ``N w``, work at the same time.
+* sync (:func:`omni_jax.collectives.timing.sync_period`): switch
+  ``c + r + 2a + max(w/B, u)`` (every worker's up- and down-link carry ``w``, overlapped per
+  packet, while the relay works); ring ``c + 2(N-1)(2a + w/(N B))``; PS
+  ``max(N w/B, u, c + r + 4a + (N-1) w/B)``: the server answers its workers in turn, so its
+  in- and out-link, each carrying ``N w``, work at the same time.
 * async: the event clock (:func:`omni_jax.collectives.event_clock.simulate`) with the
   workers' measured compute, H and S, a worker waiting for its own aggregate
   (``wait_own``), and every down-link carrying every aggregate one after the other
-  (``link_s = w/B``): aggregations do not overlap on a link.
+  (``link_s = max(w/B, u)``): aggregations overlap neither on a link nor in the relay.
 """
 
 from __future__ import annotations
@@ -177,10 +181,10 @@ def row(cfg, res: dict) -> dict:
     rel = res["relay"]
     tail = np.asarray(rel.get("done_s", []), float) - np.asarray(rel.get("fire_s", []), float)
     r["relay_s"] = float(np.nanmedian(tail)) if tail.size else 0.0
-    r["relay_cpu_s_per_aggregation"] = (rel["cpu_s"] / rel["aggregations"]
-                                        if rel.get("cpu_s") and rel["aggregations"] else None)
+    spent = rel.get("busy_s", rel.get("cpu_s"))   # run + runnable seconds (or CPU)
+    r["relay_busy_s"] = spent / rel["aggregations"] if spent and rel["aggregations"] else 0.0
   else:
-    r["relay_s"] = 0.0
+    r["relay_s"] = r["relay_busy_s"] = 0.0
   if run["method"] == "async":
     st = [s for agg in res["relay"]["staleness"] for s in agg]
     r["staleness_histogram"] = np.bincount(st, minlength=cfg.staleness + 1).tolist()
@@ -199,7 +203,7 @@ def predict(cfg, r: dict, size: int, latency_s: float, efficiency: float,
   cl = timing.Cluster(workers=cfg.workers, bandwidth_bytes_per_s=efficiency * rate * 1e6 / 8,
                       latency_s=latency_s, switch_latency_s=0.0,
                       packet_bytes=4 * cfg.segment, store_and_forward=not WHOLE_PACKETS)
-  nbytes, relay_s = 4.0 * size, r.get("relay_s", 0.0)
+  nbytes, relay_s, busy = 4.0 * size, r.get("relay_s", 0.0), r.get("relay_busy_s", 0.0)
   if r["method"] == "async":
     # whole gradients: up-link then relay then down-link, not overlapped per packet; every
     # down-link carries every aggregate, one at a time (link_s); workers wait for their own
@@ -207,10 +211,11 @@ def predict(cfg, r: dict, size: int, latency_s: float, efficiency: float,
     times = np.broadcast_to(np.asarray(r["worker_compute_s"])[:, None] + hop,
                             (cfg.workers, 4000))
     sched = event_clock.simulate(times, 2000, cfg.staleness, cfg.async_threshold,
-                                 hop + relay_s, link_s=nbytes / cl.bandwidth_bytes_per_s,
+                                 hop + relay_s,
+                                 link_s=max(nbytes / cl.bandwidth_bytes_per_s, busy),
                                  wait_own=True)
     return sched.seconds_per_update()
-  return timing.sync_period(max(r["worker_compute_s"]), nbytes, cl, r["method"], relay_s)
+  return timing.sync_period(max(r["worker_compute_s"]), nbytes, cl, r["method"], relay_s, busy)
 
 
 def calibrate(cfg, calib: list[dict], size: int) -> dict:

@@ -164,6 +164,13 @@ def test_sync_period_closed_forms():
   assert timing.sync_period(c, w, whole, "ring", r) == pytest.approx(ring)
   # back to back the PS is faster than push-then-pull serialised, never below its link
   assert timing.sync_period(c, w, nic, "ps", r) < c + r + aggregation_time(w, nic, "ps")
+  # a relay slower than the link (60 ms per aggregation) replaces the link's 40 ms
+  assert timing.sync_period(c, w, whole, "switch", r, 0.06) == pytest.approx(c + r + 2e-3
+                                                                             + 0.06)
+  assert timing.sync_period(c, w, whole, "switch", r, 0.03) == pytest.approx(c + r + 2e-3
+                                                                             + 0.04)
+  assert timing.sync_period(c, w, whole, "ps", r, 0.2) == pytest.approx(0.2)
+  assert timing.sync_period(c, w, whole, "ring", r, 0.2) == pytest.approx(ring)
   slow = timing.sync_period(0.5, w, whole, "ps")   # compute longer than the link: exposed
   assert slow == pytest.approx(0.5 + 4e-3 + 3 * 0.04)
   assert timing.sync_period(c, w, dataclasses.replace(nic, workers=1), "ps", r) == c

@@ -173,7 +173,7 @@ def test_relay_accounts_its_messages_bytes_and_time_on_a_known_transfer(method):
   assert first.shape == fire.shape == done.shape == (steps,)
   assert (0 <= first).all() and (first <= fire).all() and (fire <= done).all()
   assert (np.diff(fire) > 0).all() and done[-1] < wall
-  assert 0 < rec["cpu_s"]
+  assert 0 < rec["cpu_s"] and 0 < rec["busy_s"] < wall * (n + 1)   # n readers + main thread
 
 
 def test_parameter_server_applies_the_workers_adam_to_the_mean():
