@@ -114,7 +114,8 @@ def iswitch(tiny: bool = False) -> ml_collections.ConfigDict:
   c.hp.anneal_lr = False              # async workers apply more updates than a schedule counts
   c.seed = 0
   c.rate_mbit = 20.0                  # every link (each worker's NIC, or the server's)
-  c.calibration_rates_mbit = (50.0,)  # the model's constants are fitted here only
+  # the model's constants are fitted here only; two rates separate latency from bandwidth
+  c.calibration_rates_mbit = (50.0, 100.0)
   c.calibration_iterations = 6
   c.link = ml_collections.ConfigDict(dict(mtu=9000, burst_bytes=10000))
   c.segment = 2048                    # floats per switch packet

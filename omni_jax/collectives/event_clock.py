@@ -16,6 +16,13 @@ The model (simulated seconds, deterministic by seed):
   every arrival, iSwitch's "apply whatever aggregate arrives"; ``H = N``: synchronous) and
   takes all of them. It publishes version ``k + 1``, which reaches the workers ``comm_s``
   later (the aggregation time of the timing model).
+* Two options follow a real relay on real links (:mod:`omni_jax.collectives.relay` in a netlab
+  namespace): ``link_s`` > 0, the seconds one aggregate occupies a link, publishes version
+  ``k + 1`` no earlier than ``link_s`` after version ``k`` (every worker's down-link carries
+  every aggregate, one after the other: aggregations may not overlap on it); ``wait_own``
+  makes a worker whose gradient aggregation ``k`` took idle until version ``k + 1`` reaches
+  it and compute the next gradient on it (the relay clients' rule), instead of starting at
+  the firing on the newest version it holds.
 * Staleness of a gradient computed on version ``v`` and applied by aggregation ``k``:
   ``k - v``. It is bounded by ``S`` on both sides (stale-synchronous bound): a worker whose
   newest version ``v`` is older than ``k_next - S`` waits for a newer one before it starts,
@@ -129,7 +136,9 @@ class Schedule:
   ``time_s[k]``: when aggregation ``k`` fires; ``arrive[k, w]``: worker ``w``'s gradient is
   in it; ``staleness[k, w]``: its staleness (``-1`` where it did not arrive); ``version[k, w]``:
   the parameter version worker ``w`` holds after aggregation ``k`` (within ``S`` of
-  ``k + 1``); ``comm_s``: seconds from firing to the workers holding the new version.
+  ``k + 1``); ``comm_s``: seconds from firing to the workers holding the new version;
+  ``published_s[k]``: when version ``k + 1`` reaches the workers (``time_s + comm_s`` unless
+  a busy link delayed it).
   """
 
   time_s: np.ndarray
@@ -139,6 +148,7 @@ class Schedule:
   bound: int
   threshold: int
   comm_s: float
+  published_s: np.ndarray | None = None
 
   @property
   def count(self) -> np.ndarray:
@@ -152,7 +162,8 @@ class Schedule:
 
   def seconds_per_update(self) -> float:
     """Mean simulated seconds per aggregation (version), the broadcast of the last included."""
-    return float((self.time_s[-1] + self.comm_s) / len(self.time_s))
+    last = self.time_s[-1] + self.comm_s if self.published_s is None else self.published_s[-1]
+    return float(last / len(self.time_s))
 
 
 def _positive(name: str, v) -> None:
@@ -169,13 +180,14 @@ def _check_common(workers: int, aggregations: int, comm_s: float) -> None:
 
 
 def simulate(times: np.ndarray, aggregations: int, bound: int, threshold: int = 1,
-             comm_s: float = 0.0) -> Schedule:
+             comm_s: float = 0.0, link_s: float = 0.0, wait_own: bool = False) -> Schedule:
   """Runs the asynchronous event clock for ``aggregations`` aggregations.
 
   ``times``: ``[workers, steps]`` step times (:meth:`Straggler.draw`; worker ``w``'s ``j``-th
   gradient takes ``times[w, j]``; ``steps >= aggregations`` is always enough, since every
   aggregation takes at least one gradient). ``bound``: the staleness bound ``S >= 0``;
-  ``threshold``: ``H`` in ``[1, workers]``.
+  ``threshold``: ``H`` in ``[1, workers]``; ``link_s`` (seconds one aggregate occupies a
+  link) and ``wait_own``: the module docstring.
   """
   times = np.asarray(times, np.float64)
   n = times.shape[0] if times.ndim == 2 else 0
@@ -187,6 +199,10 @@ def simulate(times: np.ndarray, aggregations: int, bound: int, threshold: int = 
   if times.shape[1] < aggregations or not (np.isfinite(times).all() and (times > 0).all()):
     raise ValueError(f"times must be [workers, >= {aggregations}] finite values > 0, got shape "
                      f"{times.shape}")
+  if not (isinstance(link_s, int | float) and math.isfinite(link_s) and link_s >= 0):
+    raise ValueError(f"event clock link_s must be a finite number >= 0, got {link_s!r}")
+  if not isinstance(wait_own, bool):
+    raise TypeError(f"event clock wait_own must be a bool, got {wait_own!r}")
   s, h, c = bound, threshold, float(comm_s)
   # per worker: 'run' (computing, version cv, done at fin), 'pend' (sent, cv), 'idle'
   status = ["idle"] * n
@@ -232,12 +248,15 @@ def simulate(times: np.ndarray, aggregations: int, bound: int, threshold: int = 
       for w in pend:
         arrive[k, w], stale[k, w] = True, k - cv[w]
         status[w] = "idle"
-      pub.append(t + c)
+      pub.append(max(t + c, pub[-1] + link_s) if k else t + c)
       k += 1
       if k == aggregations:
         break
       for w in pend:
-        start(w, t)
+        if wait_own:
+          heapq.heappush(wake, (pub[k], w))
+        else:
+          start(w, t)
     while wake and wake[0][0] <= t + eps:
       _, w = heapq.heappop(wake)
       start(w, t)
@@ -245,7 +264,8 @@ def simulate(times: np.ndarray, aggregations: int, bound: int, threshold: int = 
     if not cand:
       raise RuntimeError("event clock stalled (no worker computing or waiting)")
     t = max(t, min(cand))
-  return Schedule(out_t, arrive, stale, _holdings(arrive, stale), s, h, c)
+  return Schedule(out_t, arrive, stale, _holdings(arrive, stale), s, h, c,
+                  np.asarray(pub[1:], np.float64))
 
 
 def _holdings(arrive: np.ndarray, stale: np.ndarray) -> np.ndarray:

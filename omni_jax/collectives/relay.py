@@ -34,7 +34,15 @@ it in the aggregate of the same step, so synchronous workers stop together).
   the optimizer (the workers' Adam with global-norm clipping, :func:`server_optimizer`) on
   its parameters and sends the parameters (and the summed stop flag) to every worker.
 
-The relay writes ``out`` (JSON): aggregations, their contributors' staleness, bytes in/out.
+The relay writes ``out`` (JSON): aggregations, their contributors' staleness, bytes in/out,
+and its own cost: per aggregation (seconds since GO) when its first piece arrived
+(``first_in_s``), when the last piece it needed arrived (``fire_s``: the aggregation is
+complete) and when the aggregate had been handed to every worker's socket (``done_s``), so
+``done_s - fire_s`` is the relay's processing on the critical path after the last byte
+(sync switch: the last packet's sum and its N sends; PS: the optimizer step and N sends);
+``cpu_s``, the process's CPU seconds while serving, ``busy_s``, the seconds its threads ran
+or waited runnable for a core (Linux schedstat: on a shared machine a process needs more
+wall time than CPU time), and ``messages_in``.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 import jax
 import numpy as np
@@ -54,6 +63,18 @@ HEADER = struct.Struct("<iiiI")
 READY, GO, BYE = -1, -2, -4
 MODES = ("sync", "async", "ps")
 SOCKET_BUFFER = 4 << 20   # bytes: aggregates may queue at a computing worker (async)
+clock = time.perf_counter
+
+
+def sched_seconds() -> float:
+  """Seconds the calling thread has run on a core plus waited runnable for one (Linux
+  ``/proc/thread-self/schedstat``); its CPU seconds where that file is missing."""
+  try:
+    with open("/proc/thread-self/schedstat") as f:
+      run_ns, wait_ns, _ = f.read().split()
+    return (int(run_ns) + int(wait_ns)) * 1e-9
+  except (OSError, ValueError):
+    return time.thread_time()
 
 
 def send_msg(sock: socket.socket, step: int, seg: int = 0, tag: int = 0,
@@ -122,6 +143,15 @@ class Relay:
     self.aggregations = 0
     self.staleness_log: list[list[int]] = []   # per aggregation: staleness per contributor
     self.counts: list[int] = []
+    # the relay's own cost (seconds since GO): per aggregation first piece in, last piece in,
+    # aggregate handed to every socket; CPU seconds while serving; messages per connection
+    self.t0 = 0.0
+    self.first_in: list[float] = []
+    self.fire: list[float] = []
+    self.done: list[float] = []
+    self.messages_in = [0] * n   # per worker's connection
+    self.busy = [0.0] * n        # per reader thread: run + runnable seconds (sched_seconds)
+    self._first: dict[int, float] = {}   # open aggregation -> when its first piece arrived
     # sync switch: step -> (accumulator, counters); steps whose every segment went down
     self.open: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     self.closed: set[int] = set()
@@ -172,19 +202,43 @@ class Relay:
         raise RuntimeError(f"relay: expected READY, got step {step}")
     readers = [threading.Thread(target=self._reader, args=(w,), daemon=True)
                for w in range(self.n)]
+    cpu0, sched0 = time.process_time(), sched_seconds()
+    self.t0 = clock()
     self._broadcast(GO)
     for t in readers:
       t.start()
     for t in readers:
       t.join()
+    cpu = time.process_time() - cpu0
+    busy = sum(self.busy) + sched_seconds() - sched0
     for c in self.conns:
       c.close()
     return {"mode": self.mode, "workers": self.n, "threshold": self.h,
             "staleness_bound": self.s, "aggregations": self.aggregations,
             "contributors": self.counts, "staleness": self.staleness_log,
-            "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
+            "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
+            "first_in_s": self.first_in, "fire_s": self.fire, "done_s": self.done,
+            "cpu_s": cpu, "busy_s": busy, "messages_in": self.messages_in}
+
+  def _now(self) -> float:
+    return clock() - self.t0
+
+  def _opened(self, key: int) -> None:
+    """Notes when the first piece of aggregation ``key`` arrived (lock held)."""
+    self._first.setdefault(key, self._now())
+
+  def _fired(self, key: int) -> None:
+    """Aggregation ``key`` has every piece it needs (lock held)."""
+    self.first_in.append(self._first.pop(key, self._now()))
+    self.fire.append(self._now())
 
   def _reader(self, w: int) -> None:
+    try:
+      self._read(w)
+    finally:
+      self.busy[w] = sched_seconds()   # this thread's whole life: it started at GO
+
+  def _read(self, w: int) -> None:
     conn = self.conns[w]
     while True:
       try:
@@ -193,6 +247,7 @@ class Relay:
         step, data = BYE, None
       if data is not None:
         self.bytes_in[w] += HEADER.size + 4 * data.size
+        self.messages_in[w] += 1
       if step == BYE:
         with self.lock:
           self.gone[w] = True
@@ -211,6 +266,7 @@ class Relay:
         return   # a copy past the threshold of a finished step
       acc, cnt = self.open.setdefault(step, (np.zeros(self.size, np.float32),
                                              np.zeros(len(self.slices), np.int64)))
+      self._opened(step)
       if cnt[seg] >= self.h:
         return   # the threshold dropped this copy
       sl = self.slices[seg]
@@ -219,16 +275,24 @@ class Relay:
       if cnt[seg] < self.h:
         return
       out = acc[sl] / np.float32(self.h)
-      if (cnt >= self.h).all():
+      last = bool((cnt >= self.h).all())
+      if last:
         del self.open[step]
         self.closed.add(step)
         self.aggregations += 1
         self.counts.append(self.h)
+        self._fired(step)
+        k = len(self.done)
+        self.done.append(float("nan"))   # filled once this packet's sends are handed over
     self._broadcast(step, seg, 0, out)
+    if last:
+      self.done[k] = self._now()
 
   # ------------------------------------------------------------ async switch and PS
   def _whole(self, w: int, version: int, seg: int, data: np.ndarray) -> None:
     sl = self.slices[seg] if len(data) != self.size else slice(0, self.size)
+    with self.lock:
+      self._opened(self.aggregations)
     self.staged[w][sl] = data
     self.filled[w] += len(data)
     if self.filled[w] < self.size:
@@ -255,6 +319,7 @@ class Relay:
       return
     if any(self.version[w] < k + 1 - self.s for w in running):
       return   # wait for the straggler: its gradient would exceed the bound
+    self._fired(k)
     agg = self.acc / np.float32(len(self.pending))
     mask = sum(1 << w for w in self.pending)
     self.staleness_log.append([k - self.version[w] for w in self.pending])
@@ -264,8 +329,10 @@ class Relay:
     self.pending, self.aggregations = [], k + 1
     self.acc[:] = 0
     self._broadcast(k, 0, mask, agg)
+    self.done.append(self._now())
 
   def _server_step(self) -> None:
+    self._fired(self.aggregations)
     g = self.acc[:-1] / np.float32(self.n)
     self.params, self.opt_state = self.opt_step(self.params, self.opt_state, g)
     self.params = np.asarray(self.params)
@@ -274,6 +341,7 @@ class Relay:
     self.counts.append(self.n)
     self.pending, self.acc[:] = [], 0
     self._broadcast(self.aggregations - 1, 0, 0, out)
+    self.done.append(self._now())
 
 
 def listen(port: int) -> socket.socket:

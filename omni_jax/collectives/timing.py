@@ -38,16 +38,37 @@ no codec), ``B`` the link bandwidth and ``a`` the hop latency:
   the pipeline fill costs one packet's store-and-forward time plus the switch's
   aggregation latency::
 
-      T_switch = 2a + w/B + min(w, P)/B + s + n/E + n/D
+      T_switch = 2a + w/B + phi min(w, P)/B + s + n/E + n/D
 
-  with ``P`` = ``packet_bytes`` and ``s`` = ``switch_latency_s``. (For a non-linear codec
-  the switch is assumed to decode/encode at line rate.)
+  with ``P`` = ``packet_bytes``, ``s`` = ``switch_latency_s`` and ``phi`` = 1 for a
+  store-and-forward link (a NIC: a packet is usable once its last bit arrived) or 0 for a
+  link that releases a queued packet whole (``Cluster.store_and_forward=False``: netlab's
+  token buckets on a loopback, where a packet the bucket lets through arrives at once).
+  (For a non-linear codec the switch is assumed to decode/encode at line rate.)
 
 A codec with ``rounds`` > 1 (PowerSGD: the all-reduce of P must finish before Q = M^T P can
 be computed and all-reduced) pays the per-message latency of every round; its wire bytes
 ``w`` are split over the rounds, so the bandwidth term is unchanged.
 
 With one worker there is nothing to aggregate: every method costs 0.
+
+**Back-to-back synchronous aggregations** (:func:`sync_period`, uncompressed): training
+repeats compute then aggregation, so the seconds per aggregation are the compute ``c`` plus
+the above, except for the parameter server, which answers its workers one after the other:
+a worker that has its parameters computes and pushes its next gradient while the server
+still sends to the others, so the server's in-link and out-link work at the same time. Each
+carries ``N w`` per aggregation; the chain that cannot overlap is the last-served worker's
+pull, compute and push after the other ``N - 1`` pulls, plus the server's own processing
+``r`` (its optimizer step and sends, measured)::
+
+      T_ps_period = max(N w / B, c + r + 4a + (N - 1 + 2 phi) w / B)
+
+(``phi = 1``: ``c + r + 4a + (N + 1) w / B``, against ``c + r + 2(2a + N w/B)`` when push
+and pull are serialised). The switch adds its relay's processing of the last packet ``r``:
+``c + r + T_switch``; the ring ``c + T_ring`` (every worker waits for every step). A server
+that needs ``u`` seconds to process one aggregation (a relay in software: its CPU seconds
+per aggregation) is one more resource working while the bytes arrive: the switch's ``w/B``
+becomes ``max(w/B, u)``, and ``u`` joins the PS's maximum.
 
 **DDP-style overlapped baseline** (:func:`ddp_iteration_time`): backward produces gradients
 from the last layer to the first; they are all-reduced in buckets (PyTorch DDP's default
@@ -89,7 +110,9 @@ class Cluster:
   Defaults are the papers' testbed: 4 nodes on 10 GbE (1.25e9 bytes/s). ``latency_s`` is per
   hop (host <-> switch): 12.5 us, i.e. 25 us host-to-host, typical of kernel TCP on 10 GbE.
   ``switch_latency_s`` is the in-switch aggregation latency of one packet (iSwitch-style, about
-  1 us), ``packet_bytes`` the MTU (1500).
+  1 us), ``packet_bytes`` the MTU (1500). ``store_and_forward``: a packet is usable once its
+  last bit crossed the link (a NIC, True) or the link releases a queued packet whole (False:
+  a token bucket on a loopback); the module docstring says where it matters.
   """
 
   workers: int = 4
@@ -97,6 +120,7 @@ class Cluster:
   latency_s: float = 12.5e-6
   switch_latency_s: float = 1e-6
   packet_bytes: int = 1500
+  store_and_forward: bool = True
 
   def __post_init__(self):
     if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
@@ -107,6 +131,8 @@ class Cluster:
     if (isinstance(self.packet_bytes, bool) or not isinstance(self.packet_bytes, int)
         or self.packet_bytes < 1):
       raise ValueError(f"Cluster.packet_bytes must be an integer >= 1, got {self.packet_bytes!r}")
+    if not isinstance(self.store_and_forward, bool):
+      raise TypeError(f"Cluster.store_and_forward must be a bool, got {self.store_and_forward!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,8 +211,33 @@ def aggregation_time(nbytes: float, cluster: Cluster, method: str,
     network = 2 * (2 * a + N * w / B) + extra * 2 * 2 * a
     return (network + codec.encode_s(n) + codec.decode_s(N * n) + codec.encode_s(n)
             + codec.decode_s(n))
-  fill = min(w, cluster.packet_bytes) / B + cluster.switch_latency_s
+  fill = (min(w, cluster.packet_bytes) / B if cluster.store_and_forward else 0.0) \
+      + cluster.switch_latency_s
   return (2 * a + fill) * codec.rounds + w / B + codec.encode_s(n) + codec.decode_s(n)
+
+
+def sync_period(compute_s: float, nbytes: float, cluster: Cluster, method: str,
+                server_s: float = 0.0, server_busy_s: float = 0.0) -> float:
+  """Seconds per aggregation of synchronous training that repeats compute (``compute_s``, the
+  slowest worker's) and an uncompressed aggregation of ``nbytes`` back to back. The
+  aggregation server (unused by the ring), measured: ``server_s``, its processing after the
+  last byte arrived (PS: optimizer step and sends; switch: the last packet's sum and sends);
+  ``server_busy_s``, its whole processing of one aggregation (e.g. its CPU seconds per
+  aggregation), which it does while bytes still arrive, so it bounds the period like a link.
+  Formulas in the module docstring."""
+  c = _check_number("compute_s", compute_s, positive=False)
+  r = _check_number("server_s", server_s, positive=False)
+  busy = _check_number("server_busy_s", server_busy_s, positive=False)
+  comm = aggregation_time(nbytes, cluster, method)
+  if cluster.workers == 1 or comm == 0:
+    return c
+  if method == "ring":
+    return c + comm
+  N, a, B = cluster.workers, cluster.latency_s, cluster.bandwidth_bytes_per_s
+  if method == "switch":
+    return c + r + comm + max(busy - nbytes / B, 0.0)
+  phi = 1.0 if cluster.store_and_forward else 0.0
+  return max(N * nbytes / B, busy, c + r + 4 * a + (N - 1 + 2 * phi) * nbytes / B)
 
 
 def hops_per_aggregation(cluster: Cluster, method: str) -> int:

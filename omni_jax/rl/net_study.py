@@ -15,13 +15,26 @@ Runs (every one from the same initial parameters and seeds):
 * at each of ``calibration_rates_mbit``: ``calibration_iterations`` iterations of each sync
   method, which alone fit the model's two constants.
 
-Modelled (labelled so): seconds per aggregation = the run's measured compute (the slowest
-worker's, sleep included) + :func:`omni_jax.collectives.timing.aggregation_time` of the
-method (switch: ``2a + w/B + packet/B``; PS: ``2(2a + N w / B)``, the server's link carries
-every message; ring: ``2(N-1)(2a + w/(N B))``), with the per-hop latency ``a`` and the link
-efficiency (``B = efficiency * rate``) fitted on the calibration runs only. Async: the event
-clock (:func:`omni_jax.collectives.event_clock.simulate`) with the workers' measured compute
-times, H, S, and the modelled switch aggregation as ``comm_s``.
+Modelled (labelled so): seconds per aggregation from the run's measured inputs -- the
+compute ``c`` (the slowest worker's, sleep included), the relay's processing after an
+aggregation's last byte arrived (``r = relay_s``, the median of the relay's
+``done_s - fire_s``) and the seconds per aggregation its threads ran or waited for a core
+(``u = relay_busy_s``, the relay's ``busy_s``: one Python process, it cannot aggregate
+faster; on a quiet machine its CPU seconds) -- and two constants, the per-hop latency
+``a`` and the link efficiency (``B = efficiency * rate``), fitted on the calibration runs
+only (at two or more rates, so the latency and the bandwidth terms separate). The links
+release a queued packet whole (:data:`WHOLE_PACKETS`), and each method is bound by its
+busiest resource per aggregation (a link's bytes over B, the relay's ``u``):
+
+* sync (:func:`omni_jax.collectives.timing.sync_period`): switch
+  ``c + r + 2a + max(w/B, u)`` (every worker's up- and down-link carry ``w``, overlapped per
+  packet, while the relay works); ring ``c + 2(N-1)(2a + w/(N B))``; PS
+  ``max(N w/B, u, c + r + 4a + (N-1) w/B)``: the server answers its workers in turn, so its
+  in- and out-link, each carrying ``N w``, work at the same time.
+* async: the event clock (:func:`omni_jax.collectives.event_clock.simulate`) with the
+  workers' measured compute, H and S, a worker waiting for its own aggregate
+  (``wait_own``), and every down-link carrying every aggregate one after the other
+  (``link_s = max(w/B, u)``): aggregations overlap neither on a link nor in the relay.
 """
 
 from __future__ import annotations
@@ -45,6 +58,10 @@ from omni_jax.parallel import netlab, portlinks
 from omni_jax.rl import envs, ppo
 
 SYNC = ("switch", "ps", "ring")
+# netlab's links are htb token buckets on a loopback: a queued packet (a TCP segment of up to
+# 64 KB there) leaves whole the moment its bucket allows and arrives at once, so no message
+# pays a store-and-forward time; the rate bounds how many bytes a link carries per second.
+WHOLE_PACKETS = True
 TOPOLOGY = {"switch": "switch", "async": "switch", "ps": "ps", "ring": "ring"}
 RELAY_MODE = {"switch": "sync", "async": "async", "ps": "ps"}
 
@@ -160,6 +177,14 @@ def row(cfg, res: dict) -> dict:
        "time_to_target_s": ttt["seconds"] if ttt else None,
        "iterations_to_target": ttt["iteration"] if ttt else None,
        "final_window_return": w0["iterations"][-1]["window_return"]}
+  if "relay" in res:   # the relay's processing after an aggregation's last byte (measured)
+    rel = res["relay"]
+    tail = np.asarray(rel.get("done_s", []), float) - np.asarray(rel.get("fire_s", []), float)
+    r["relay_s"] = float(np.nanmedian(tail)) if tail.size else 0.0
+    spent = rel.get("busy_s", rel.get("cpu_s"))   # run + runnable seconds (or CPU)
+    r["relay_busy_s"] = spent / rel["aggregations"] if spent and rel["aggregations"] else 0.0
+  else:
+    r["relay_s"] = r["relay_busy_s"] = 0.0
   if run["method"] == "async":
     st = [s for agg in res["relay"]["staleness"] for s in agg]
     r["staleness_histogram"] = np.bincount(st, minlength=cfg.staleness + 1).tolist()
@@ -170,18 +195,27 @@ def row(cfg, res: dict) -> dict:
 
 def predict(cfg, r: dict, size: int, latency_s: float, efficiency: float,
             rate_mbit: float | None = None) -> float:
-  """Modelled seconds per aggregation of row ``r`` (at ``rate_mbit``, default its own)."""
+  """Modelled seconds per aggregation of row ``r`` (at ``rate_mbit``, default its own):
+  :func:`timing.sync_period` (sync) or the event clock (async) on links that release a
+  queued packet whole (:data:`WHOLE_PACKETS`), with the row's measured compute and relay
+  processing."""
   rate = r["rate_mbit"] if rate_mbit is None else rate_mbit
   cl = timing.Cluster(workers=cfg.workers, bandwidth_bytes_per_s=efficiency * rate * 1e6 / 8,
                       latency_s=latency_s, switch_latency_s=0.0,
-                      packet_bytes=4 * cfg.segment)
-  nbytes = 4.0 * size
+                      packet_bytes=4 * cfg.segment, store_and_forward=not WHOLE_PACKETS)
+  nbytes, relay_s, busy = 4.0 * size, r.get("relay_s", 0.0), r.get("relay_busy_s", 0.0)
   if r["method"] == "async":
-    comm = timing.aggregation_time(nbytes, cl, "switch")
-    times = np.broadcast_to(np.asarray(r["worker_compute_s"])[:, None], (cfg.workers, 4000))
-    sched = event_clock.simulate(times, 2000, cfg.staleness, cfg.async_threshold, comm)
+    # whole gradients: up-link then relay then down-link, not overlapped per packet; every
+    # down-link carries every aggregate, one at a time (link_s); workers wait for their own
+    hop = latency_s + (0.0 if WHOLE_PACKETS else nbytes / cl.bandwidth_bytes_per_s)
+    times = np.broadcast_to(np.asarray(r["worker_compute_s"])[:, None] + hop,
+                            (cfg.workers, 4000))
+    sched = event_clock.simulate(times, 2000, cfg.staleness, cfg.async_threshold,
+                                 hop + relay_s,
+                                 link_s=max(nbytes / cl.bandwidth_bytes_per_s, busy),
+                                 wait_own=True)
     return sched.seconds_per_update()
-  return max(r["worker_compute_s"]) + timing.aggregation_time(nbytes, cl, r["method"])
+  return timing.sync_period(max(r["worker_compute_s"]), nbytes, cl, r["method"], relay_s, busy)
 
 
 def calibrate(cfg, calib: list[dict], size: int) -> dict:
@@ -239,7 +273,7 @@ def summarise(cfg, results: list[dict]) -> dict:
                                   if pred_ttt(sync_s) and pred_ttt(async_s) else None),
       "time_to_target_s": {k: v["time_to_target_s"] for k, v in train.items()},
       "staleness_histogram": async_s.get("staleness_histogram"),
-      "model": {**model, "gradient_bytes": 4 * size},
+      "model": {**model, "gradient_bytes": 4 * size, "whole_packets": WHOLE_PACKETS},
       "rows": table, "reported_rows": sum(not r["calibration"] for r in table),
       "machine": {"cores": os.cpu_count(), "note": cfg.machine_note},
       "config": to_dict(cfg)}

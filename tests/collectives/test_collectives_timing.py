@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -143,3 +144,37 @@ def test_ddp_bucketed_overlap_closed_form():
   assert one.iteration_s == pytest.approx(sync.iteration_s, rel=1e-12)
   with pytest.raises(ValueError, match="bucket_bytes"):
     timing.ddp_iteration_time(1e-3, 4e-3, N_BYTES, C, bucket_bytes=0)
+
+
+def test_sync_period_closed_forms():
+  """4 workers, 40 kB, 1e6 B/s (w/B = 40 ms), 1 ms per hop, 8 kB packets; 5 ms compute,
+  2 ms of server processing. PS: a NIC exposes the last-served worker's pull, compute and
+  push after the other three pulls; whole-packet links expose only the other pulls, so the
+  server's link (4 x 40 ms) binds."""
+  w, c, r = 40e3, 5e-3, 2e-3
+  nic = Cluster(workers=4, bandwidth_bytes_per_s=1e6, latency_s=1e-3, switch_latency_s=0.0,
+                packet_bytes=8000)
+  whole = dataclasses.replace(nic, store_and_forward=False)
+  assert timing.sync_period(c, w, nic, "ps", r) == pytest.approx(c + r + 4e-3 + 5 * 0.04)
+  assert timing.sync_period(c, w, whole, "ps", r) == pytest.approx(4 * 0.04)
+  assert timing.sync_period(c, w, nic, "switch", r) == pytest.approx(c + r + 2e-3 + 0.04
+                                                                     + 8e-3)
+  assert timing.sync_period(c, w, whole, "switch", r) == pytest.approx(c + r + 2e-3 + 0.04)
+  ring = c + 6 * (2e-3 + 0.01)   # the server's processing does not apply
+  assert timing.sync_period(c, w, whole, "ring", r) == pytest.approx(ring)
+  # back to back the PS is faster than push-then-pull serialised, never below its link
+  assert timing.sync_period(c, w, nic, "ps", r) < c + r + aggregation_time(w, nic, "ps")
+  # a relay slower than the link (60 ms per aggregation) replaces the link's 40 ms
+  assert timing.sync_period(c, w, whole, "switch", r, 0.06) == pytest.approx(c + r + 2e-3
+                                                                             + 0.06)
+  assert timing.sync_period(c, w, whole, "switch", r, 0.03) == pytest.approx(c + r + 2e-3
+                                                                             + 0.04)
+  assert timing.sync_period(c, w, whole, "ps", r, 0.2) == pytest.approx(0.2)
+  assert timing.sync_period(c, w, whole, "ring", r, 0.2) == pytest.approx(ring)
+  slow = timing.sync_period(0.5, w, whole, "ps")   # compute longer than the link: exposed
+  assert slow == pytest.approx(0.5 + 4e-3 + 3 * 0.04)
+  assert timing.sync_period(c, w, dataclasses.replace(nic, workers=1), "ps", r) == c
+  with pytest.raises(ValueError, match="server_s must be >= 0"):
+    timing.sync_period(c, w, nic, "ps", -1.0)
+  with pytest.raises(TypeError, match="store_and_forward must be a bool"):
+    Cluster(store_and_forward=1)

@@ -109,3 +109,29 @@ def test_bad_clock_settings():
     ec.simulate(d, 6, bound=1)
   with pytest.raises(ValueError, match="unknown straggler keys"):
     ec.straggler_from({"mean": 1.0})
+
+
+def test_a_busy_link_spaces_the_versions_and_workers_wait_for_their_own():
+  """2 workers of 1 s, H = 1, S = 2, 0.25 s from firing to the workers, 1.5 s per aggregate
+  on a link. Both finish at 1 and fire together; with wait_own each restarts when its own
+  aggregate arrives (1.25) on that version, so every gradient is fresh; the second version
+  is published at max(2.25 + 0.25, 1.25 + 1.5) = 2.75: the link, not the compute, sets the
+  pace from then on (1.5 s per aggregation)."""
+  times = np.ones((2, 8))
+  a = ec.simulate(times, 4, bound=2, threshold=1, comm_s=0.25, link_s=1.5, wait_own=True)
+  np.testing.assert_allclose(a.time_s, [1.0, 2.25, 3.75, 5.25])
+  np.testing.assert_allclose(a.published_s, [1.25, 2.75, 4.25, 5.75])
+  assert a.arrive.all() and (a.staleness == 0).all()
+  assert a.seconds_per_update() == pytest.approx(5.75 / 4)
+  # without the link the versions follow the firings (1.25 s apart: compute + comm)
+  b = ec.simulate(times, 4, bound=2, threshold=1, comm_s=0.25, wait_own=True)
+  np.testing.assert_allclose(b.time_s, [1.0, 2.25, 3.5, 4.75])
+  # without wait_own a worker restarts at the firing on the version it holds: 1 s apart,
+  # every gradient after the first one version stale
+  c = ec.simulate(times, 4, bound=2, threshold=1, comm_s=0.25)
+  np.testing.assert_allclose(c.time_s, [1.0, 2.0, 3.0, 4.0])
+  assert c.histogram() == [2, 6, 0]
+  with pytest.raises(ValueError, match="link_s must be"):
+    ec.simulate(times, 4, bound=2, link_s=-1.0)
+  with pytest.raises(TypeError, match="wait_own must be a bool"):
+    ec.simulate(times, 4, bound=2, wait_own=1)

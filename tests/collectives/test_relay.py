@@ -151,6 +151,31 @@ def test_async_staleness_stays_within_the_bound_and_averages_its_contributors():
   assert rec["aggregations"] == len(rec["staleness"]) == len(rec["contributors"])
 
 
+@pytest.mark.parametrize("method", ["switch", "ps"])
+def test_relay_accounts_its_messages_bytes_and_time_on_a_known_transfer(method):
+  """3 steps of 2 workers' 5001-float gradients: the sync switch receives 3 packets per step
+  from each (2048 + 2048 + 905 floats), the PS one whole gradient; each worker also sends
+  BYE. Every aggregation is timed: first piece in <= last piece in <= handed to the sockets,
+  all within the serving time, and the CPU seconds are counted."""
+  n, size, steps = 2, 5001, 3
+  grads = _grads(n, size, seed=7)
+  server = (relay.server_optimizer(1e-2, 0.5), np.zeros(size - 1, np.float32))
+  t0 = time.perf_counter()
+  _, rec = _exchange_all(method, grads, steps=steps,
+                         server=server if method == "ps" else None)
+  wall = time.perf_counter() - t0
+  per_step = 3 if method == "switch" else 1
+  header = relay.HEADER.size
+  assert rec["messages_in"] == [steps * per_step + 1] * n
+  assert rec["bytes_in"] == [steps * (per_step * header + 4 * size) + header] * n
+  assert rec["aggregations"] == steps
+  first, fire, done = (np.asarray(rec[k]) for k in ("first_in_s", "fire_s", "done_s"))
+  assert first.shape == fire.shape == done.shape == (steps,)
+  assert (0 <= first).all() and (first <= fire).all() and (fire <= done).all()
+  assert (np.diff(fire) > 0).all() and done[-1] < wall
+  assert 0 < rec["cpu_s"] and 0 < rec["busy_s"] < wall * (n + 1)   # n readers + main thread
+
+
 def test_parameter_server_applies_the_workers_adam_to_the_mean():
   n, size = 2, 17
   grads = _grads(n, size, seed=3)
