@@ -13,6 +13,7 @@ it, checks logits, losses and greedy tokens against transformers, and writes sum
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 # transformers' OpenMP threads must not spin while JAX computes: set before torch loads.
@@ -37,7 +38,7 @@ def main(argv):
     raise UserError(f"bench_peer needs torch and transformers: {reference.INSTALL}")
   os.makedirs(_WORKDIR.value, exist_ok=True)
   summary = peer_bench.run(_CONFIG.value, _WORKDIR.value, log=logging.info)
-  summary["command"] = "python -m experiments.bench_peer " + " ".join(sys.argv[1:])
+  summary["command"] = "python -m experiments.bench_peer " + shlex.join(sys.argv[1:])
   write_json_atomic(os.path.join(_WORKDIR.value, "summary.json"), summary)
   logging.info("over transformers: forward %.2f, train %.2f, decode %.2f; logits equal %s, "
                "losses equal %s, tokens equal %.3f", summary["forward_over_transformers"],

@@ -23,6 +23,12 @@ main does), so torch's idle OpenMP threads do not spin against JAX's.
 
 Ours: the forward and decoding run the per-unit (unstacked) weights, the train step is one
 jitted program with the parameters and optimizer state donated.
+
+The summary's ``roofline`` block (:mod:`omni_jax.reports.peer_roofline`, *modelled*) counts
+each step's matmul FLOPs per part and divides them by the float32 matmul rates measured in
+the same run (``jnp.dot`` and ``torch.mm`` at the head, expert and projection shapes): the
+fastest either side could run if nothing but its matmuls cost time, and transformers'
+measured time over ours at that bound (``best_over_transformers``).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from omni_jax.generate import peer_decode
 from omni_jax.hf import synthetic
 from omni_jax.hf.load import load_params
 from omni_jax.models.transformer import unstack_units
+from omni_jax.reports import peer_roofline
 
 # transformers' MoE expert implementations a CPU run can use at batch 8 x 256 ("batched_mm"
 # gathers every token's expert weights: 8 GB at this size, so it is not a contender)
@@ -223,4 +230,13 @@ def run(cfg, workdir: str, log=print) -> dict:
   for i, name in enumerate(names):
     summary.update(peer_decode.ratio_summary(name, times[2 * i], times[2 * i + 1],
                                              tokens[name]))
+  # the matmul roofline: each side's matmul rate at the shapes carrying the FLOPs, timed
+  # alternately after the step timings (omni_jax/reports/peer_roofline.py; modelled)
+  rates = peer_roofline.matmul_rates(cfg.hf.to_dict(), cfg.forward.batch, cfg.forward.seq_len,
+                                     repeats=cfg.rounds)
+  summary["roofline"] = peer_roofline.summary(
+      cfg.hf.to_dict(), (cfg.forward.batch, cfg.forward.seq_len),
+      (cfg.train.batch, cfg.train.seq_len), rates,
+      summary["forward_transformers_median_seconds"],
+      summary["train_transformers_median_seconds"])
   return summary

@@ -30,6 +30,16 @@ def test_micro_run_matches_transformers_and_carries_the_keys(tmp_path):
     assert s[f"{name}_over_transformers"] == (
         s[f"{name}_transformers_median_seconds"] / s[f"{name}_ours_median_seconds"])
     assert s[f"{name}_ours_tokens_per_sec"] > 0 and s[f"{name}_transformers_tokens_per_sec"] > 0
+  # the roofline (modelled): both sides' matmul rates measured, each bound the sum of its parts
+  r = s["roofline"]
+  for side in ("jax", "torch"):
+    assert set(r["matmul_flops_per_sec"][side]) == {"head", "experts", "projections"}
+    assert all(v > 0 for v in r["matmul_flops_per_sec"][side].values())
+  for step in ("forward", "train"):
+    b = r[f"{step}_ours"]
+    assert b["bound_seconds"] == pytest.approx(sum(b["part_seconds"].values()))
+    assert b["best_over_transformers"] == pytest.approx(
+        s[f"{step}_transformers_median_seconds"] / b["bound_seconds"])
   assert s["transformers"]["experts_implementation"] in peer_bench.EXPERTS_IMPLS
   assert s["transformers"]["torch_threads"] == peer_bench.jax_cores()
   with safe_open(str(tmp_path / "hf" / "model.safetensors"), "np") as f:
