@@ -86,7 +86,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # The Grain pipeline of data.source = 'manifest' (docs/data.md): stop past this fraction of
   # bad records; worker processes and prefetched windows; epochs (0 = endless); reader shards
   # (0 = one per process); held-out fraction (by record-id hash); records packed per window.
-  # device_prefetch (any data source): a background thread makes that many steps' batches ahead.
+  # device_prefetch (any data source): a background thread places that many steps' batches on
+  # the devices ahead of the step, having read up to read_ahead steps' batches ahead (host
+  # memory only: a packing window's work is done several steps before its batches are due).
   # The cap applies once min_records_before_cap distinct records were read (or at an epoch's
   # end); unknown record keys are metadata unless strict_keys; a document longer than seq_len
   # is cut into seq_len windows whose positions restart (or 'continue'). sources: several
@@ -94,6 +96,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # Audio longer than its window: a random window in training, centred in eval ('head': first).
   c.data.update(max_bad_fraction=0.001, workers=0, prefetch=2, epochs=0, shards=0,
                 device_prefetch=2,  # batches read and placed on the devices ahead of the step
+                read_ahead=8,       # batches read (on the host) ahead of the step
                 eval_fraction=0.1, pack_window=256, min_records_before_cap=1000,
                 strict_keys=False, chunk_positions="restart", sources=(), audio_crop="random",
                 allow_changed_data=False)  # True: resume over changed data (from its start)

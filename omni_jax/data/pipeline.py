@@ -55,7 +55,7 @@ from omni_jax.models.spec import OmniSpec
 from omni_jax.tokenizers import omni_codes
 
 PIPELINE_DEFAULTS = dict(max_bad_fraction=0.001, workers=0, prefetch=2, device_prefetch=2,
-                         epochs=0, shards=0,
+                         read_ahead=8, epochs=0, shards=0,
                          eval_fraction=0.1, pack_window=256, slots_per_row=1,
                          min_records_before_cap=1000, strict_keys=False,
                          chunk_positions="restart", sources=(), allow_changed_data=False,
@@ -70,7 +70,7 @@ def pipeline_options(data_cfg) -> dict[str, Any]:
   f = o["max_bad_fraction"]
   require(isinstance(f, int | float) and 0 <= f <= 1, "data.max_bad_fraction", f,
           "must be in [0, 1]")
-  for k in ("workers", "prefetch", "device_prefetch", "epochs", "shards",
+  for k in ("workers", "prefetch", "device_prefetch", "read_ahead", "epochs", "shards",
             "min_records_before_cap"):
     require(isinstance(o[k], int) and not isinstance(o[k], bool) and o[k] >= 0, f"data.{k}",
             o[k], "must be an integer >= 0")

@@ -168,7 +168,8 @@ def measure_slowdown(config, spec, stream, host_batch: dict[str, np.ndarray], st
   seconds. Within a block steps are dispatched as the train loop does (no wait per step) and
   the fed block's batches are made ``data.device_prefetch`` steps ahead in a background
   thread (:class:`~omni_jax.train.prefetch.BatchPrefetcher`), so the pipeline's reading
-  overlaps the running step as in training."""
+  overlaps the running step as in training (not ``data.read_ahead`` ahead: the reader would
+  fill that buffer during the cached block, and the fed block would not pay for its input)."""
   step_fn, state, mesh = _train_step(config, spec, host_batch)
   cached = mesh_lib.put_batch(mesh, host_batch)
   held = {"state": state}
@@ -181,10 +182,10 @@ def measure_slowdown(config, spec, stream, host_batch: dict[str, np.ndarray], st
     return metrics["loss"]
 
   first = stream.iterator.batches
-  feed = BatchPrefetcher(  # as train_omni: data.device_prefetch batches made ahead
-      lambda s: jax.block_until_ready(mesh_lib.put_local_batch(mesh, stream.batch(s),
-                                                               stream.batch_size)),
-      first, first + (rounds + 1) * steps - 1, pipeline_options(config.data)["device_prefetch"])
+  feed = BatchPrefetcher(  # data.device_prefetch batches read and placed ahead of the step
+      stream.batch, first, first + (rounds + 1) * steps - 1,
+      pipeline_options(config.data)["device_prefetch"],
+      place=lambda b: jax.block_until_ready(mesh_lib.put_local_batch(mesh, b, stream.batch_size)))
   taken = iter(range(first, first + (rounds + 1) * steps))
 
   def fed() -> dict:

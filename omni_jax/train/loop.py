@@ -19,9 +19,10 @@
   so the last checkpoint on disk is a good one;
 * records: a progress line every ``log_every`` steps (loss, tokens/s, MFU, ETA),
   ``metrics.jsonl``, and the numbers ``summary.json`` is built from;
-* input made ahead: with ``prefetch = N`` a background thread reads and places the batches
-  of the next ``N`` steps while the step runs (:mod:`omni_jax.train.prefetch`); the input
-  state saved with a checkpoint is the one just after the last batch trained on;
+* input made ahead: with ``prefetch = N`` a background thread places the batches of the
+  next ``N`` steps on the devices, having read them up to ``read_ahead`` steps ahead, while
+  the step runs (:mod:`omni_jax.train.prefetch`); the input state saved with a checkpoint is
+  the one just after the last batch trained on;
 * input stalls: the seconds the loop waits for each batch (until it is on the devices: the
   whole ``get_batch`` + ``put_batch`` without prefetch, the time the made-ahead batch is
   still missing with it) over the wall time, ``input_wait_fraction``, and the input
@@ -372,7 +373,8 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
         eval_fn: Callable[[Any, int], dict] | None = None,
         tokens_per_step: int = 0, flops_per_step: float = 0.0,
         params_hook: Callable[[Any], Any] | None = None, data_iter=None,
-        loss_norm: Callable | None = None, frozen: Any = None, prefetch: int = 0) -> FitResult:
+        loss_norm: Callable | None = None, frozen: Any = None, prefetch: int = 0,
+        read_ahead: int = 0) -> FitResult:
   """Trains ``loop.steps`` steps (resuming from ``workdir`` when a checkpoint exists).
 
   ``params_hook(abstract params) -> params`` builds a fresh start's initial parameters from
@@ -383,7 +385,8 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   ``get_batch`` when it has state (a Grain ``DatasetIterator``); it is checkpointed beside
   the train state and restored on resume. ``frozen``: the parameters that never
   change (:func:`make_train_step`). ``prefetch``: batches read and placed on the devices
-  ahead of the step, in a background thread (0: each when its step needs it)."""
+  ahead of the step, in a background thread (0: each when its step needs it);
+  ``read_ahead``: batches read (not placed) ahead of the step, at least ``prefetch``."""
   ckpt = Checkpointer(workdir, loop.keep_checkpoints, with_data=data_iter is not None)
   sharding = offload_lib.state_sharding(param_sharding, loop.offload)
   resumed = ckpt.latest_step()
@@ -423,8 +426,9 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   def snapshot(s: int):  # in the producing thread, right after batch s - 1 was read
     return (data_iter.get_state() if data_iter is not None and saves_at(s) else None,
             int(data_iter.records_read) if counts else 0)
-  feed = BatchPrefetcher(lambda s: jax.block_until_ready(put_batch(get_batch(s - 1))),
-                         start + 1, loop.steps, prefetch, snapshot)
+  feed = BatchPrefetcher(lambda s: get_batch(s - 1), start + 1, loop.steps, prefetch, snapshot,
+                         place=lambda b: jax.block_until_ready(put_batch(b)),
+                         host_depth=read_ahead)
   profiler = StepProfiler(workdir, loop.profile_steps)
   t_start = time.perf_counter()
   try:

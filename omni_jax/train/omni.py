@@ -285,7 +285,8 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
         params_hook=pretrained_hook(spec, ft, stages.source_workdir(config.train)),
         data_iter=data_iter, loss_norm=loss_norm(spec),
         frozen=ft.frozen(abstract_state_params),
-        prefetch=pipeline_options(config.data)["device_prefetch"])
+        prefetch=pipeline_options(config.data)["device_prefetch"],
+        read_ahead=pipeline_options(config.data)["read_ahead"])
   finally:
     if data_iter is not None:
       data_iter.close()  # stops Grain's worker processes

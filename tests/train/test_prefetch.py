@@ -45,6 +45,57 @@ def test_the_producer_stays_depth_batches_ahead_and_no_further(depth):
     feed.close()
 
 
+def test_read_host_depth_ahead_and_place_only_depth_ahead():
+  """Batches are read up to host_depth steps ahead but placed (device memory) only depth
+  steps ahead; each is read once and placed once, in order."""
+  rec, placed = Recorder(), []
+
+  def place(batch):
+    placed.append(batch["x"])
+    return {"on_device": batch["x"]}
+  feed = BatchPrefetcher(rec, first=1, last=12, depth=2, snapshot=lambda s: 100 + s,
+                         place=place, host_depth=5)
+  try:
+    assert feed.wait_idle(IDLE)
+    assert rec.made == [1, 2, 3, 4, 5] and placed == [1, 2] and feed.ahead() == 5
+    for step in range(1, 9):
+      assert feed.get(step) == ({"on_device": step}, 100 + step)
+      assert feed.wait_idle(IDLE)
+      assert rec.made == list(range(1, min(step + 5, 12) + 1)), step
+      assert placed == list(range(1, min(step + 2, 12) + 1)), step
+  finally:
+    feed.close()
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+def test_a_long_read_does_not_hold_up_the_placement_of_batches_already_read(depth):
+  """While the reading thread is inside a long read (a packing window), the batches it read
+  before are placed and served: by the placing thread (depth > 0) or by the caller (0)."""
+  gate, started = threading.Event(), threading.Event()
+
+  def read(step):
+    if step == 3:
+      started.set()
+      assert gate.wait(IDLE)
+    return step
+  where = {}
+
+  def place(batch):
+    where[batch] = threading.current_thread().name
+    return -batch
+  feed = BatchPrefetcher(read, 1, 4, depth=depth, place=place, host_depth=3)
+  try:
+    assert started.wait(IDLE)  # batches 1, 2 read; the reading thread is inside read(3)
+    assert feed.get(1)[0] == -1 and feed.get(2)[0] == -2
+    placer = "batch-place" if depth else threading.current_thread().name
+    assert where == {1: placer, 2: placer}
+    gate.set()
+    assert feed.get(3)[0] == -3 and feed.get(4)[0] == -4
+  finally:
+    gate.set()
+    feed.close()
+
+
 def test_depth_zero_makes_each_batch_when_asked_in_the_callers_thread():
   where = []
   feed = BatchPrefetcher(lambda s: where.append(threading.get_ident()) or s, 1, 3, 0)
@@ -147,6 +198,9 @@ def test_device_prefetch_is_validated():
   from omni_jax.common.config import ConfigError
   from omni_jax.data.pipeline import pipeline_options
   assert pipeline_options({})["device_prefetch"] == 2
+  assert pipeline_options({})["read_ahead"] == 8
   with pytest.raises(ConfigError, match="data.device_prefetch"):
     pipeline_options({"device_prefetch": -1})
+  with pytest.raises(ConfigError, match="data.read_ahead"):
+    pipeline_options({"read_ahead": 1.5})
 
