@@ -281,9 +281,9 @@ def sample_indices(num_frames: int, count: int) -> np.ndarray:
 
 def decode_video(path: str | os.PathLike, *, frames: int, size: tuple[int, int],
                  channels: int, audio: Mapping[str, Any] | None = None,
-                 trust_frame_count: bool = True
-                 ) -> tuple[np.ndarray, np.ndarray | None]:
-  """Returns (float32 [frames, H, W, channels] in [0, 1], audio input or None).
+                 audio_offset: float = 0.0, trust_frame_count: bool = True
+                 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+  """Returns (float32 [frames, H, W, channels] in [0, 1], (audio input, valid) or None).
 
   Every frame of the first video stream is decoded; when the container states its frame
   count, only the ``frames`` that :func:`sample_indices` picks are scaled to ``size`` (the
@@ -292,9 +292,11 @@ def decode_video(path: str | os.PathLike, *, frames: int, size: tuple[int, int],
   error) and the pick is made at the end. ``channels`` is 3 (RGB) or 1 (grey). ``audio``:
   the spec of the modality fed by the clip's audio track (with ``sample_rate``,
   ``num_samples``, ``channels``), or None to ignore the track; a clip without a track then
-  gives None. A container whose index promises more frames than decode raises (truncated
-  file); one that decodes more than it promised is decoded again keeping every frame
-  (``trust_frame_count=False``).
+  gives None. The track is fitted like an audio file (:func:`fit_audio`: cropped
+  ``audio_offset`` of the way through, or zero-padded), with its count of real samples
+  (``valid``) for the encoder's padding mask. A container whose index promises more frames
+  than decode raises (truncated file); one that decodes more than it promised is decoded
+  again keeping every frame (``trust_frame_count=False``).
   """
   import av  # noqa: PLC0415  (PyAV loads ffmpeg: only when a video is decoded)
   from av.video.reformatter import VideoReformatter  # noqa: PLC0415
@@ -354,14 +356,15 @@ def decode_video(path: str | os.PathLike, *, frames: int, size: tuple[int, int],
                       f"{decoded} decode")
   if wanted is not None and decoded > promised:  # the index undercounts: pick from all
     return decode_video(path, frames=frames, size=size, channels=channels, audio=audio,
-                        trust_frame_count=False)
+                        audio_offset=audio_offset, trust_frame_count=False)
   pick = np.stack([kept[i] for i in sample_indices(decoded, frames).tolist()])
   pick = pick.reshape(frames, height, width, channels).astype(np.float32) / 255.0
   track = None
   if audio is not None and chunks:
     samples = np.concatenate(chunks, axis=1).T  # [n, track channels]
     track = fit_audio(samples, rate, sample_rate=audio["sample_rate"],
-                      num_samples=audio["num_samples"], channels=audio["channels"], path=path)
+                      num_samples=audio["num_samples"], channels=audio["channels"], path=path,
+                      offset=audio_offset, with_valid=True)
   return pick, track
 
 
@@ -416,9 +419,9 @@ def decode_record(record: Mapping[str, Any], spec, base_dir: str | os.PathLike,
   ``base_dir`` (the manifest's folder). Keys other than :func:`record_keys` raise
   RecordError with ``strict_keys``, else are metadata and ignored; ``null`` values mean
   "absent". Audio files longer than their modality's window are cropped ``audio_offset`` of
-  the way through (:func:`fit_audio`). Decoded images and audio files also give
-  ``<name>_valid`` (their content's size, for the encoder's padding mask: letterboxed images,
-  short clips). A video modality with ``audio_track`` also
+  the way through (:func:`fit_audio`), and so are videos' audio tracks. Decoded images, audio
+  files and audio tracks also give ``<name>_valid`` (their content's size, for the encoder's
+  padding mask: letterboxed images, short clips). A video modality with ``audio_track`` also
   fills that modality from the clip's track; a record that gives the same modality both ways
   raises RecordError. File problems raise DecodeError. ``text`` is not touched here.
   """
@@ -453,14 +456,17 @@ def decode_record(record: Mapping[str, Any], spec, base_dir: str | os.PathLike,
       track_to = ms["audio_track"]
       frames, track = decode_video(path, frames=ms["frames"], size=tuple(ms["size"]),
                                    channels=ms["channels"],
-                                   audio=mods[track_to] if track_to else None)
+                                   audio=mods[track_to] if track_to else None,
+                                   audio_offset=audio_offset)
       out[name] = frames
       if track is not None:
         if record.get(mods[track_to]["source_key"]) is not None:
           raise RecordError(f"modality {track_to!r} is given twice: by "
                             f"'{mods[track_to]['source_key']}' and by the audio track of "
                             f"'{key}'; drop one")
-        out[track_to] = track
+        out[track_to], track_valid = track
+        if MODALITY_KINDS.get(mods[track_to]["kind"]).full_valid is not None:
+          out[f"{track_to}_valid"] = track_valid
     else:  # npy
       out[name] = _decode_npy(path, ms, kind)
     if decoder in ("image", "audio") and kind.full_valid is not None:

@@ -74,12 +74,26 @@ def test_video_audio_track_is_resampled(tmp_path):
   write_video(tmp_path / "tone.mp4", gray_clip(10), fps=10, audio=0.5 * np.sin(2 * np.pi * f0 * t),
               sample_rate=sr)
   spec = dict(sample_rate=8000, num_samples=4096, channels=1)
-  _, track = decode_video(tmp_path / "tone.mp4", frames=2, size=(8, 8), channels=3, audio=spec)
-  assert track.shape == (4096,) and track.dtype == np.float32
+  _, (track, valid) = decode_video(tmp_path / "tone.mp4", frames=2, size=(8, 8), channels=3,
+                                  audio=spec)
+  assert track.shape == (4096,) and track.dtype == np.float32 and int(valid) == 4096
   seg = track[2048:4096]  # past AAC's encoder delay
   spectrum = np.abs(np.fft.rfft(seg * np.hanning(len(seg))))
   assert abs(np.argmax(spectrum) * 8000 / len(seg) - f0) <= 8000 / len(seg)
   assert np.sqrt(2 * np.mean(seg ** 2)) == pytest.approx(0.5, rel=0.1)
+  # A window longer than the track: zero-padded after the 8,000 real samples (1 s at 8 kHz,
+  # give or take AAC's framing), which `valid` counts for the encoder's mask.
+  long = dict(spec, num_samples=12_000)
+  _, (padded, valid) = decode_video(tmp_path / "tone.mp4", frames=2, size=(8, 8), channels=3,
+                                    audio=long)
+  n = int(valid)
+  assert 7_900 <= n <= 8_600 and not padded[n:].any()
+  np.testing.assert_array_equal(padded[:4096], track)
+  # A shorter window than the track is cropped where the offset says (here: its tail).
+  _, (tail, valid) = decode_video(tmp_path / "tone.mp4", frames=2, size=(8, 8), channels=3,
+                                  audio=dict(spec, num_samples=2048), audio_offset=1.0)
+  assert int(valid) == 2048
+  np.testing.assert_allclose(tail, padded[n - 2048:n], atol=1e-6)
   # A clip without a track gives None even when a track is asked for.
   write_video(tmp_path / "silent.mp4", gray_clip(4), fps=10)
   assert decode_video(tmp_path / "silent.mp4", frames=2, size=(8, 8), channels=3,

@@ -84,6 +84,16 @@ def test_video_audio_track_feeds_the_audio_modality(tmp_path):
   out = decode_record({"text": "t", "video": "v.mp4"}, spec, tmp_path)
   assert out["video"].shape == (2, 16, 16, 3)
   assert out["audio"].shape == (1024,) and np.abs(out["audio"][512:]).max() > 0.3
+  assert int(out["audio_valid"]) == 1024  # the track covers the window
+  # A track shorter than the window is padded, and its valid count says where (the mask).
+  rate = dict(spec.modalities)["audio"]["sample_rate"]
+  short = np.arange(int(0.05 * sr)) / sr  # 400 samples at the modality's 8 kHz
+  write_video(tmp_path / "s.mp4", frames, fps=6, audio=0.5 * np.sin(2 * np.pi * 300 * short),
+              sample_rate=sr)
+  out = decode_record({"video": "s.mp4"}, spec, tmp_path)
+  n = int(out["audio_valid"])
+  # (AAC stores whole frames of 1,024 samples at 16 kHz: 512 at 8 kHz)
+  assert 0.05 * rate <= n < 1024 and n % 512 == 0 and not out["audio"][n:].any(), (n, rate)
   with pytest.raises(RecordError, match="'audio' is given twice"):
     decode_record({"video": "v.mp4", "audio": "a.wav"}, spec, tmp_path)
 
