@@ -81,8 +81,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                 pack="none",
                 tokenizer="bytes",  # or a tokenizer.json / SentencePiece .model path
                 # synthetic task: hold out about 1/k of the attribute combinations from
-                # training (0: none); generate --judge reports them apart
-                heldout_every=0)
+                # training (0: none); generate --judge reports them apart. heldout_residue
+                # picks which of the k disjoint groups (0: reported; tune on another).
+                # caption_dropout: each attribute of a generate row's caption left out at
+                # this rate (the model learns each word's effect on its own)
+                heldout_every=0, heldout_residue=0, caption_dropout=0.0)
   # The Grain pipeline of data.source = 'manifest' (docs/data.md): stop past this fraction of
   # bad records; worker processes and prefetched windows; epochs (0 = endless); reader shards
   # (0 = one per process); held-out fraction (by record-id hash); records packed per window.

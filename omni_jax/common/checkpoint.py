@@ -4,18 +4,25 @@ Saves are asynchronous; :meth:`Checkpointer.close` waits for the last one. Resto
 an abstract state (``jax.ShapeDtypeStruct`` leaves with shardings), so a checkpoint comes
 back already laid out for the current mesh. The train state is the item ``default``; an
 input iterator (a Grain ``DatasetIterator``), when given, is saved beside it as the item
-``data`` (Grain's handler: ``data/process_<i>-of-<n>.json``, one per process). A step's
-folder appears only once every item is written, so a save cut short (even by SIGKILL) leaves
-the previous step as the latest.
+``data`` (Grain's handler: ``data/process_<i>-of-<n>.json``, one per process). The k-means
+codebooks the run's generate heads predict (``{modality: float32 [K, D]}``), when given, are the
+item ``codebooks``: a resumed run and generation read them back (:func:`saved_codebooks`)
+instead of refitting them from data that may have changed. A step's folder appears only once
+every item is written, so a save cut short (even by SIGKILL) leaves the previous step as the
+latest.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+
+CODEBOOKS = "codebooks"  # the item holding the k-means codebooks
 
 
 def use_plain_array_writes() -> None:
@@ -31,36 +38,73 @@ def use_plain_array_writes() -> None:
 
 
 class Checkpointer:
-  def __init__(self, workdir: str, max_to_keep: int = 2, with_data: bool = False):
-    """``with_data``: checkpoints hold the items ``default`` and ``data`` (pass ``data`` to
-    every save and restore); else the one unnamed train-state item."""
+  def __init__(self, workdir: str, max_to_keep: int = 2, with_data: bool = False,
+               with_codebooks: bool = False):
+    """``with_data``: checkpoints hold the item ``data`` beside ``default`` (pass ``data`` to
+    every save and restore); ``with_codebooks``: the item ``codebooks`` (pass ``codebooks``
+    to every save); with neither, the one unnamed train-state item."""
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     use_plain_array_writes()
+    self.items = ("default",) + ("data",) * with_data + (CODEBOOKS,) * with_codebooks
     self.manager = ocp.CheckpointManager(
-        self.directory, item_names=("default", "data") if with_data else None,
+        self.directory, item_names=self.items if len(self.items) > 1 else None,
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
-  def save(self, step: int, state, data=None) -> None:
-    if data is None:  # one unnamed item (orbax stores it as "default" too)
+  def save(self, step: int, state, data=None, codebooks=None) -> None:
+    if len(self.items) == 1:  # one unnamed item (orbax stores it as "default" too)
       self.manager.save(step, args=ocp.args.StandardSave(state))
       return
-    self.manager.save(step, args=ocp.args.Composite(
-        default=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(data)))
+    for name, given in (("data", data), (CODEBOOKS, codebooks)):
+      if (name in self.items) != (given is not None):
+        raise ValueError(f"this Checkpointer's items are {self.items}: pass {name} to save "
+                         "exactly when it is one of them")
+    args = {"default": ocp.args.StandardSave(state)}
+    if data is not None:
+      args["data"] = grain.checkpoint.CheckpointSave(data)
+    if codebooks is not None:
+      args[CODEBOOKS] = ocp.args.StandardSave(
+          {m: np.asarray(b, np.float32) for m, b in codebooks.items()})
+    self.manager.save(step, args=ocp.args.Composite(**args))
 
   def restore(self, step: int, abstract_state, data=None):
-    """The train state of ``step``; ``data``'s state is set from the checkpoint too."""
-    if data is None:
+    """The train state of ``step``; ``data``'s state is set from the checkpoint too (the
+    codebooks are read before the stream is built: :func:`saved_codebooks`)."""
+    if len(self.items) == 1:
       return self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
-    return self.manager.restore(step, args=ocp.args.Composite(
-        default=ocp.args.StandardRestore(abstract_state),
-        data=grain.checkpoint.CheckpointRestore(data)))["default"]
+    args = {"default": ocp.args.StandardRestore(abstract_state)}
+    if data is not None:
+      args["data"] = grain.checkpoint.CheckpointRestore(data)
+    return self.manager.restore(step, args=ocp.args.Composite(**args))["default"]
 
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  """The finished checkpoint steps of ``<workdir>/checkpoints``, ascending (a step's folder
+  is renamed to its number only once every item is written)."""
+  d = Path(workdir).absolute() / "checkpoints"
+  return sorted(int(x.name) for x in d.iterdir() if x.name.isdigit()) if d.is_dir() else []
+
+
+def saved_codebooks(workdir: str, step: int | None = None) -> dict[str, np.ndarray] | None:
+  """The k-means codebooks saved with checkpoint ``step`` (default: the latest) of
+  ``workdir``, ``{modality: float32 [K, D]}`` exactly as saved; None when there is no
+  checkpoint or it holds no ``codebooks`` item."""
+  steps = checkpoint_steps(workdir)
+  step = steps[-1] if step is None and steps else step
+  if step is None:
+    return None
+  folder = Path(workdir).absolute() / "checkpoints" / str(step) / CODEBOOKS
+  if not folder.is_dir():
+    return None
+  with ocp.PyTreeCheckpointer() as ckptr:
+    books = ckptr.restore(folder)
+  return {m: np.asarray(b, np.float32) for m, b in books.items()}
 
 
 def abstract_like(state):

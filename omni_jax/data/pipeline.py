@@ -115,6 +115,38 @@ def source_list(data_cfg, modalities) -> list[dict[str, Any]]:
   return out
 
 
+def kmeans_modalities(mods: Mapping[str, Any]) -> list[str]:
+  """The modalities whose generate targets are k-means codes (a codebook, no codec)."""
+  return [m for m, ms in mods.items() if ms["codebook_size"] and not ms.get("tokenizer")
+          and MODALITY_KINDS.get(ms["kind"]).code_vectors is not None]
+
+
+def given_codebooks(mods: Mapping[str, Any], books: Mapping[str, Any], *,
+                    complete: bool) -> dict[str, np.ndarray]:
+  """Codebooks saved with a checkpoint, checked against the modalities: each one a k-means
+  modality's, float [codebook_size, code vector size]; ``complete``: every k-means modality
+  has one (a manifest run may have had no inputs of one). A mismatch is a ConfigError."""
+  want = kmeans_modalities(mods)
+  extra = sorted(set(books) - set(want))
+  missing = sorted(set(want) - set(books)) if complete else []
+  if extra or missing:
+    raise ConfigError(f"the checkpoint's k-means codebooks are for {sorted(books)}, the "
+                      f"config's k-means modalities are {want}: resume (or generate) with the "
+                      "training run's config.model.modalities")
+  out = {}
+  for m, b in books.items():
+    ms, kind = mods[m], MODALITY_KINDS.get(mods[m]["kind"])
+    dim = kind.code_vectors(ms, np.zeros((1, *kind.input_shape(ms)), np.float32)).shape[-1]
+    b = np.asarray(b)
+    if b.shape != (ms["codebook_size"], dim) or not np.issubdtype(b.dtype, np.floating):
+      raise ConfigError(f"the checkpoint's k-means codebook of {m!r} is {b.dtype} "
+                        f"{list(b.shape)}; model.modalities.{m} wants float "
+                        f"[{ms['codebook_size']}, {dim}] (codebook_size, code vector size): "
+                        "resume (or generate) with the training run's config")
+    out[m] = b.astype(np.float32)
+  return out
+
+
 class PipelineStream:
   """Manifest batches for an :class:`OmniSpec` (the ``config.data.source = 'manifest'``
   stream): same interface as :class:`~omni_jax.data.stream.OmniStream`, but training
@@ -122,10 +154,11 @@ class PipelineStream:
 
   process_local = True
 
-  def __init__(self, spec: OmniSpec, data_cfg, data_keys):
+  def __init__(self, spec: OmniSpec, data_cfg, data_keys, codebooks=None):
     # data.pack (how synthetic rows are filled) is the synthetic stream's: manifest rows are
     # always packed with document masks.
-    check_keys(data_cfg, (*data_keys, "pack", "tokenizer", "heldout_every", *PIPELINE_DEFAULTS),
+    check_keys(data_cfg, (*data_keys, "pack", "tokenizer", "heldout_every", "heldout_residue",
+                          "caption_dropout", *PIPELINE_DEFAULTS),
                "data.", required=data_keys)
     require(not data_cfg.get("heldout_every", 0), "data.heldout_every",
             data_cfg.get("heldout_every"), "0 with manifest data (it holds out attribute "
@@ -160,8 +193,10 @@ class PipelineStream:
                       continue_positions=self.opts["chunk_positions"] == "continue",
                       audio_crop=self.opts["audio_crop"], seed=self.seed,
                       tokenizer_codes=omni_codes.encode)
-    self.codebooks = self._fit_codebooks(positive_int(data_cfg, "codebook_samples", "data."),
-                                         maker_args)
+    n_fit = positive_int(data_cfg, "codebook_samples", "data.")
+    # codebooks: a checkpoint's (resume, generation), never refitted; else fitted here
+    self.codebooks = (self._fit_codebooks(n_fit, maker_args) if codebooks is None
+                      else given_codebooks(self.mods, codebooks, complete=False))
     self.maker = DocMaker(spec, self.seq_len, self.codebooks, self.tasks, **maker_args)
     self.iterator: InputIterator | None = None
     self._eval: list[dict[str, np.ndarray]] = []
@@ -174,8 +209,7 @@ class PipelineStream:
     """VQ codebooks from the first records (in the shuffled, mixed order every process
     shares) carrying each generated modality without a trained ``tokenizer`` (those use
     the codec's ids); at most ``4 n`` records are decoded."""
-    want = [m for m, ms in self.mods.items() if ms["codebook_size"] and not ms["tokenizer"]
-            and MODALITY_KINDS.get(ms["kind"]).code_vectors is not None]
+    want = kmeans_modalities(self.mods)
     if not want:
       return {}
     maker = DocMaker(self.spec, self.seq_len, {}, self.tasks, **maker_args)

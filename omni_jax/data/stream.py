@@ -29,11 +29,11 @@ import numpy as np
 from omni_jax.common.config import ConfigError, check_keys, one_of, positive_int, require
 from omni_jax.data import vq
 from omni_jax.data.packing import Doc, collate_packed, doc_from_row
-from omni_jax.data.pipeline import PIPELINE_DEFAULTS, PipelineStream
+from omni_jax.data.pipeline import PIPELINE_DEFAULTS, PipelineStream, given_codebooks
 from omni_jax.data.sequences import TASK_TEXT, RowBuilder, collate, generate_task, understand_task
 from omni_jax.modalities import MODALITY_KINDS
 from omni_jax.modalities.base import gen_codes
-from omni_jax.modalities.heldout import train_labels
+from omni_jax.modalities.heldout import dropped_caption, radices, train_labels
 from omni_jax.models.spec import OmniSpec
 from omni_jax.tokenizers import omni_codes
 
@@ -58,9 +58,10 @@ def _arithmetic(rng: np.random.Generator):
 class OmniStream:
   """Deterministic batches for an :class:`OmniSpec` from ``config.data``."""
 
-  def __init__(self, spec: OmniSpec, data_cfg):
+  def __init__(self, spec: OmniSpec, data_cfg, codebooks=None):
     check_keys(data_cfg, (*DATA_KEYS, "pack", "tokenizer", "task_weights", "heldout_every",
-                          *PIPELINE_DEFAULTS), "data.", required=DATA_KEYS)
+                          "heldout_residue", "caption_dropout", *PIPELINE_DEFAULTS), "data.",
+               required=DATA_KEYS)
     tokenizer = str(data_cfg.get("tokenizer", "bytes"))
     built_with = "bytes" if spec.init_from else spec.tokenizer_source  # init_from: its own
     require(tokenizer == built_with, "data.tokenizer", tokenizer,
@@ -84,9 +85,13 @@ class OmniStream:
     self.mods = dict(spec.modalities)
     self.kinds = {m: MODALITY_KINDS.get(ms["kind"]) for m, ms in spec.modalities}
     # data.heldout_every: attribute combinations no training row shows (modalities/heldout)
-    every = data_cfg.get("heldout_every", 0)
-    self.train_labels = {m: train_labels(ms, every, len(self.kinds[m].labels(ms)))
+    every, residue = data_cfg.get("heldout_every", 0), data_cfg.get("heldout_residue", 0)
+    self.train_labels = {m: train_labels(ms, every, len(self.kinds[m].labels(ms)), residue)
                          for m, ms in self.mods.items()}
+    # data.caption_dropout: each attribute of a generate row's caption left out at this rate
+    self.caption_dropout = float(data_cfg.get("caption_dropout", 0.0))
+    require(0 <= self.caption_dropout < 1, "data.caption_dropout", self.caption_dropout,
+            "must be in [0, 1)")
     self.tasks = [TASK_TEXT] + [understand_task(m) for m in self.mods] + [
         generate_task(m) for m, ms in self.mods.items() if ms["codebook_size"]]
     # data.task_weights: {task: weight} for the non-text tasks (default 1 each), e.g.
@@ -102,7 +107,10 @@ class OmniStream:
     self.task_probs = w / w.sum()
     self.codebooks: dict[str, np.ndarray] = {}
     n_fit = positive_int(data_cfg, "codebook_samples", "data.")
-    self._fit_synthetic_codebooks(n_fit)
+    if codebooks is None:
+      self._fit_synthetic_codebooks(n_fit)
+    else:  # a checkpoint's (resume, generation): never refitted
+      self.codebooks = given_codebooks(self.mods, codebooks, complete=True)
     self._check_lengths()
 
   # ---------------------------------------------------------------- codebooks
@@ -125,6 +133,13 @@ class OmniStream:
     if len(labels) == len(self.kinds[m].labels(self.mods[m])):
       return rng.integers(0, len(labels), n)
     return rng.choice(labels, n)
+
+  def _caption(self, m: str, label: int, rng: np.random.Generator, task: str | None) -> str:
+    """The caption of ``label``; a training generate row's (``task``) with attributes left
+    out at ``data.caption_dropout`` (no draw from ``rng`` at 0: the same stream as without)."""
+    if self.caption_dropout and task == generate_task(m) and radices(self.mods[m]):
+      return dropped_caption(self.mods[m], label, rng, self.caption_dropout)
+    return self.kinds[m].labels(self.mods[m])[label]
 
   def codes(self, m: str, xs: np.ndarray) -> np.ndarray:
     """Discrete targets [B, N] of modality ``m`` for raw inputs ``xs`` [B, ...]."""
@@ -200,9 +215,9 @@ class OmniStream:
       text = next(_arithmetic(rng))
       return task, None, text, None, None, len(self.builder.text_ids(text)[0])
     m = task.split(":")[0]
-    ms, kind = self.mods[m], self.kinds[m]
+    ms = self.mods[m]
     label = int(self._draw(m, rng))  # training classes only (data.heldout_every)
-    caption = kind.labels(ms)[label]
+    caption = self._caption(m, label, rng, task)
     ids = self.builder.understand_ids([m], caption)[0] if task == understand_task(m) else (
         self.builder.generate_ids(m, caption, np.zeros(gen_codes(ms), np.int32))[0])
     return task, m, caption, label, int(rng.integers(0, 2 ** 31)), len(ids)
@@ -247,7 +262,8 @@ class OmniStream:
       ms, kind = self.mods[m], self.kinds[m]
       label = (int(self._draw(m, rng)) if train
                else int(rng.integers(0, len(kind.labels(ms)))))
-      plans.append((task, m, kind.labels(ms)[label], kind.synthesize(ms, rng, label)))
+      plans.append((task, m, self._caption(m, label, rng, task if train else None),
+                    kind.synthesize(ms, rng, label)))
     codes = {}
     for m in self.mods:
       idx = [i for i, p in enumerate(plans) if p[0] == generate_task(m)]
@@ -296,10 +312,11 @@ class OmniStream:
     return self._synthetic_batch(_rng(self.seed, EVAL_DOMAIN, i), rotation, train=False)
 
 
-def make_stream(spec: OmniSpec, data_cfg):
+def make_stream(spec: OmniSpec, data_cfg, codebooks=None):
   """The stream ``config.data.source`` names: :class:`OmniStream` (synthetic) or the Grain
-  pipeline's :class:`~omni_jax.data.pipeline.PipelineStream` (manifest)."""
+  pipeline's :class:`~omni_jax.data.pipeline.PipelineStream` (manifest). ``codebooks``: the
+  k-means codebooks saved with a checkpoint, used as they are (None: fitted from the data)."""
   source = one_of(data_cfg, "source", ("synthetic", "manifest"), "data.")
   if source == "manifest":
-    return PipelineStream(spec, data_cfg, DATA_KEYS)
-  return OmniStream(spec, data_cfg)
+    return PipelineStream(spec, data_cfg, DATA_KEYS, codebooks)
+  return OmniStream(spec, data_cfg, codebooks)

@@ -51,7 +51,6 @@ from omni_jax.common.metrics import to_jsonable, write_json_atomic
 from omni_jax.data import vq
 from omni_jax.data.decode import RecordError, decode_record, record_keys
 from omni_jax.data.encode import write_wav
-from omni_jax.data.stream import make_stream
 from omni_jax.generate import batches
 from omni_jax.generate import judge as jd
 from omni_jax.generate import outputs as outs
@@ -191,7 +190,7 @@ def abstract_train_state(config, spec: OmniSpec):
 # What the decoders are rebuilt from: the model, and the data settings the k-means codebooks
 # of the generate heads (and the judges' codec views) are fitted with.
 TRAIN_KEYS = ("model", "data.source", "data.manifest", "data.seed", "data.codebook_samples",
-              "data.tokenizer", "data.heldout_every")
+              "data.tokenizer", "data.heldout_every", "data.heldout_residue")
 
 
 def _leaves(tree: Any, prefix: str) -> dict[str, Any]:
@@ -202,9 +201,10 @@ def _leaves(tree: Any, prefix: str) -> dict[str, Any]:
 
 def check_train_config(config, workdir: str) -> None:
   """Raises ConfigError when ``config`` differs from the training run's (``summary.json`` of
-  ``workdir``) in a :data:`TRAIN_KEYS` setting: the codebooks would be refitted differently
-  and every generated image or sound decoded through the wrong one (seen: a run trained with
-  ``data.seed=1`` and generated with 0 gave conditional accuracy 0.03 instead of 0.92). A
+  ``workdir``) in a :data:`TRAIN_KEYS` setting: the model, its held-out combinations and, for
+  a checkpoint without saved codebooks, their refit depend on them (a refit from another
+  ``data.seed`` decodes every image or sound through the wrong codebook: conditional accuracy
+  0.03 instead of 0.92). A
   workdir without a summary (a run still training, or killed) is checked by shape only."""
   path = Path(workdir) / "summary.json"
   trained = json.loads(path.read_text()).get("config") if path.is_file() else None
@@ -220,8 +220,8 @@ def check_train_config(config, workdir: str) -> None:
       a, b = (a or {}).get(part), (b or {}).get(part)
     la, lb = _leaves(a, key), _leaves(b, key)
     diffs += [f"{k}: trained {la.get(k)!r}, now {lb.get(k)!r}" for k in sorted({*la, *lb})
-              if (bool(la.get(k)) != bool(lb.get(k)) if is_codec_key(k)
-                  else la.get(k) != lb.get(k))]
+              if (bool(la.get(k)) != bool(lb.get(k)) if is_codec_key(k)  # unset = falsy
+                  else la.get(k) != lb.get(k) and (la.get(k) or lb.get(k)))]
   if diffs:
     raise ConfigError(f"--config differs from the training run's ({path}) in "
                       f"{len(diffs)} setting(s) the decoders are rebuilt from: "
@@ -278,7 +278,7 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
   check_train_config(config, workdir)
   params, step = load_params(config, spec, workdir, mesh)
   kinds = allowed_outputs(spec)
-  books = make_stream(spec, config.data).codebooks if len(kinds) > 1 else {}
+  books = outs.run_codebooks(spec, config.data, workdir, step) if len(kinds) > 1 else {}
   judges = judge_outputs(spec, books, judge_cache or os.path.join(workdir, "judge"),
                          [p for p in prompts if p.output != TEXT]) if judge else {}
   out = Path(outdir or os.path.join(workdir, "generate"))
@@ -363,7 +363,8 @@ def run_generate(config, workdir: str, prompts_path: str, outdir: str | None = N
                                      for m, d in sorted(words.items())},
   }
   if judge:
-    summary.update(score_judged(spec, judges, judged, config.data.get("heldout_every", 0)))
+    summary.update(score_judged(spec, judges, judged, config.data.get("heldout_every", 0),
+                                config.data.get("heldout_residue", 0)))
   write_json_atomic(out / "summary.json", summary)
   return summary
 
@@ -409,13 +410,13 @@ def judge_outputs(spec: OmniSpec, books: dict[str, np.ndarray], cache_dir: str,
 
 def score_judged(spec: OmniSpec, judges: dict[str, jd.Judge],
                  judged: dict[str, list[tuple[int, np.ndarray, dict]]],
-                 heldout_every: int = 0) -> dict[str, Any]:
+                 heldout_every: int = 0, residue: int = 0) -> dict[str, Any]:
   """The summary's judge part: ``conditional_accuracy`` (modality -> attribute -> rate over
   the judged outputs, plus ``all``), the chance levels, the judges' own held-out accuracy; each
   judged output's record gets ``judged`` (the attribute values the judge saw). With
-  ``heldout_every`` (the training run's ``data.heldout_every``), also the same rates over the
-  combinations training showed (``conditional_accuracy_seen``) and those it held out
-  (``conditional_accuracy_unseen``)."""
+  ``heldout_every`` (the training run's ``data.heldout_every`` and ``heldout_residue``), also
+  the same rates over the combinations training showed (``conditional_accuracy_seen``) and
+  those it held out (``conditional_accuracy_unseen``)."""
   acc, info, split = {}, {}, {"seen": {}, "unseen": {}}
   for m, j in judges.items():
     items = judged[m]
@@ -427,7 +428,7 @@ def score_judged(spec: OmniSpec, judges: dict[str, jd.Judge],
     labels = np.asarray([lab for lab, _, _ in items])
     xs = np.stack([x for _, x, _ in items])
     acc[m] = j.score(xs, labels)
-    held = np.isin(labels, sorted(heldout_labels(spec.modality(m), heldout_every)))
+    held = np.isin(labels, sorted(heldout_labels(spec.modality(m), heldout_every, residue)))
     for part, rows in (("seen", ~held), ("unseen", held)):
       if heldout_every and rows.any():
         split[part][m] = j.score(xs[rows], labels[rows])

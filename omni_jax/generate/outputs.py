@@ -1,7 +1,8 @@
 """Generated code ids back to something a person can look at or listen to.
 
 The omni model's generate heads predict ids of the fixed k-means codebook of each modality
-(:mod:`omni_jax.data.vq`; fitted by the data stream): for a ``patch`` modality a code is a
+(:mod:`omni_jax.data.vq`; fitted by the training run's data stream and saved with its
+checkpoints, read back by :func:`run_codebooks`): for a ``patch`` modality a code is a
 patch's mean colour, for a ``frames`` modality with log-mel features it is the log-mel of a
 group of 4 frames averaged. Decoding inverts exactly that summary:
 
@@ -21,11 +22,28 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from PIL import Image, ImageDraw, ImageFont
 
+from omni_jax.common.checkpoint import saved_codebooks
+from omni_jax.data.pipeline import given_codebooks
+from omni_jax.data.stream import make_stream
 from omni_jax.tokenizers import griffin_lim as gl
 
 FRAMES_PER_CODE = 4  # frames.code_vectors averages 4 log-mel frames per code
+
+
+def run_codebooks(spec, data_cfg, workdir: str, step: int) -> dict[str, np.ndarray]:
+  """The k-means codebooks checkpoint ``step`` of ``workdir`` was trained with, as saved with
+  it (never refitted); a checkpoint without them is refitted from ``data_cfg`` (the
+  training run's settings), logged."""
+  books = saved_codebooks(workdir, step)
+  if books is not None:  # no stream is built: the training data need not be here
+    return given_codebooks(dict(spec.modalities), books, complete=False)
+  logging.warning("checkpoint step %d of %s holds no k-means codebooks: refitting them from "
+                  "config.data (the training run's data, seed and codebook_samples)", step,
+                  workdir)
+  return make_stream(spec, data_cfg).codebooks
 
 
 def decoder_kind(ms) -> str | None:

@@ -374,7 +374,7 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
         tokens_per_step: int = 0, flops_per_step: float = 0.0,
         params_hook: Callable[[Any], Any] | None = None, data_iter=None,
         loss_norm: Callable | None = None, frozen: Any = None, prefetch: int = 0,
-        read_ahead: int = 0) -> FitResult:
+        read_ahead: int = 0, codebooks: dict | None = None) -> FitResult:
   """Trains ``loop.steps`` steps (resuming from ``workdir`` when a checkpoint exists).
 
   ``params_hook(abstract params) -> params`` builds a fresh start's initial parameters from
@@ -386,8 +386,12 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   the train state and restored on resume. ``frozen``: the parameters that never
   change (:func:`make_train_step`). ``prefetch``: batches read and placed on the devices
   ahead of the step, in a background thread (0: each when its step needs it);
-  ``read_ahead``: batches read (not placed) ahead of the step, at least ``prefetch``."""
-  ckpt = Checkpointer(workdir, loop.keep_checkpoints, with_data=data_iter is not None)
+  ``read_ahead``: batches read (not placed) ahead of the step, at least ``prefetch``.
+  ``codebooks``: the k-means codebooks behind ``get_batch``'s code targets, saved with every
+  checkpoint (a resumed run reads them back before building its stream)."""
+  codebooks = dict(codebooks) if codebooks else None
+  ckpt = Checkpointer(workdir, loop.keep_checkpoints, with_data=data_iter is not None,
+                      with_codebooks=codebooks is not None)
   sharding = offload_lib.state_sharding(param_sharding, loop.offload)
   resumed = ckpt.latest_step()
   if resumed is not None:  # restored into its layout; no fresh state is built
@@ -474,7 +478,8 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
         meter.start()
         inputs.start()
       if do_ckpt:
-        ckpt.save(step, state, data=None if data_iter is None else StateOf(took["state"]))
+        ckpt.save(step, state, data=None if data_iter is None else StateOf(took["state"]),
+                  codebooks=codebooks)
     if start < loop.steps:
       prog.finish()
   finally:

@@ -19,6 +19,7 @@ import numpy as np
 from absl import logging
 
 from omni_jax.common import tensorboard
+from omni_jax.common.checkpoint import saved_codebooks
 from omni_jax.common.config import ConfigError, check_keys, require, to_dict
 from omni_jax.common.figures import plot_curves
 from omni_jax.common.metrics import write_json_atomic
@@ -140,15 +141,16 @@ def check_batch_fits_mesh(stream: OmniStream, mesh, microbatches: int = 4,
                       f"mesh.sequence = {s}")
 
 
-def validate(config) -> tuple[OmniSpec, OmniStream, LoopConfig]:
-  """Every config check, before any compile."""
+def validate(config, codebooks=None) -> tuple[OmniSpec, OmniStream, LoopConfig]:
+  """Every config check, before any compile. ``codebooks``: a checkpoint's k-means codebooks
+  for the stream (None: fitted from the data)."""
   check_keys(config, TOP_KEYS, "", required=REQUIRED_KEYS)
   spec = build_spec(config.model, tokenizer=config.data.get("tokenizer", "bytes"))
   loop = LoopConfig.from_config(config.train)
   spec = offload.apply_to_spec(spec, loop.offload)
   FineTune.from_config(config).optimizer(config.optim, loop.steps, spec.bias_rate)
   stages.source_workdir(config.train)
-  stream = make_stream(spec, config.data)
+  stream = make_stream(spec, config.data, codebooks)
   parallel_op_names(config)
   pipeline_microbatches(config)
   return spec, stream, loop
@@ -230,13 +232,28 @@ def pretrained_hook(spec: OmniSpec, finetune: FineTune | None = None,
   return lambda params: ft.with_base(params, load(ft.base(params)))
 
 
+def run_codebooks(config, workdir: str) -> dict[str, np.ndarray] | None:
+  """The k-means codebooks this run must keep: its latest checkpoint's (a resumed run), else
+  those of ``train.init_from_workdir``'s (a later stage: the code heads were trained against
+  them); None for a fresh run, which fits its own and saves them with every checkpoint."""
+  train_cfg = dict(config).get("train")
+  for where in (workdir, stages.source_workdir(train_cfg) if train_cfg else None):
+    books = saved_codebooks(where) if where else None
+    if books is not None:
+      logging.info("k-means codebooks of %s read from the checkpoint in %s (not refitted)",
+                   sorted(books), where)
+      return books
+  return None
+
+
 def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   """Trains (or resumes) the omni model; returns and writes the run's summary. The trained
   codecs of modalities with a ``tokenizer`` are copied into ``<workdir>/codecs/`` first
-  (:func:`~omni_jax.tokenizers.codec_store.pin_codecs`) and used from there."""
+  (:func:`~omni_jax.tokenizers.codec_store.pin_codecs`) and used from there; the k-means
+  codebooks are saved with every checkpoint and read back on resume (:func:`run_codebooks`)."""
   os.makedirs(workdir, exist_ok=True)
   config = pin_codecs(config, workdir, copy=True)
-  spec, stream, loop = validate(config)
+  spec, stream, loop = validate(config, run_codebooks(config, workdir))
   mesh = mesh or make_layout_mesh(config)
   micro = pipeline_microbatches(config)
   check_batch_fits_mesh(stream, mesh, micro, loop.grad_accum)
@@ -286,7 +303,7 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
         data_iter=data_iter, loss_norm=loss_norm(spec),
         frozen=ft.frozen(abstract_state_params),
         prefetch=pipeline_options(config.data)["device_prefetch"],
-        read_ahead=pipeline_options(config.data)["read_ahead"])
+        read_ahead=pipeline_options(config.data)["read_ahead"], codebooks=stream.codebooks)
   finally:
     if data_iter is not None:
       data_iter.close()  # stops Grain's worker processes

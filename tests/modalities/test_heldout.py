@@ -8,7 +8,7 @@ from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
 from omni_jax.generate import job
 from omni_jax.modalities import MODALITY_KINDS, patch
-from omni_jax.modalities.heldout import digits, heldout_labels, radices
+from omni_jax.modalities.heldout import digits, heldout_labels, partial_caption, radices
 from omni_jax.train.spec import build_spec
 
 
@@ -96,3 +96,95 @@ def test_judged_scores_split_into_seen_and_unseen():
   assert s["conditional_accuracy_seen"]["image"]["shape"] == np.mean(np.array(seen) % 2)
   s0 = job.score_judged(spec, {"image": Judge()}, {"image": items})
   assert "conditional_accuracy_unseen" not in s0
+
+
+def test_residues_split_the_combinations_into_disjoint_groups_of_one_make_up():
+  """heldout_residue picks one of the k groups (tune on one, report another): the groups
+  are disjoint and cover every class; at k = 8 the even residues (0 reported, 4 tuned on)
+  hold every image attribute value twice, so the tuning group asks the reported one's
+  question."""
+  _, spec = _spec()
+  ms = spec.modality("image")
+  rad = radices(ms)
+  groups = [heldout_labels(ms, 8, r) for r in range(8)]
+  assert sum(len(g) for g in groups) == 64 and frozenset().union(*groups) == set(range(64))
+  for g in groups[::2]:
+    for a, r in enumerate(rad):
+      counts = np.bincount([digits(lab, rad)[a] for lab in g], minlength=r)
+      assert counts.tolist() == [2] * r
+  assert heldout_labels(ms, 8) == groups[0]
+  with pytest.raises(ConfigError, match=r"heldout_residue = 8 .*\[0, heldout_every = 8\)"):
+    heldout_labels(ms, 8, 8)
+  with pytest.raises(ConfigError, match="heldout_residue = 4 needs"):
+    heldout_labels(ms, 0, 4)
+
+
+def test_a_tuning_group_is_scored_as_unseen_and_the_reported_group_as_seen():
+  _, spec = _spec()
+
+  class Judge:
+    info = {"heldout": {}}
+    attrs = {"shape": ["a"]}
+
+    def score(self, xs, labels):
+      return {"shape": float(len(labels)), "all": 0.0}
+
+    def predict(self, xs):
+      return {"shape": np.zeros(len(xs), int)}
+
+  ms = spec.modality("image")
+  tune, report = sorted(heldout_labels(ms, 8, 4)), sorted(heldout_labels(ms, 8, 0))
+  items = [(lab, np.zeros(1), {}) for lab in tune[:3] + report]
+  s = job.score_judged(spec, {"image": Judge()}, {"image": items}, heldout_every=8, residue=4)
+  assert s["conditional_accuracy_unseen"]["image"]["shape"] == 3
+  assert s["conditional_accuracy_seen"]["image"]["shape"] == len(report)
+
+
+def test_caption_dropout_leaves_attributes_out_of_generate_rows_only():
+  cfg, spec = _spec()
+  base = OmniStream(spec, cfg.data).batch(3)
+  cfg.data.caption_dropout = 0.0  # set but 0: the very same stream as without the key
+  same = OmniStream(spec, cfg.data).batch(3)
+  for k in base:
+    np.testing.assert_array_equal(base[k], same[k])
+  cfg.data.update(caption_dropout=0.5, heldout_every=8)
+  stream = OmniStream(spec, cfg.data)
+  tok = spec.tokenizer
+  full = {m: set(MODALITY_KINDS.get(spec.modality(m)["kind"]).labels(spec.modality(m)))
+          for m in ("image", "audio")}
+  gen_ids = {tok.special(f"<{m}:gen>"): m for m in full}
+  und_ids = {tok.special(f"</{m}>"): m for m in full}
+  partial, whole, understood = 0, 0, 0
+  for step in range(30):
+    for row in stream.batch(step)["tokens"]:
+      row = [int(t) for t in row]
+      for marker, m in gen_ids.items():
+        if marker in row:  # <bos> caption <m:gen> codes: the caption before the marker
+          words = tok.decode([t for t in row[1:row.index(marker)]]).split()
+          assert set(words) <= {w for c in full[m] for w in c.split()}
+          whole += " ".join(words) in full[m]
+          partial += " ".join(words) not in full[m]
+      for marker, m in und_ids.items():
+        if marker in row:  # understand rows keep the whole caption
+          text = tok.decode([t for t in row[row.index(marker) + 1:] if 0 <= t < tok.vocab_size])
+          assert text.strip() in full[m], text
+          understood += 1
+  assert partial > 0 and whole > 0 and understood > 0
+  with pytest.raises(ConfigError, match="caption_dropout"):
+    cfg.data.caption_dropout = 1.0
+    OmniStream(spec, cfg.data)
+
+
+def test_partial_captions_name_exactly_the_kept_attributes():
+  _, spec = _spec()
+  for m in ("image", "audio"):
+    ms = spec.modality(m)
+    labels = MODALITY_KINDS.get(ms["kind"]).labels(ms)
+    rad = radices(ms)
+    for lab in range(len(labels)):
+      assert partial_caption(ms, lab, (True,) * len(rad)) == labels[lab]
+  ms = spec.modality("image")
+  lab = patch.labels(ms).index("green triangle bottom right")
+  assert partial_caption(ms, lab, (True, False, True)) == "triangle bottom right"
+  assert partial_caption(ms, lab, (False, True, False)) == "green"
+  assert partial_caption(spec.modality("audio"), 3, (False, True)) == "tone d#5"
