@@ -126,7 +126,8 @@ class BatchPrefetcher:
       into = self.ready if self.depth else self.read
       with self._cond:
         while step not in into:
-          coming = self.depth and step in self.read and self._failed != "place"
+          # read before the failure: being placed or about to be
+          coming = self.depth and step <= self.made and self._failed != "place"
           if self.error is not None and not coming:
             raise self.error
           self._cond.wait()

@@ -164,6 +164,30 @@ def test_batches_read_before_a_failed_read_are_still_placed():
     feed.close()
 
 
+def test_a_batch_being_placed_when_the_read_fails_is_served():
+  """The read error is not raised at a step whose batch was read and is still being placed
+  (the loop would stop a step early, before that step's checkpoint)."""
+  def produce(step):
+    if step == 3:
+      raise RuntimeError("records ran out")
+    return step
+
+  feed = None
+
+  def place(batch):
+    if batch == 2:   # placing step 2 until the read of step 3 has failed
+      while feed is None or feed.error is None:
+        time.sleep(0.001)
+    return batch
+  feed = BatchPrefetcher(produce, 1, 5, 2, place=place, host_depth=4)
+  try:
+    assert feed.get(1)[0] == 1 and feed.get(2)[0] == 2
+    with pytest.raises(RuntimeError, match="records ran out"):
+      feed.get(3)
+  finally:
+    feed.close()
+
+
 class CountingIterator(grain.DatasetIterator):
   """A stand-in input iterator whose state is the number of batches it made."""
 
