@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 KINDS = ("in", "compute", "out", "host")   # the kinds of work the timeline tells apart
+WATCH_IDLE_S = 1.0  # seconds a watcher thread waits for work before it exits
 
 
 def _kind_sweep(events, window):
@@ -112,13 +113,14 @@ class Timeline:
       self._rec[idx][4] = self.now()
     else:
       # one watcher per stream and dispatching thread: each sees its own work in order
+      # (a watcher idle for WATCH_IDLE_S exits, so a finished timeline leaves no thread)
       key = (stream, threading.get_ident())
       with self._lock:
         if key not in self._queues:
           q: queue.Queue = queue.Queue()
-          threading.Thread(target=self._watch, args=(q,), daemon=True).start()
+          threading.Thread(target=self._watch, args=(key, q), daemon=True).start()
           self._queues[key] = q
-      self._queues[key].put((idx, leaves))
+        self._queues[key].put((idx, leaves))
     return idx
 
   def finish(self, idx: int, start: float, end: float) -> None:
@@ -138,9 +140,16 @@ class Timeline:
       except jax.errors.JaxRuntimeError:
         continue
 
-  def _watch(self, q: queue.Queue) -> None:
+  def _watch(self, key, q: queue.Queue) -> None:
     while True:
-      idx, leaves = q.get()
+      try:
+        idx, leaves = q.get(timeout=WATCH_IDLE_S)
+      except queue.Empty:
+        with self._lock:   # record() puts under the lock: nothing can arrive meanwhile
+          if q.empty():
+            del self._queues[key]
+            return
+        continue
       self._wait_leaves(leaves)
       with self._lock:
         self._rec[idx][4] = self.now()

@@ -73,22 +73,25 @@ class BatchPrefetcher:
     s = self.placed + 1
     return s if s in self.read and s <= self.taken + self.depth else None
 
-  def _done(self, role: str) -> bool:
-    return (self.made if role == "read" else self.placed) >= self.last
+  def _finished(self, role: str) -> bool:
+    """Under the lock: ``role``'s thread has nothing more to do. After a failed read the
+    batches read before it are still placed (and served); a failed placement stops both."""
+    if self._stop or self._failed == "place":
+      return True
+    if role == "read":
+      return bool(self._failed) or self.made >= self.last
+    return self.placed >= (self.made if self._failed else self.last)
 
   def _run(self, role: str, job: Callable[[], int | None]) -> None:
     try:
       while True:
         with self._cond:
-          # After a failed read the batches read before it are still placed and served.
-          while not self._stop and not self._failed and (s := job()) is None:
-            if self._done(role) or self.error is not None:
+          while (s := None if self._finished(role) else job()) is None:
+            if self._finished(role):
               return
             self._busy[role] = False
             self._cond.notify_all()
             self._cond.wait()
-          if self._stop or self._failed:
-            return
           self._busy[role] = True
           if role == "place":
             batch, snap = self.read.pop(s)
@@ -145,9 +148,10 @@ class BatchPrefetcher:
     """Blocks until the threads are idle (far enough ahead, finished or failed); False on
     ``timeout``. For tests and diagnostics."""
     with self._cond:
-      return self._cond.wait_for(lambda: not any(self._busy.values()) and (
-          self.error is not None or self._stop or (
-              self._read_next() is None and self._place_next() is None)), timeout)
+      jobs = {"read": self._read_next, "place": self._place_next}
+      return self._cond.wait_for(lambda: not any(self._busy.values()) and all(
+          self._finished(t.name[len("batch-"):]) or jobs[t.name[len("batch-"):]]() is None
+          for t in self._threads), timeout)
 
   def close(self) -> None:
     """Stops making batches (a batch being made is finished first) and drops those made."""

@@ -133,6 +133,25 @@ def test_timeline_serialises_work_per_lane_not_per_stream():
   assert line.events() == [("in", "W", 1.0, 5.0), ("in", "x", 2.0, 3.0), ("in", "W2", 5.0, 6.0)]
 
 
+def test_timeline_watchers_exit_when_idle(monkeypatch):
+  """A non-blocking timeline's watcher threads exit once idle (a finished timeline leaves
+  no thread behind), and a later event starts a new one that still times it."""
+  import threading
+  import time
+  monkeypatch.setattr(tl, "WATCH_IDLE_S", 0.05)
+  line = tl.Timeline(time.perf_counter())
+  before = threading.active_count()
+  line.record("compute", "a", None, jax.numpy.ones(3) * 2)
+  line.sync()
+  deadline = time.perf_counter() + 10
+  while threading.active_count() > before and time.perf_counter() < deadline:
+    time.sleep(0.01)
+  assert threading.active_count() == before and not line._queues
+  line.record("compute", "b", None, jax.numpy.ones(3) * 3)
+  line.sync()
+  assert [e[1] for e in line.events()] == ["a", "b"]
+
+
 def test_overlap_fraction_closed_form():
   ev = [("in", "W", 0.0, 4.0), ("compute", "F", 2.0, 6.0), ("out", "y", 5.0, 7.0),
         ("out", "y", 7.2, 7.8), ("out", "G", 7.5, 7.9),      # one kind only: not counted

@@ -3,6 +3,7 @@ checkpoint keeps, and errors."""
 
 import json
 import threading
+import time
 
 import grain
 import jax
@@ -131,6 +132,34 @@ def test_an_input_error_reaches_the_loop_at_its_step():
     assert feed.get(1)[0] == 1 and feed.get(2)[0] == 2  # made before the error: still served
     with pytest.raises(Ran, match="records ran out"):
       feed.get(3)
+  finally:
+    feed.close()
+
+
+def test_batches_read_before_a_failed_read_are_still_placed():
+  """The placing thread goes on after the reading thread failed: a placement that outlasts
+  the failure, and batches read beyond the placement depth, are all served before the
+  error."""
+  def produce(step):
+    if step == 6:
+      raise RuntimeError("records ran out")
+    return step
+
+  feed = None
+
+  def place(batch):
+    if batch == 1:   # still placing step 1 when the read of step 6 fails
+      while feed is None or feed.error is None:
+        time.sleep(0.001)
+    return batch
+  feed = BatchPrefetcher(produce, 1, 8, 1, place=place, host_depth=8)
+  try:
+    for step in range(1, 6):
+      assert feed.wait_idle(10)
+      assert step in feed.ready, f"step {step} was read before the failure but not placed"
+      assert feed.get(step)[0] == step
+    with pytest.raises(RuntimeError, match="records ran out"):
+      feed.get(6)
   finally:
     feed.close()
 
