@@ -184,9 +184,7 @@ def test_four_workers_learn_as_one_worker_with_four_times_the_envs():
   within 2 pooled standard errors of the seed means + 25 (5 % of the 500 cap, for the seeds'
   bimodality: a seed either reaches 500 or stalls) of the single worker's, and the single
   worker must itself learn (mean >= 400), so a broken aggregation, not noise, fails it.
-  Measured: 554 s wall, 256 s CPU, at load average 11-14 on the shared 2-core
-  machine (a quiet one should take about half); every seed of every mode gave 500
-  (docs/iswitch_rl.md, "Workers vs environments")."""
+  About 256 s of CPU."""
   def eval_returns(cfg):
     run = runner.build(cfg)
     state, _ = runner.train_fn(run)()
