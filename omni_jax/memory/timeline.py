@@ -118,7 +118,8 @@ class Timeline:
       with self._lock:
         if key not in self._queues:
           q: queue.Queue = queue.Queue()
-          threading.Thread(target=self._watch, args=(key, q), daemon=True).start()
+          threading.Thread(target=self._watch, args=(key, q), daemon=True,
+                           name=f"timeline-{id(self):x}-{stream}").start()
           self._queues[key] = q
         self._queues[key].put((idx, leaves))
     return idx

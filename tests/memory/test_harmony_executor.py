@@ -140,13 +140,13 @@ def test_timeline_watchers_exit_when_idle(monkeypatch):
   import time
   monkeypatch.setattr(tl, "WATCH_IDLE_S", 0.05)
   line = tl.Timeline(time.perf_counter())
-  before = threading.active_count()
+  mine = lambda: [t for t in threading.enumerate() if t.name.startswith(f"timeline-{id(line):x}-")]
   line.record("compute", "a", None, jax.numpy.ones(3) * 2)
   line.sync()
   deadline = time.perf_counter() + 10
-  while threading.active_count() > before and time.perf_counter() < deadline:
+  while mine() and time.perf_counter() < deadline:
     time.sleep(0.01)
-  assert threading.active_count() == before and not line._queues
+  assert not mine() and not line._queues
   line.record("compute", "b", None, jax.numpy.ones(3) * 3)
   line.sync()
   assert [e[1] for e in line.events()] == ["a", "b"]
