@@ -61,12 +61,13 @@ def needs_dejavu_fonts():
 
 
 # The default run's files with the most CPU time (measured on the 2-core machine, a cold
-# compile cache, each at least ~20 CPU-s), heaviest first. The run hands files to its two
+# compile cache, each at least ~20 CPU-s), heaviest first. The run hands files to its
 # workers in collection order (`--no-loadscope-reorder` in pyproject.toml), so these go first
 # and the small files fill in at the end, instead of one long file running alone at the end
 # (xdist's default order is by test count, which put the single-test heavy files last).
 HEAVY_FILES_FIRST = (
     "tests/train/test_train_omni.py",
+    "tests/train/test_train_omni_layout.py",
     "tests/experiments/test_every_cli.py",
     "tests/parallel/test_pipeline.py",
     "tests/parallel/test_multiprocess.py",
