@@ -22,6 +22,10 @@ with XLA's matmuls.
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from omni_jax.common.timing import time_interleaved
 
 
@@ -59,9 +63,6 @@ _RATE_OF = {"attention_projections": "projections", "attention_core": "projectio
 def matmul_rates(hf: dict, batch: int, seq_len: int, repeats: int = 5) -> dict:
   """``{"jax": {class: FLOP/s}, "torch": {class: FLOP/s}}``, the best of ``repeats``
   alternating calls per side (float32, torch at its current thread count)."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
   import torch  # optional dependency: the peer being measured
   out: dict[str, dict[str, float]] = {"jax": {}, "torch": {}}
   dot = jax.jit(jnp.dot)

@@ -293,6 +293,7 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
                "peak %.3g FLOP/s", params_total / 1e6, params_active / 1e6, flops,
                loop.peak_flops)
   eval_fn = make_eval_fn(spec, model, stream, loop.eval_batches, mesh, layout_ops, ft)
+  ahead = pipeline_options(config.data)
   try:
     result: FitResult = fit(
         workdir=workdir, loop=loop, init_params=init_params, loss_fn=loss_fn, tx=tx,
@@ -302,8 +303,8 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
         params_hook=pretrained_hook(spec, ft, stages.source_workdir(config.train)),
         data_iter=data_iter, loss_norm=loss_norm(spec),
         frozen=ft.frozen(abstract_state_params),
-        prefetch=pipeline_options(config.data)["device_prefetch"],
-        read_ahead=pipeline_options(config.data)["read_ahead"], codebooks=stream.codebooks)
+        prefetch=ahead["device_prefetch"], read_ahead=ahead["read_ahead"],
+        codebooks=stream.codebooks)
   finally:
     if data_iter is not None:
       data_iter.close()  # stops Grain's worker processes

@@ -136,23 +136,31 @@ def test_an_input_error_reaches_the_loop_at_its_step():
     feed.close()
 
 
-def test_batches_read_before_a_failed_read_are_still_placed():
-  """The placing thread goes on after the reading thread failed: a placement that outlasts
-  the failure, and batches read beyond the placement depth, are all served before the
-  error."""
+def read_fails_while_placing(fail_at: int, hold: int, last: int, depth: int,
+                             host_depth: int) -> BatchPrefetcher:
+  """A prefetcher whose read of step ``fail_at`` raises while the placement of step ``hold``
+  is held until that failure is recorded."""
   def produce(step):
-    if step == 6:
+    if step == fail_at:
       raise RuntimeError("records ran out")
     return step
 
   feed = None
 
   def place(batch):
-    if batch == 1:   # still placing step 1 when the read of step 6 fails
+    if batch == hold:
       while feed is None or feed.error is None:
         time.sleep(0.001)
     return batch
-  feed = BatchPrefetcher(produce, 1, 8, 1, place=place, host_depth=8)
+  feed = BatchPrefetcher(produce, 1, last, depth, place=place, host_depth=host_depth)
+  return feed
+
+
+def test_batches_read_before_a_failed_read_are_still_placed():
+  """The placing thread goes on after the reading thread failed: a placement that outlasts
+  the failure, and batches read beyond the placement depth, are all served before the
+  error."""
+  feed = read_fails_while_placing(fail_at=6, hold=1, last=8, depth=1, host_depth=8)
   try:
     for step in range(1, 6):
       assert feed.wait_idle(10)
@@ -167,19 +175,7 @@ def test_batches_read_before_a_failed_read_are_still_placed():
 def test_a_batch_being_placed_when_the_read_fails_is_served():
   """The read error is not raised at a step whose batch was read and is still being placed
   (the loop would stop a step early, before that step's checkpoint)."""
-  def produce(step):
-    if step == 3:
-      raise RuntimeError("records ran out")
-    return step
-
-  feed = None
-
-  def place(batch):
-    if batch == 2:   # placing step 2 until the read of step 3 has failed
-      while feed is None or feed.error is None:
-        time.sleep(0.001)
-    return batch
-  feed = BatchPrefetcher(produce, 1, 5, 2, place=place, host_depth=4)
+  feed = read_fails_while_placing(fail_at=3, hold=2, last=5, depth=2, host_depth=4)
   try:
     assert feed.get(1)[0] == 1 and feed.get(2)[0] == 2
     with pytest.raises(RuntimeError, match="records ran out"):
