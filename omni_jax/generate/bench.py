@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from omni_jax.common import batched_rng
 from omni_jax.common.timing import STATS, time_interleaved
 from omni_jax.generate import decode as dec
 from omni_jax.generate import speculative
@@ -45,8 +46,7 @@ from omni_jax.models.transformer import unstack_units
 def init_params(spec: OmniSpec, seed: int = 0):
   """Fresh model parameters (only the token path is traced: no modality inputs)."""
   tokens = jnp.zeros((1, 8), jnp.int32)
-  return jax.jit(lambda k: OmniModel(spec).init(k, {"tokens": tokens})["params"])(
-      jax.random.PRNGKey(seed))
+  return batched_rng.init(OmniModel(spec), jax.random.PRNGKey(seed), {"tokens": tokens})["params"]
 
 
 def _best(fn, repeats: int) -> tuple[float, object]:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from omni_jax.common import batched_rng
 from omni_jax.common.timing import STATS
 from omni_jax.memory import executor as ex
 from omni_jax.memory import profiler as pf
@@ -259,7 +260,7 @@ class LmsGapProbe:
     # the plain on-demand schedule: every residual and accumulator swapped (nothing kept)
     self.plan = sch.Plan("lms", u, batch // u)
     self.mover = tr.Mover(2**62, blocking=True)
-    params = [jax.jit(layer.init)(k) for layer, k in zip(
+    params = [batched_rng.init(layer, k) for layer, k in zip(
         model.layers, jax.random.split(jax.random.key(seed), model.num_layers), strict=True)]
     self.state = ex.to_host_state([jax.device_get(p) for p in params], self.mover.host)
     inputs, targets = model.example_batch(jax.random.key(seed + 1), batch)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.compute_on import compute_on
 
+from omni_jax.common import batched_rng
 from omni_jax.memory import schedules as sch
 from omni_jax.memory import transfers as tr
 from omni_jax.memory.seqmodel import (
@@ -65,7 +66,7 @@ def init_on_host(model: SeqModel, rng: jax.Array, host_sharding) -> list[Any]:
   keys = jax.random.split(rng, model.num_layers)
   out = []
   for layer, k in zip(model.layers, keys, strict=True):
-    p = jax.jit(layer.init)(k)
+    p = batched_rng.init(layer, k)
     out.append(jax.device_put(p, host_sharding))
     for x in jax.tree.leaves(p):
       x.delete()

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from omni_jax.common import batched_rng
 from omni_jax.common.config import to_dict
 from omni_jax.common.metrics import write_json_atomic
 from omni_jax.common.progress import Progress
@@ -272,7 +273,7 @@ def run(cfg, workdir: str) -> dict:
   model = build_model(cfg)
   params = None
   if cfg.execute:
-    params = [jax.jit(layer.init)(k) for layer, k in zip(
+    params = [batched_rng.init(layer, k) for layer, k in zip(
         model.layers, jax.random.split(jax.random.key(cfg.seed), model.num_layers),
         strict=True)]
   prof = profile(cfg, model, params, workdir)

@@ -33,6 +33,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from omni_jax.common import batched_rng
 from omni_jax.common.config import check_keys, positive_int, require
 from omni_jax.common.metrics import write_json_atomic
 from omni_jax.common.timing import STATS
@@ -347,7 +348,7 @@ def run(cfg, workdir: str) -> dict:
     by_model.setdefault((c.d_model, c.num_layers), []).append(c)
   for (d, nl), cs in by_model.items():
     model = sm.gpt_stack(mc.vocab, mc.seq_len, d, mc.num_heads, nl)
-    params = [jax.jit(layer.init)(k) for layer, k in zip(
+    params = [batched_rng.init(layer, k) for layer, k in zip(
         model.layers, jax.random.split(jax.random.key(cfg.seed), model.num_layers),
         strict=True)]
     inputs, targets = model.example_batch(jax.random.key(cfg.seed + 1), cfg.batch)

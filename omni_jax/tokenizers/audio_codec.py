@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from omni_jax.common import batched_rng
 from omni_jax.modalities.logmel import log_mel_spectrogram, num_frames
 from omni_jax.tokenizers import fsq, griffin_lim
 
@@ -73,7 +74,7 @@ class AudioCodec(nn.Module):
 
   def init_params(self, key):
     # jitted: flax's init op by op took ~25 s for these convolutions on CPU
-    return jax.jit(self.init)(key, jnp.zeros((1, self.clip_samples), jnp.float32))["params"]
+    return batched_rng.init(self, key, jnp.zeros((1, self.clip_samples), jnp.float32))["params"]
 
 
 def check_waves(codec: AudioCodec, waves) -> jax.Array:

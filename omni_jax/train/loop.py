@@ -45,6 +45,7 @@ import numpy as np
 import optax
 from absl import logging
 
+from omni_jax.common.batched_rng import jit_batched_rng
 from omni_jax.common.checkpoint import Checkpointer
 from omni_jax.common.config import check_keys, positive_int, require
 from omni_jax.common.metrics import MetricsLog
@@ -239,7 +240,7 @@ def create_state(init_params: Callable, tx, seed: int, param_sharding: Callable,
                  ) -> tuple[TrainState, Any]:
   """Builds the state directly in its sharded layout; returns (state, state shardings)."""
   _, shardings = state_layout(init_params, tx, seed, param_sharding)
-  state = jax.jit(_state_init(init_params, tx), out_shardings=shardings)(
+  state = jit_batched_rng(_state_init(init_params, tx), out_shardings=shardings)(
       jax.random.PRNGKey(seed))
   return state, shardings
 
@@ -258,7 +259,7 @@ def fill_fresh(params, init_params: Callable, seed: int, shardings):
   def pick(key):
     every = treedef.flatten_up_to(init_params(key))
     return [every[i] for i in todo]
-  made = jax.jit(pick, out_shardings=[sh[i] for i in todo])(jax.random.PRNGKey(seed))
+  made = jit_batched_rng(pick, out_shardings=[sh[i] for i in todo])(jax.random.PRNGKey(seed))
   for i, x in zip(todo, made, strict=True):
     leaves[i] = x
   return treedef.unflatten(leaves)

@@ -10,6 +10,7 @@ from absl import flags
 from PIL import Image
 
 from configs.omni_moe import get_config
+from omni_jax.common import batched_rng
 from omni_jax.data import packing
 from omni_jax.data.pipeline import DataError, PipelineStream
 from omni_jax.data.records import is_eval, open_dataset, record_id
@@ -150,7 +151,7 @@ def test_two_slots_per_row_pack_tighter_and_each_document_reads_as_alone(tmp_pat
   # Against each document alone in its own one-slot row: the same logits at its tokens.
   alone = packing.collate_packed(spec, [[d] for d in rows[0]], 48)
   model = OmniModel(spec)
-  params = jax.jit(model.init)(jax.random.key(0), jax.tree.map(jnp.asarray, alone))
+  params = batched_rng.init(model, jax.random.key(0), jax.tree.map(jnp.asarray, alone))
   apply = jax.jit(model.apply)
   packed_logits = apply(params, jax.tree.map(jnp.asarray, b))[0]["text"]
   alone_logits = apply(params, jax.tree.map(jnp.asarray, alone))[0]["text"]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
+from omni_jax.common import batched_rng
 from omni_jax.common.config import ConfigError
 from omni_jax.data.packing import Doc, collate_packed
 from omni_jax.data.stream import OmniStream
@@ -104,7 +105,7 @@ def test_a_packed_document_scores_as_it_does_alone(packed):
   # One forward over [the packed row, each document alone]: one compile.
   both = {k: np.concatenate([b[k][row:row + 1], alone[k]]) for k in alone}
   model = OmniModel(spec)
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), both)["params"]
+  params = batched_rng.init(model, jax.random.PRNGKey(0), both)["params"]
   logits = jax.jit(lambda p, x: model.apply({"params": p}, x)[0])(params, both)
   for k, (_, a, z) in enumerate(segments(b["segment_ids"][row])):
     for head in logits:

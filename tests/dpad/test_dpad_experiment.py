@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from omni_jax.common import batched_rng
 from omni_jax.dpad import models, recapture
 from tests.cli import run_module
 
@@ -96,7 +97,7 @@ def test_bad_config_is_one_clear_error(tmp_path, flag, msg):
 def test_m2fm_starts_as_identity_and_unknown_classifier():
   x = jax.random.uniform(jax.random.key(0), (2, 32, 32, 3))
   net = models.M2FMNet(width=16, depth=1, patch=8)
-  y = jax.jit(net.apply)(jax.jit(net.init)(jax.random.key(2), x), x)   # one compile each
+  y = jax.jit(net.apply)(batched_rng.init(net, jax.random.key(2), x), x)   # one compile each
   assert jnp.array_equal(y, x)                              # zero-init residual: identity
   with pytest.raises(ValueError, match="allowed: \\['resnet', 'vit'\\]"):
     models.build_classifier("vgg")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
+from omni_jax.common import batched_rng
 from omni_jax.generate import decode as dec
 from omni_jax.generate import speculative
 from omni_jax.models import sampling
@@ -58,8 +59,8 @@ def decode_both(spec, params, prompts, lengths):
                 ids=["mla", "gqa"])
 def model(request):
   spec = micro_spec(request.param)
-  params = jax.jit(lambda k: OmniModel(spec).init(k, {"tokens": jnp.zeros((1, 4), jnp.int32)})
-                   )(jax.random.PRNGKey(0))["params"]
+  params = batched_rng.init(OmniModel(spec), jax.random.PRNGKey(0),
+                           {"tokens": jnp.zeros((1, 4), jnp.int32)})["params"]
   prompts = np.random.default_rng(0).integers(1, 250, (2, 7)).astype(np.int32)
   return spec, params, prompts, np.array([7, 4], np.int32)
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from configs import omni_moe
+from omni_jax.common import batched_rng
 from omni_jax.hf import reference, synthetic
 from omni_jax.hf.omni_init import load_into_omni
 from omni_jax.models.omni import OmniModel
@@ -32,7 +33,7 @@ def test_omni_model_on_a_deepseek_v3_backbone(tmp_path):
   assert (bb.kv_lora_rank, bb.first_dense, bb.n_group, bb.router_score) == (16, 1, 4, "sigmoid")
   model = OmniModel(spec)
   ids = np.random.default_rng(0).integers(0, 128, (2, 16), dtype=np.int32)
-  params = load_into_omni(spec, jax.jit(model.init)(jax.random.PRNGKey(0),
+  params = load_into_omni(spec, batched_rng.init(model, jax.random.PRNGKey(0),
                                                     {"tokens": ids})["params"])
   assert "dense_units" in params["backbone"]
   logits, _ = jax.jit(model.apply)({"params": params}, {"tokens": ids})

@@ -12,6 +12,7 @@ import pytest
 from safetensors import safe_open
 
 from configs import omni_moe
+from omni_jax.common import batched_rng
 from omni_jax.generate import decode as dec
 from omni_jax.hf import export_omni
 from omni_jax.hf.load import flatten
@@ -36,7 +37,7 @@ def test_export_loads_in_transformers_with_equal_logits_and_greedy(hf_dirs, tmp_
   spec = omni_on(d)
   model = OmniModel(spec)
   tok = np.random.default_rng(0).integers(0, 118, (2, 12), dtype=np.int32)
-  params = load_into_omni(spec, jax.jit(model.init)(jax.random.PRNGKey(0),
+  params = load_into_omni(spec, batched_rng.init(model, jax.random.PRNGKey(0),
                                                     {"tokens": tok})["params"])
   out = str(tmp_path / "export")
   flat = {p: np.asarray(x) for p, x in flatten(params).items()}

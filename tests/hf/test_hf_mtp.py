@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from omni_jax.common import batched_rng
 from omni_jax.hf import reference
 from omni_jax.hf.export import export
 from omni_jax.hf.families import translate
@@ -35,7 +36,7 @@ def with_mtp(hf_dirs, tmp_path_factory):
     m = translate({**json.load(f), "num_nextn_predict_layers": 1})
   assert m.spec.mtp_layers == 1
   tok = np.zeros((1, 4), np.int32)
-  fresh = flatten(jax.jit(CausalLM(m.spec, m.vocab_size, m.tied).init)(
+  fresh = flatten(batched_rng.init(CausalLM(m.spec, m.vocab_size, m.tied),
       jax.random.PRNGKey(3), tok)["params"])
   rng = np.random.default_rng(0)
   flat = {p: np.asarray(v) for p, v in flatten(params).items()}

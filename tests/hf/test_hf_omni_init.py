@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from configs import omni_moe
+from omni_jax.common import batched_rng
 from omni_jax.common.config import ConfigError
 from omni_jax.hf import reference
 from omni_jax.hf.load import flatten, load_params
@@ -58,7 +59,7 @@ def test_pretrained_parts_loaded_the_rest_fresh_and_text_logits_match(omni_setup
   d, cfg, spec = omni_setup
   model = OmniModel(spec)
   tok = np.random.default_rng(0).integers(0, 128, (2, 16), dtype=np.int32)
-  fresh = jax.jit(model.init)(jax.random.PRNGKey(0), {"tokens": tok})["params"]
+  fresh = batched_rng.init(model, jax.random.PRNGKey(0), {"tokens": tok})["params"]
   params = load_into_omni(spec, fresh)
   f_fresh, f_new = flatten(fresh), flatten(params)
   _, _, hf = load_params(d)
@@ -93,7 +94,7 @@ def test_new_rows_match_transformers_resize_token_embeddings(omni_setup):
   d, cfg, spec = omni_setup
   model = OmniModel(spec)
   tok = np.zeros((1, 8), np.int32)
-  params = flatten(load_into_omni(spec, jax.jit(model.init)(jax.random.PRNGKey(0),
+  params = flatten(load_into_omni(spec, batched_rng.init(model, jax.random.PRNGKey(0),
                                                             {"tokens": tok})["params"]))
   hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
   n_emb = params["embed/embedding"].shape[0]

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from omni_jax.common import batched_rng
 from omni_jax.models.layers import Attention, rope_inv_freq
 from omni_jax.models.moe import MoE
 
@@ -55,7 +56,7 @@ def test_moe_shared_gate_needs_shared_experts():
   m = MoE(d_model=8, d_ff=4, num_experts=2, top_k=1, num_shared_experts=1, shared_d_ff=6,
           shared_gate=True)
   x = jnp.ones((3, 8))
-  p = jax.jit(m.init)(jax.random.PRNGKey(0), x)["params"]
+  p = batched_rng.init(m, jax.random.PRNGKey(0), x)["params"]
   assert p["shared_wi_gate"].shape == (8, 6) and p["shared_gate"].shape == (8, 1)
   apply = jax.jit(lambda p: m.apply({"params": p}, x)[0])
   y = apply(p)

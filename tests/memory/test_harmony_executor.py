@@ -5,6 +5,7 @@ import jax
 import numpy as np
 import pytest
 
+from omni_jax.common import batched_rng
 from omni_jax.memory import executor as ex
 from omni_jax.memory import executor_lms as exl
 from omni_jax.memory import graphs
@@ -20,7 +21,7 @@ V, T, D, B, U = 64, 16, 32, 4, 2
 @pytest.fixture(scope="module")
 def setup():
   model = sm.gpt_stack(V, T, D, num_heads=4, num_layers=2, d_ff=64)
-  params = jax.jit(model.init)(jax.random.key(0))
+  params = batched_rng.init(model, jax.random.key(0))
   x, y = model.example_batch(jax.random.key(1), B)
   ref = ex.reference_step(model, params, x, y)
   prof = pf.profile_model(model, [U], measure=False, flops_per_s=1e9)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
+from omni_jax.common import batched_rng
 from omni_jax.common.config import ConfigError
 from omni_jax.models import attention_kernels as ak
 from omni_jax.models.layers import attention
@@ -113,7 +114,7 @@ def test_config_selects_the_kernel_of_every_block():
   q, _, _, seg = _inputs(32)
   x = q.reshape(B, 32, H * DH)[..., :32]
   pos = jnp.broadcast_to(jnp.arange(32), (B, 32))
-  params = jax.jit(Backbone(spec).init)(jax.random.key(0), x, pos, seg)
+  params = batched_rng.init(Backbone(spec), jax.random.key(0), x, pos, seg)
   run = lambda s: jax.jit(Backbone(s).apply)(params, x, pos, seg)[0]
   ref = run(spec)
   with pytest.raises(ValueError, match="attention_impl='pallas_gpu' runs on a GPU"):

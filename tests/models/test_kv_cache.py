@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
+from omni_jax.common import batched_rng
 from omni_jax.generate import decode as dec
 from omni_jax.models import kv_cache, sampling
 from omni_jax.models.causal_lm import CausalLM
@@ -45,7 +46,7 @@ def perturbed(params, seed=1):
 
 def test_every_switch_ragged_batch_prefill_and_steps_equal_the_full_forward():
   model = CausalLM(ALL_SWITCHES, 64, tied=True)
-  params = perturbed(jax.jit(model.init)(jax.random.PRNGKey(0),
+  params = perturbed(batched_rng.init(model, jax.random.PRNGKey(0),
                                          jnp.zeros((1, 8), jnp.int32))["params"])
   assert {"q_bias", "q_norm", "k_norm"} <= set(params["backbone"]["units"]["layer_0"]["attn"])
   assert "shared_gate" in params["backbone"]["units"]["layer_1"]["moe"]
@@ -88,7 +89,7 @@ def test_omni_model_with_every_switch_decodes_like_its_full_forward():
   m = OmniModel(spec)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, spec.text_vocab, (2, 9)),
                        jnp.int32)
-  params = perturbed(jax.jit(m.init)(jax.random.PRNGKey(0), {"tokens": tokens})["params"])
+  params = perturbed(batched_rng.init(m, jax.random.PRNGKey(0), {"tokens": tokens})["params"])
   full, _ = jax.jit(m.apply)({"params": params}, {"tokens": tokens})
   ref = np.asarray(dec.joint_logits(spec, full))
   fwd = jax.jit(dec.omni_forward(spec))
@@ -112,7 +113,7 @@ def model(request):
   m = OmniModel(spec)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, spec.text_vocab, (2, 12)),
                        jnp.int32)
-  params = jax.jit(m.init)(jax.random.PRNGKey(0), {"tokens": tokens})["params"]
+  params = batched_rng.init(m, jax.random.PRNGKey(0), {"tokens": tokens})["params"]
   return spec, m, params, tokens
 
 

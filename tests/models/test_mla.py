@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from omni_jax.common import batched_rng
 from omni_jax.models import kv_cache
 from omni_jax.models.causal_lm import CausalLM
 from omni_jax.models.layers import rope_attention_factor, rope_inv_freq
@@ -142,7 +143,7 @@ def test_absorbed_latent_decode_equals_plain_forward():
                           router_score="sigmoid", n_group=2, topk_group=1, routed_scaling=2.0,
                           first_dense=1, moe_balance="bias")
   model = CausalLM(s, 64)
-  params = perturbed(jax.jit(model.init)(jax.random.PRNGKey(0),
+  params = perturbed(batched_rng.init(model, jax.random.PRNGKey(0),
                                          jnp.zeros((1, 8), jnp.int32))["params"], size=0.1)
   rng = np.random.default_rng(0)
   lengths, new = [7, 3], 4

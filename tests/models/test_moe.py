@@ -9,6 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from omni_jax.common import batched_rng
 from omni_jax.models import moe as moe_lib
 from omni_jax.models.moe import MoE, moe_capacity, moe_dispatch, moe_flops_per_token
 from omni_jax.models.named_ops import override
@@ -75,7 +76,7 @@ def _x(shape, seed=1):
 def test_init_parameter_names_shapes_and_scale():
   d, f, e, s = 64, 128, 4, 2
   m = MoE(d_model=d, d_ff=f, num_experts=e, top_k=2, num_shared_experts=s, dtype=jnp.bfloat16)
-  params = jax.jit(m.init)(jax.random.key(0), jnp.ones((1, 2, d), jnp.bfloat16))["params"]
+  params = batched_rng.init(m, jax.random.key(0), jnp.ones((1, 2, d), jnp.bfloat16))["params"]
   shapes = {k: (v.shape, v.dtype) for k, v in params.items()}
   f32 = jnp.float32
   assert shapes == {"router": ((d, e), f32), "wi_gate": ((e, d, f), f32),

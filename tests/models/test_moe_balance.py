@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
+from omni_jax.common import batched_rng
 from omni_jax.common.config import ConfigError
 from omni_jax.models.moe import MoE, route
 from omni_jax.train.optim import balance_bias_update
@@ -33,7 +34,7 @@ def test_bias_selects_but_gates_use_unbiased_probabilities():
 def _skewed(balance):
   x = jax.random.normal(jax.random.PRNGKey(0), (512, D)) + 1.0  # a shared component
   m = MoE(d_model=D, d_ff=F, num_experts=E, top_k=2, balance=balance)
-  params = jax.jit(m.init)(jax.random.PRNGKey(1), x)["params"]
+  params = batched_rng.init(m, jax.random.PRNGKey(1), x)["params"]
   params["router"] = params["router"] * 0.3 + jnp.array([0.3, 0.15, 0.0, 0.0])  # skew
   return m, x, params
 

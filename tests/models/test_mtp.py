@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
+from omni_jax.common import batched_rng
 from omni_jax.common.config import ConfigError
 from omni_jax.models.omni import OmniModel, loss_norm, omni_loss
 from omni_jax.models.transformer import Block
@@ -39,7 +40,7 @@ def packed():
   head[0, 4] = head[0, 9] = 0                  # a document's last position has no target
   batch = dict(tokens=tokens[:, :-1], targets=tokens[:, 1:], target_head=head,
                segment_ids=seg, positions=pos)
-  params = jax.jit(OmniModel(spec).init)(jax.random.PRNGKey(1), batch)["params"]
+  params = batched_rng.init(OmniModel(spec), jax.random.PRNGKey(1), batch)["params"]
   return spec, batch, params
 
 

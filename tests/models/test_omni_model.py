@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
+from omni_jax.common import batched_rng
 from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
 from omni_jax.models import grouped_kernels
@@ -22,7 +23,7 @@ def micro():
   model = OmniModel(spec)
   batch = next(b for b in map(stream.batch, range(100))  # every modality in some row
                if all(b[f"{m}_mask"].any() for m in ("image", "audio", "video")))
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), batch)["params"]
+  params = batched_rng.init(model, jax.random.PRNGKey(0), batch)["params"]
   return cfg, spec, stream, model, params, batch
 
 
@@ -119,7 +120,7 @@ def test_train_flops_match_traced_matmuls(moe_every, modalities, monkeypatch):
   stream = OmniStream(spec, cfg.data)
   batch = stream.batch(0)
   b, t = batch["tokens"].shape
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), batch)["params"]
+  params = batched_rng.init(model, jax.random.PRNGKey(0), batch)["params"]
 
   def loss(p):
     logits, aux = model.apply({"params": p}, batch)

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs.omni_moe import get_config
+from omni_jax.common import batched_rng
 from omni_jax.models.omni import OmniModel, omni_loss
 from omni_jax.train.spec import build_spec
 
@@ -18,7 +19,7 @@ def test_packed_row_equals_documents_alone_and_padding_carries_no_loss():
   tokens = np.concatenate([doc_a, doc_b, np.zeros(pad, int)])[None].astype(np.int32)
   seg = np.array([[1] * la + [2] * lb + [0] * pad], np.int32)
   pos = np.concatenate([np.arange(la), np.arange(lb), np.arange(pad)])[None].astype(np.int32)
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), {"tokens": tokens})["params"]
+  params = batched_rng.init(model, jax.random.PRNGKey(0), {"tokens": tokens})["params"]
   apply = jax.jit(lambda b: model.apply({"params": params}, b))  # op by op took minutes
   packed, _ = apply({"tokens": tokens, "segment_ids": seg, "positions": pos})
   alone_a, _ = apply({"tokens": doc_a[None].astype(np.int32)})

@@ -4,6 +4,7 @@ import jax
 import pytest
 
 from configs.omni_moe import get_config
+from omni_jax.common import batched_rng
 from omni_jax.data.stream import OmniStream
 from omni_jax.models import named_ops
 from omni_jax.models.omni import OmniModel, omni_loss
@@ -24,7 +25,7 @@ def build_micro(impl: str = "dropless", lb_coef: float | None = None,
   spec = build_spec(cfg.model)
   batch = OmniStream(spec, cfg.data).batch(0)
   model = OmniModel(spec)
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), batch)["params"]  # op by op: minutes
+  params = batched_rng.init(model, jax.random.PRNGKey(0), batch)["params"]  # op by op: minutes
 
   def loss(p, b, ops):
     with named_ops.override(**ops):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
+from omni_jax.common import batched_rng
 from omni_jax.data.stream import OmniStream
 from omni_jax.models import named_ops
 from omni_jax.models.omni import OmniModel, omni_loss
@@ -34,7 +35,7 @@ def reference():
   assert spec.backbone.mla and spec.backbone.first_dense == 1
   batch = OmniStream(spec, cfg.data).batch(0)
   model = OmniModel(spec)
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), batch)["params"]
+  params = batched_rng.init(model, jax.random.PRNGKey(0), batch)["params"]
 
   def loss(p, b, ops):
     with named_ops.override(**ops):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
+from omni_jax.common import batched_rng
 from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
 from omni_jax.models.omni import OmniModel, loss_norm, omni_loss
@@ -25,7 +26,7 @@ def _setup(lb_coef=0.0, balance="aux_loss"):
   stream = OmniStream(spec, cfg.data)
   batch = jax.tree.map(jnp.asarray, stream.batch(0))
   model = OmniModel(spec)
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), batch)["params"]
+  params = batched_rng.init(model, jax.random.PRNGKey(0), batch)["params"]
 
   def loss_fn(p, b, norm=None):
     logits, aux = model.apply({"params": p}, b)

@@ -11,6 +11,7 @@ import pytest
 from flax import traverse_util
 
 from configs.omni_moe import get_config
+from omni_jax.common import batched_rng
 from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
 from omni_jax.models.omni import OmniModel, count_params
@@ -151,7 +152,7 @@ def test_micro_lora_fine_tune_frozen_bit_identical_loss_down_merge_equal():
   batch = OmniStream(spec, cfg.data).batch(0)
   ft = FineTune.from_config(cfg)
   init = ft.init_params(lambda k: model.init(k, batch)["params"])
-  params = jax.jit(init)(jax.random.PRNGKey(0))
+  params = batched_rng.jit_batched_rng(init)(jax.random.PRNGKey(0))
   ft.check(params)
   tx = ft.optimizer(cfg.optim, 10, spec.bias_rate)
   frozen = ft.frozen(params)
@@ -208,7 +209,7 @@ def test_lora_gradients_under_a_parallel_layout_equal_one_device():
   model = OmniModel(spec)
   batch = OmniStream(spec, cfg.data).batch(0)
   ft = FineTune.from_config(cfg)
-  params = jax.jit(ft.init_params(lambda k: model.init(k, batch)["params"]))(
+  params = batched_rng.jit_batched_rng(ft.init_params(lambda k: model.init(k, batch)["params"]))(
       jax.random.PRNGKey(0))
   params["lora"] = jax.tree.map(lambda x: x + 0.01, params["lora"])  # B != 0
   one = mesh_lib.make_mesh({"data": 1}, devices=jax.devices()[:1])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from configs.omni_moe import get_config
+from omni_jax.common import batched_rng
 from omni_jax.data.stream import OmniStream
 from omni_jax.models.omni import OmniModel
 from omni_jax.train.optim import decay_mask, make_optimizer, make_schedule
@@ -53,7 +54,7 @@ def test_masked_leaves_are_not_decayed():
   tx = make_optimizer(cfg.optim, 10)
   params = jax.tree.map(lambda a: jnp.full(a.shape, 2.0, a.dtype), abstract)
   zero = jax.tree.map(jnp.zeros_like, params)
-  state = jax.jit(tx.init)(params)
+  state = batched_rng.init(tx, params)
   for _ in range(2):  # zero gradients: AdamW's update is 0, only the decay acts
     updates, state = jax.jit(tx.update)(zero, state, params)  # jitted: eager was minutes
     params = jax.tree.map(jnp.add, params, updates)
@@ -82,7 +83,7 @@ def test_bias_step_is_the_sign_rule():
   load = jnp.array([[0.5, 0.25, 0.125, 0.125], [0.25, 0.25, 0.125, 0.375]])
   moe = grads["backbone"]["units"]["layer_0"]["moe"]
   moe["routing_bias"] = load * 4.0  # any positive scale of the load
-  updates, _ = jax.jit(tx.update)(grads, jax.jit(tx.init)(params), params)
+  updates, _ = jax.jit(tx.update)(grads, batched_rng.init(tx, params), params)
   np.testing.assert_array_equal(updates["backbone"]["units"]["layer_0"]["moe"]["routing_bias"],
                                 np.float32([[-0.01, 0.0, 0.01, 0.01],
                                             [0.0, 0.0, 0.01, -0.01]]))
