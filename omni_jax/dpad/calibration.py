@@ -146,14 +146,19 @@ def calibrate_print_grain(cfg, grains, docs_per_kind: int, calib_seed: int) -> d
 def combine(runs: list[dict]) -> dict:
   """Pools :func:`calibrate_sim` results of the same candidates on several calibration seeds:
   per candidate the mean EER of each feature and quality over the seeds (each seed's
-  documents are disjoint), its score and the pick (:func:`pick_calibrated`)."""
+  documents are disjoint), its score and the pick (:func:`pick_calibrated`); ``rows``, one
+  per candidate, is the same table for docs/dpad.md."""
   if not runs or any(r["candidates"] != runs[0]["candidates"] for r in runs):
     raise ValueError("combine: needs one or more runs over the same candidates")
   table = [{f: {q: float(np.mean([r["eer"][i][f][q] for r in runs])) for q in e[f]}
             for f in e} for i, e in enumerate(runs[0]["eer"])]
   best = pick_calibrated(table)
-  return {"candidates": runs[0]["candidates"], "eer": table,
-          "score": [calibration_score(t) for t in table], "best": runs[0]["candidates"][best],
+  score = [calibration_score(t) for t in table]
+  rows = [{"candidate": {k.replace(".", "_"): list(v) for k, v in c.items()}, "eer": e,
+           "score": s, "picked": i == best}
+          for i, (c, e, s) in enumerate(zip(runs[0]["candidates"], table, score, strict=True))]
+  return {"candidates": runs[0]["candidates"], "eer": table, "score": score,
+          "best": runs[0]["candidates"][best], "rows": rows,
           "calib_seeds": [r["calib_seed"] for r in runs], "per_seed": runs}
 
 

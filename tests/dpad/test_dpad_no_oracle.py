@@ -287,5 +287,7 @@ def test_calibration_pools_seeds_by_mean_eer():
   assert out["eer"][1]["noise"]["high"] == pytest.approx(0.425)
   assert out["score"] == pytest.approx([0.175, 0.075])
   assert out["best"] == cands[1] and out["calib_seeds"] == [1, 2]
+  assert [r["picked"] for r in out["rows"]] == [False, True]
+  assert out["rows"][1]["candidate"] == {"print_grain": [0.1, 0.2]}
   with pytest.raises(ValueError, match="same candidates"):
     dpad_calibration.combine([run(1, 0.5, 0.5), dict(run(2, 0.5, 0.5), candidates=cands[:1])])
