@@ -1,58 +1,112 @@
-"""Calibrating the paper texture of genuine prints on documents the study never sees.
+"""Calibrating the genuine print's physical properties on documents the study never sees.
 
-Why: the amount of paper texture (``sim.print_grain``) is not known from physics to better
-than a range; it is chosen where the trivial sharpness / noise-floor / Immerkaer classifiers
-(:mod:`shortcut`) sit nearest chance, on calibration documents drawn with another document
-seed than the study's, through the held-out test cameras.
+Why: the paper texture (``sim.print_grain``) and the printer's screen ruling
+(``sim.halftone.lpi``) are known from physics only to within a range; each candidate range is
+one a real office print can have, and the calibration picks the candidate where the four
+trivial one-feature classifiers (:data:`shortcut.FEATURES`: sharpness, noise floor,
+Laplacian energy, Immerkaer noise) sit nearest chance at both test qualities, on calibration
+documents drawn with another document seed than the study's, through the held-out test
+cameras. Only genuine prints change between candidates (the recaptures are rendered once).
+
+Run (writes the table of every candidate's EERs on each calibration seed and pooled; the
+chosen values go into configs/dpad.py):
+  python -m omni_jax.dpad.calibration --calib_seeds=1,2 --docs_per_kind=10 \
+    --out=results/dpad/calibration.json
 """
 
 from __future__ import annotations
+
+import argparse
+import json
+import time
 
 import numpy as np
 from absl import logging
 
 from omni_jax.dpad import documents, recapture, shortcut
 
+# The candidate grid (print_grain x halftone.lpi; px_per_mm stays the framing range set from
+# phone practice, 10-14.4 sensor px per mm), in two steps, each fixed before it was run:
+# * step 1 — print_grain (multiplicative paper/toner texture std per print pixel) 0.1-0.2
+#   (the value used before), 0.2-0.3 and 0.3-0.4 (rough uncoated or recycled paper with toner
+#   mottle; beyond 0.4 a white page would look visibly blotchy) x halftone.lpi 150-200 (the
+#   screens colour laser printers use for text and graphics) and 100-150 (the coarser screens
+#   the same printers use for images, 106-141 lpi being typical);
+# * step 2, added when no step-1 candidate was within 10 points of chance on the calibration
+#   documents (more texture raised the noise-floor cue while the Laplacian cue stayed):
+#   print_grain 0-0.1 (smooth office paper, little texture) and 100-120 lpi (the coarse end
+#   of office laser screens; coarser dots carry energy the lens passes, like the screen's
+#   mosaic, without raising the ring-median noise floor).
+# Every candidate passes the study's 4-samples-per-cell check at sim.ss = 5.
+CANDIDATES = tuple({"print_grain": g, "halftone.lpi": lpi}
+                   for lpi in ((150.0, 200.0), (100.0, 150.0))
+                   for g in ((0.1, 0.2), (0.2, 0.3), (0.3, 0.4))) + tuple(
+    {"print_grain": g, "halftone.lpi": lpi}
+    for g, lpi in (((0.0, 0.1), (100.0, 150.0)), ((0.0, 0.1), (100.0, 120.0)),
+                   ((0.1, 0.2), (100.0, 120.0))))
+TUNABLE = ("print_grain", "halftone.lpi", "halftone.px_per_mm")
 
-def calibration_score(eers: dict, features=("sharpness", "noise", "immerkaer")) -> float:
+
+def calibration_score(eers: dict, features=tuple(shortcut.FEATURES)) -> float:
   """How far the trivial classifiers are from chance: max over ``features`` and qualities of
   |EER - 0.5| (``eers``: feature -> quality -> EER, :func:`shortcut.shortcut_eers` per
-  quality). The Laplacian energy is left out: it is the screen mosaic, the attack itself."""
+  quality). By default every feature in :data:`shortcut.FEATURES`, the Laplacian included."""
   missing = [f for f in features if f not in eers]
   if missing:
     raise ValueError(f"calibration_score: features {missing} missing; have {sorted(eers)}")
   return float(max(abs(v - 0.5) for f in features for v in eers[f].values()))
 
 
-def pick_calibrated(table: list[dict], features=("sharpness", "noise", "immerkaer")) -> int:
+def pick_calibrated(table: list[dict], features=tuple(shortcut.FEATURES)) -> int:
   """Index of the entry of ``table`` (feature -> quality -> EER, one per candidate) nearest
   chance: the lowest :func:`calibration_score` (worst feature), ties (to 1e-9) broken by the
   lowest mean |EER - 0.5| over ``features`` and qualities."""
   if not table:
-    raise ValueError("pick_calibrated: empty table (no candidate grains)")
+    raise ValueError("pick_calibrated: empty table (no candidates)")
   def mean_gap(e):
     return float(np.mean([abs(v - 0.5) for f in features for v in e[f].values()]))
   keys = [(round(calibration_score(e, features), 9), mean_gap(e)) for e in table]
   return min(range(len(keys)), key=keys.__getitem__)
 
 
-def calibrate_print_grain(cfg, grains, docs_per_kind: int, calib_seed: int) -> dict:
-  """Trivial-classifier EERs (:func:`shortcut.shortcut_eers`) for each ``sim.print_grain``
-  range in ``grains``, on ``docs_per_kind`` documents per test kind drawn with document seed
-  ``calib_seed`` (!= ``cfg.seed``: disjoint from the test and training documents) through the
-  test cameras. The recaptures do not depend on the grain (drawn last, applied to prints only)
-  and are rendered once; the genuine captures are re-rendered per grain with the same draws.
-  Returns ``{"grains": [...], "eer": [feature -> quality -> EER per grain], "score": [...],
-  "best": the grain :func:`pick_calibrated` picks, "docs": [...]}``."""
+def apply_candidate(sim, candidate: dict):
+  """A copy of ``sim`` with ``candidate``'s ranges (keys in :data:`TUNABLE`, dotted for the
+  printer) set; raises ValueError on another key or a range that is not 0 < lo <= hi (grain:
+  0 <= lo <= hi <= 1)."""
+  out = sim.copy_and_resolve_references()
+  for key, (lo, hi) in candidate.items():
+    if key not in TUNABLE:
+      raise ValueError(f"candidate key {key!r} is not tunable; allowed: {list(TUNABLE)}")
+    lo, hi = float(lo), float(hi)
+    ok = 0 <= lo <= hi <= 1 if key == "print_grain" else 0 < lo <= hi
+    if not ok:
+      raise ValueError(f"{key} range ({lo}, {hi}) must satisfy "
+                       + ("0 <= lo <= hi <= 1" if key == "print_grain" else "0 < lo <= hi"))
+    if key.startswith("halftone."):
+      if out.get("halftone") is None:
+        raise ValueError(f"candidate sets {key} but the config has no printer model")
+      out.halftone[key.split(".", 1)[1]] = (lo, hi)
+    else:
+      out[key] = (lo, hi)
+  return out
+
+
+def calibrate_sim(cfg, candidates, docs_per_kind: int, calib_seed: int) -> dict:
+  """Trivial-classifier EERs (:func:`shortcut.shortcut_eers`, all four features) for each
+  candidate (a dict of :data:`TUNABLE` ranges, :func:`apply_candidate`), on ``docs_per_kind``
+  documents per test kind drawn with document seed ``calib_seed`` (!= ``cfg.seed``: disjoint
+  from the test and training documents) through the test cameras. The recaptures do not
+  depend on the candidate (the grain and printer are drawn last and touch prints only) and
+  are rendered once; the genuine captures are re-rendered per candidate with the same draws.
+  Returns ``{"candidates": [...], "eer": [feature -> quality -> EER per candidate],
+  "score": [...], "best": the candidate :func:`pick_calibrated` picks, "docs", ...}``."""
   if calib_seed == cfg.seed:
     raise ValueError(f"calib_seed ({calib_seed}) must differ from cfg.seed ({cfg.seed}): the "
                      "calibration documents must not be the study's documents")
-  grains = [(float(lo), float(hi)) for lo, hi in grains]
-  for lo, hi in grains:
-    if not 0 <= lo <= hi <= 1:
-      raise ValueError(f"grain range ({lo}, {hi}) must satisfy 0 <= lo <= hi <= 1")
   if docs_per_kind < 2:
     raise ValueError(f"docs_per_kind ({docs_per_kind}) must be >= 2 (two document folds)")
+  candidates = [dict(c) for c in candidates]
+  sims = [apply_candidate(cfg.sim, c) for c in candidates]     # checks every one up front
   kinds, doc_ids = [], []
   for kind in cfg.data.test_kinds:
     for i in range(docs_per_kind):
@@ -69,14 +123,83 @@ def calibrate_print_grain(cfg, grains, docs_per_kind: int, calib_seed: int) -> d
   rec = {q: shoot(cfg.sim, True, q) for q in ("high", "low")}
   labels = np.r_[np.zeros(len(pages), int), np.ones(len(pages), int)]
   table = []
-  for g in grains:
-    sim = cfg.sim.copy_and_resolve_references()
-    sim.print_grain = g
+  for cand, sim in zip(candidates, sims, strict=True):
     per_q = {q: shortcut.shortcut_eers(shoot(sim, False, q) + rec[q], labels,
                                        np.r_[folds, folds]) for q in ("high", "low")}
     table.append({f: {q: per_q[q][f] for q in per_q} for f in shortcut.FEATURES})
-    logging.info("print_grain %s: %s", g, table[-1])
-  scores = [calibration_score(t) for t in table]
-  return {"grains": grains, "eer": table, "score": scores,
-          "best": grains[pick_calibrated(table)], "docs": [int(d) for d in doc_ids],
-          "calib_seed": int(calib_seed)}
+    logging.info("candidate %s: %s", cand, table[-1])
+  return {"candidates": [{k: [float(x) for x in v] for k, v in c.items()} for c in candidates],
+          "eer": table, "score": [calibration_score(t) for t in table],
+          "best": candidates[pick_calibrated(table)], "docs": [int(d) for d in doc_ids],
+          "calib_seed": int(calib_seed), "features": list(shortcut.FEATURES)}
+
+
+def calibrate_print_grain(cfg, grains, docs_per_kind: int, calib_seed: int) -> dict:
+  """:func:`calibrate_sim` over ``sim.print_grain`` ranges only (the printer as configured);
+  adds ``grains`` and sets ``best`` to the chosen grain range."""
+  out = calibrate_sim(cfg, [{"print_grain": g} for g in grains], docs_per_kind, calib_seed)
+  out["grains"] = [tuple(c["print_grain"]) for c in out["candidates"]]
+  out["best"] = tuple(float(x) for x in out["best"]["print_grain"])
+  return out
+
+
+def combine(runs: list[dict]) -> dict:
+  """Pools :func:`calibrate_sim` results of the same candidates on several calibration seeds:
+  per candidate the mean EER of each feature and quality over the seeds (each seed's
+  documents are disjoint), its score and the pick (:func:`pick_calibrated`); ``rows``, one
+  per candidate, is the same table for docs/dpad.md."""
+  if not runs or any(r["candidates"] != runs[0]["candidates"] for r in runs):
+    raise ValueError("combine: needs one or more runs over the same candidates")
+  table = [{f: {q: float(np.mean([r["eer"][i][f][q] for r in runs])) for q in e[f]}
+            for f in e} for i, e in enumerate(runs[0]["eer"])]
+  best = pick_calibrated(table)
+  score = [calibration_score(t) for t in table]
+  rows = [{"candidate": {k.replace(".", "_"): list(v) for k, v in c.items()}, "eer": e,
+           "score": s, "picked": i == best}
+          for i, (c, e, s) in enumerate(zip(runs[0]["candidates"], table, score, strict=True))]
+  return {"candidates": runs[0]["candidates"], "eer": table, "score": score,
+          "best": runs[0]["candidates"][best], "rows": rows,
+          "calib_seeds": [r["calib_seed"] for r in runs], "per_seed": runs}
+
+
+def main(argv=None) -> dict:
+  """Runs :data:`CANDIDATES` on the default config's simulator for each calibration seed,
+  pools the seeds (:func:`combine`) and writes the table."""
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--calib_seeds", default="1,2", help="comma-separated document seeds")
+  ap.add_argument("--docs_per_kind", type=int, default=10)
+  ap.add_argument("--variant", default="default")
+  ap.add_argument("--limit", type=int, default=0, help="first N candidates only (0: all)")
+  ap.add_argument("--out", default="")
+  a = ap.parse_args(argv)
+  from configs.dpad import get_config
+  from omni_jax.dpad import study
+  cfg = get_config(a.variant)
+  cands = CANDIDATES[:a.limit] if a.limit else CANDIDATES
+  for c in cands:                      # every candidate must pass the study's own checks
+    probe = cfg.copy_and_resolve_references()
+    probe.sim = apply_candidate(cfg.sim, c)
+    study.validate(probe)
+  t0 = time.time()
+  out = combine([calibrate_sim(cfg, cands, a.docs_per_kind, int(s))
+                 for s in a.calib_seeds.split(",")])
+  out["seconds"] = round(time.time() - t0, 1)
+  out["command"] = "python -m omni_jax.dpad.calibration " + " ".join(
+      f"--{k}={v}" for k, v in vars(a).items() if v not in ("", 0) and k != "out")
+  report(out)
+  if a.out:
+    with open(a.out, "w") as f:
+      json.dump(out, f, indent=1, sort_keys=True)
+  return out
+
+
+def report(out: dict) -> None:
+  """Prints one line per candidate: its pooled EERs (high / low) and score, and the pick."""
+  for c, e, s in zip(out["candidates"], out["eer"], out["score"], strict=True):
+    print(c, " ".join(f"{f} {e[f]['high']:.3f}/{e[f]['low']:.3f}" for f in e), f"score {s:.3f}")
+  print("best:", out["best"], f"({out.get('seconds', '?')} s)")
+
+
+if __name__ == "__main__":
+  logging.set_verbosity(logging.INFO)
+  main()

@@ -216,28 +216,78 @@ def test_print_match_removes_detail_the_screen_cannot_show_and_grain_has_its_amo
   assert g.min() >= 1 - 0.3 * np.sqrt(3) - 1e-6 and g.max() <= 1 + 0.3 * np.sqrt(3) + 1e-6
 
 
-def test_print_grain_calibration_score_and_bad_input():
+def test_calibration_score_covers_all_four_cues_and_bad_input():
   eers = {"sharpness": {"high": 0.45, "low": 0.52}, "noise": {"high": 0.173, "low": 0.40},
-          "immerkaer": {"high": 0.557, "low": 0.40}, "laplacian": {"high": 0.0, "low": 0.2}}
-  # the worst of sharpness / noise / immerkaer: noise high, 0.5 - 0.173; the Laplacian is out
-  assert dpad_calibration.calibration_score(eers) == pytest.approx(0.327)
+          "immerkaer": {"high": 0.557, "low": 0.40}, "laplacian": {"high": 0.1, "low": 0.35}}
+  # the worst of all four cues at either quality: the Laplacian at high quality, 0.5 - 0.1
+  assert dpad_calibration.calibration_score(eers) == pytest.approx(0.4)
+  # without the Laplacian the worst is the noise floor at high quality, 0.5 - 0.173
+  assert dpad_calibration.calibration_score(
+      eers, ("sharpness", "noise", "immerkaer")) == pytest.approx(0.327)
   assert dpad_calibration.calibration_score(eers, ("sharpness",)) == pytest.approx(0.05)
-  with pytest.raises(ValueError, match=r"features \['noise'\] missing"):
+  # an EER above chance (the cross-fitted direction flipped) is as far from chance as below
+  assert dpad_calibration.calibration_score(
+      dict(eers, laplacian={"high": 0.77, "low": 0.5})) == pytest.approx(0.327)
+  with pytest.raises(ValueError, match=r"features \['noise', 'laplacian'\] missing"):
     dpad_calibration.calibration_score({"sharpness": {"high": 0.5}, "immerkaer": {"high": 0.5}})
-  # a tie on the worst feature goes to the candidate nearer chance on average
+  # a tie on the worst cue goes to the candidate nearer chance on average
   tie = {"sharpness": {"high": 0.49, "low": 0.5}, "noise": {"high": 0.5, "low": 0.5},
-         "immerkaer": {"high": 0.5, "low": 0.173}, "laplacian": {"high": 0.0, "low": 0.0}}
+         "immerkaer": {"high": 0.5, "low": 0.2}, "laplacian": {"high": 0.5, "low": 0.5}}
   assert dpad_calibration.pick_calibrated([eers, tie]) == 1
   assert dpad_calibration.pick_calibrated([tie, eers]) == 0
-  worse = dict(tie, noise={"high": 0.1, "low": 0.5})
-  assert dpad_calibration.pick_calibrated([worse, eers]) == 1
+  # the Laplacian counts: a candidate whose only far cue is the Laplacian loses
+  lap_far = dict(tie, immerkaer={"high": 0.5, "low": 0.5}, laplacian={"high": 0.1, "low": 0.5})
+  noisy = dict(tie, immerkaer={"high": 0.5, "low": 0.5}, noise={"high": 0.3, "low": 0.5})
+  assert dpad_calibration.pick_calibrated([lap_far, noisy]) == 1
+  # (without the Laplacian, lap_far would sit at chance and win)
+  assert dpad_calibration.pick_calibrated(
+      [lap_far, noisy], ("sharpness", "noise", "immerkaer")) == 0
   with pytest.raises(ValueError, match="empty table"):
     dpad_calibration.pick_calibrated([])
+
+
+def test_calibration_candidates_set_the_printer_and_bad_input():
   from configs.dpad import get_config
-  c = get_config("tiny")
+  c = get_config("default")
+  sim = dpad_calibration.apply_candidate(
+      c.sim, {"print_grain": (0.0, 0.1), "halftone.lpi": (100, 120)})
+  assert tuple(sim.print_grain) == (0.0, 0.1) and tuple(sim.halftone.lpi) == (100.0, 120.0)
+  assert tuple(sim.halftone.px_per_mm) == tuple(c.sim.halftone.px_per_mm)
+  assert tuple(c.sim.halftone.lpi) != (100.0, 120.0)            # the config is not changed
+  # every candidate of the grid passes the study's own checks (4 samples per halftone cell)
+  for cand in dpad_calibration.CANDIDATES:
+    probe = c.copy_and_resolve_references()
+    probe.sim = dpad_calibration.apply_candidate(c.sim, cand)
+    dpad_study.validate(probe)
+  with pytest.raises(ValueError, match="not tunable"):
+    dpad_calibration.apply_candidate(c.sim, {"sim.period": (1.0, 2.0)})
+  with pytest.raises(ValueError, match="0 < lo <= hi"):
+    dpad_calibration.apply_candidate(c.sim, {"halftone.lpi": (150, 100)})
+  t = get_config("tiny")
   with pytest.raises(ValueError, match="must differ from cfg.seed"):
-    dpad_calibration.calibrate_print_grain(c, [(0.1, 0.1)], 2, c.seed)
+    dpad_calibration.calibrate_print_grain(t, [(0.1, 0.1)], 2, t.seed)
   with pytest.raises(ValueError, match="0 <= lo <= hi <= 1"):
-    dpad_calibration.calibrate_print_grain(c, [(0.2, 0.1)], 2, c.seed + 1)
+    dpad_calibration.calibrate_print_grain(t, [(0.2, 0.1)], 2, t.seed + 1)
   with pytest.raises(ValueError, match="docs_per_kind"):
-    dpad_calibration.calibrate_print_grain(c, [(0.1, 0.1)], 1, c.seed + 1)
+    dpad_calibration.calibrate_print_grain(t, [(0.1, 0.1)], 1, t.seed + 1)
+  with pytest.raises(ValueError, match="no printer model"):
+    dpad_calibration.apply_candidate(dpad_study.continuous_tone_sim(t.sim),
+                                     {"halftone.lpi": (100, 150)})
+
+
+def test_calibration_pools_seeds_by_mean_eer():
+  cands = [{"print_grain": [0.0, 0.1]}, {"print_grain": [0.1, 0.2]}]
+  def run(seed, a, b):
+    return {"candidates": cands, "calib_seed": seed, "eer": [
+        {f: {"high": a, "low": 0.5} for f in shortcut.FEATURES},
+        {f: {"high": b, "low": 0.5} for f in shortcut.FEATURES}]}
+  # seed 1 alone prefers the first candidate (0.45 vs 0.35), seed 2 the second (0.2 vs 0.5)
+  out = dpad_calibration.combine([run(1, 0.45, 0.35), run(2, 0.2, 0.5)])
+  assert out["eer"][0]["laplacian"]["high"] == pytest.approx(0.325)
+  assert out["eer"][1]["noise"]["high"] == pytest.approx(0.425)
+  assert out["score"] == pytest.approx([0.175, 0.075])
+  assert out["best"] == cands[1] and out["calib_seeds"] == [1, 2]
+  assert [r["picked"] for r in out["rows"]] == [False, True]
+  assert out["rows"][1]["candidate"] == {"print_grain": [0.1, 0.2]}
+  with pytest.raises(ValueError, match="same candidates"):
+    dpad_calibration.combine([run(1, 0.5, 0.5), dict(run(2, 0.5, 0.5), candidates=cands[:1])])
