@@ -10,20 +10,18 @@ cameras. Only genuine prints change between candidates (the recaptures are rende
 
 Run (writes the table of every candidate's EERs on each calibration seed and pooled; the
 chosen values go into configs/dpad.py):
-  python -m omni_jax.dpad.calibration --calib_seeds=1,2 --docs_per_kind=10 \
+  python -m experiments.dpad_calibration --calib_seeds=1,2 --docs_per_kind=10 \
     --out=results/dpad/calibration.json
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import numpy as np
 from absl import logging
 
-from omni_jax.dpad import documents, recapture, shortcut
+from omni_jax.dpad import documents, recapture, shortcut, study
 
 # The candidate grid (print_grain x halftone.lpi; px_per_mm stays the framing range set from
 # phone practice, 10-14.4 sensor px per mm), in two steps, each fixed before it was run:
@@ -162,34 +160,18 @@ def combine(runs: list[dict]) -> dict:
           "calib_seeds": [r["calib_seed"] for r in runs], "per_seed": runs}
 
 
-def main(argv=None) -> dict:
-  """Runs :data:`CANDIDATES` on the default config's simulator for each calibration seed,
-  pools the seeds (:func:`combine`) and writes the table."""
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--calib_seeds", default="1,2", help="comma-separated document seeds")
-  ap.add_argument("--docs_per_kind", type=int, default=10)
-  ap.add_argument("--variant", default="default")
-  ap.add_argument("--limit", type=int, default=0, help="first N candidates only (0: all)")
-  ap.add_argument("--out", default="")
-  a = ap.parse_args(argv)
-  from configs.dpad import get_config
-  from omni_jax.dpad import study
-  cfg = get_config(a.variant)
-  cands = CANDIDATES[:a.limit] if a.limit else CANDIDATES
-  for c in cands:                      # every candidate must pass the study's own checks
+def run(cfg, calib_seeds: list[int], docs_per_kind: int, limit: int = 0) -> dict:
+  """Runs :data:`CANDIDATES` (the first ``limit``; 0: all) on ``cfg``'s simulator for each
+  calibration seed and pools the seeds (:func:`combine`). Every candidate must first pass
+  the study's own checks (``study.validate``)."""
+  cands = CANDIDATES[:limit] if limit else CANDIDATES
+  for c in cands:
     probe = cfg.copy_and_resolve_references()
     probe.sim = apply_candidate(cfg.sim, c)
     study.validate(probe)
   t0 = time.time()
-  out = combine([calibrate_sim(cfg, cands, a.docs_per_kind, int(s))
-                 for s in a.calib_seeds.split(",")])
+  out = combine([calibrate_sim(cfg, cands, docs_per_kind, int(s)) for s in calib_seeds])
   out["seconds"] = round(time.time() - t0, 1)
-  out["command"] = "python -m omni_jax.dpad.calibration " + " ".join(
-      f"--{k}={v}" for k, v in vars(a).items() if v not in ("", 0) and k != "out")
-  report(out)
-  if a.out:
-    with open(a.out, "w") as f:
-      json.dump(out, f, indent=1, sort_keys=True)
   return out
 
 
@@ -198,8 +180,3 @@ def report(out: dict) -> None:
   for c, e, s in zip(out["candidates"], out["eer"], out["score"], strict=True):
     print(c, " ".join(f"{f} {e[f]['high']:.3f}/{e[f]['low']:.3f}" for f in e), f"score {s:.3f}")
   print("best:", out["best"], f"({out.get('seconds', '?')} s)")
-
-
-if __name__ == "__main__":
-  logging.set_verbosity(logging.INFO)
-  main()
