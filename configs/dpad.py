@@ -89,9 +89,9 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       # kind; never the study's, seed 0) against all four trivial cues (sharpness, noise
       # floor, Laplacian, Immerkaer; max |EER - 0.5| over cues and both qualities), over a
       # grid of print properties fixed beforehand (omni_jax/dpad/calibration.py CANDIDATES,
-      # table in results/dpad/calibration.json):
-      #   python -m experiments.dpad_calibration --calib_seeds=1,2 --docs_per_kind=10 \
-      #     --out=results/dpad/calibration.json
+      # table in results/dpad/default_calibration.json):
+      #   python -m experiments.dpad_calibration --config=configs/dpad.py:default \
+      #     --calib_seeds=1,2 --docs_per_kind=10 --out=results/dpad/default_calibration.json
       # No candidate reached the 10-point goal there: the pick's worst cue was the noise
       # floor at high quality (EER 0.28).
       print_grain=_range(0.0, 0.1),

@@ -1,8 +1,8 @@
 """Calibrates the dpad genuine print against the four trivial cues, on calibration documents.
 
 Run (the table of record, results/dpad/calibration.json; ~20 min on 2 cores):
-  python -m experiments.dpad_calibration --calib_seeds=1,2 --docs_per_kind=10 \
-    --out=results/dpad/calibration.json
+  python -m experiments.dpad_calibration --config=configs/dpad.py:default --calib_seeds=1,2 \
+    --docs_per_kind=10 --out=results/dpad/default_calibration.json
 Each candidate of ``omni_jax.dpad.calibration.CANDIDATES`` (paper texture x screen ruling) is
 rendered on ``--docs_per_kind`` documents per test kind drawn with each ``--calib_seeds``
 document seed (never the study's seed), through the test cameras; the pick is the candidate
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from absl import app, flags, logging
 
-from configs.dpad import get_config
+from experiments import common
 from omni_jax.common.metrics import write_json_atomic
 from omni_jax.dpad import calibration
 
 _SEEDS = flags.DEFINE_list("calib_seeds", ["1", "2"], "document seeds (not the study's)")
 _DOCS = flags.DEFINE_integer("docs_per_kind", 10, "calibration documents per test kind")
-_VARIANT = flags.DEFINE_string("variant", "default", "configs/dpad.py variant")
+_CONFIG = common.define_config("configs/dpad.py:<variant> (its simulator is calibrated)")
 _LIMIT = flags.DEFINE_integer("limit", 0, "first N candidates only (0: all)")
 _OUT = flags.DEFINE_string("out", "", "where the JSON table goes ('' : printed only)")
 
@@ -28,13 +28,13 @@ def main(argv):
   del argv
   try:
     seeds = [int(s) for s in _SEEDS.value]
-    cfg = get_config(_VARIANT.value)
-  except ValueError as e:  # a wrong seed or variant: the message says which
-    raise app.UsageError(str(e)) from None
+  except ValueError as e:  # a seed that is not an integer: the message says which
+    raise app.UsageError(f"--calib_seeds: {e}") from None
+  cfg = _CONFIG.value
   out = calibration.run(cfg, seeds, _DOCS.value, _LIMIT.value)
   out["command"] = ("python -m experiments.dpad_calibration "
-                    f"--calib_seeds={','.join(_SEEDS.value)} --docs_per_kind={_DOCS.value} "
-                    f"--variant={_VARIANT.value}"
+                    f"--config=configs/dpad.py:{cfg.variant} "
+                    f"--calib_seeds={','.join(_SEEDS.value)} --docs_per_kind={_DOCS.value}"
                     + (f" --limit={_LIMIT.value}" if _LIMIT.value else ""))
   calibration.report(out)
   if _OUT.value:

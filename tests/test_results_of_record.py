@@ -14,15 +14,18 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 # job -> keys every run of record of that job carries (dotted: nested; '*' any child).
 KEYS = {
-    "dpad": ["eer", "eer_sd", "eer_ci95", "seeds", "shortcut_eer", "period_estimate",
-             "camera_ranges", "low_eer_gain_points", "low_eer_gain_ci95_points", "apcer",
-             "bpcer", "thresholds", "eer_gain_points.*.per_seed", "eer_gain_points.*.mean",
-             "eer_gain_points.*.ci95_seeds", "eer_gain_points.*.ci95_seeds_images",
-             "shortcut_eer.*.after.high", "shortcut_eer.*.after.low",
-             "shortcut_eer.*.before.high", "by_model.*.baseline_aug.val.threshold_per_seed",
-             "by_model.*.fmag_m2fm.val.threshold_per_seed",
-             "config.sim.halftone.lpi", "config.sim.motion", "camera_ranges.high.sharpen",
-             "camera_ranges.low.sharpen"],
+    "dpad": {
+        "default": [
+            "eer", "eer_sd", "eer_ci95", "seeds", "shortcut_eer", "period_estimate",
+            "camera_ranges", "low_eer_gain_points", "low_eer_gain_ci95_points", "apcer", "bpcer",
+            "thresholds", "eer_gain_points.*.per_seed", "eer_gain_points.*.mean",
+            "eer_gain_points.*.ci95_seeds", "eer_gain_points.*.ci95_seeds_images",
+            "shortcut_eer.*.after.high", "shortcut_eer.*.after.low", "shortcut_eer.*.before.high",
+            "by_model.*.baseline_aug.val.threshold_per_seed",
+            "by_model.*.fmag_m2fm.val.threshold_per_seed", "config.sim.halftone.lpi",
+            "config.sim.motion", "camera_ranges.high.sharpen", "camera_ranges.low.sharpen"],
+        "default_calibration": ["candidates", "eer", "score", "best", "rows", "calib_seeds",
+                                "per_seed"]},
     "query": ["peers", "peers.*.cold.recall_at_10", "peers.*.cold.p50_ms", "peers.*.cold.p99_ms",
               "peers.*.cold.qps", "peers.*.warm.recall_at_10", "peers.*.warm.p50_ms",
               "peers.*.warm.p99_ms", "peers.*.warm.qps", "best_host",

@@ -32,7 +32,7 @@ BAD = {
     "device_check": ((), "workdir"),
     "doc_tables": (("--nosuch",), "allowed: --check"),
     "dpad": (("--config=configs/dpad.py:nosuch", "--workdir=W"), "nosuch"),
-    "dpad_calibration": (("--variant=nosuch",), "nosuch"),
+    "dpad_calibration": (("--config=configs/dpad.py:nosuch",), "nosuch"),
     "dpad_severity": (("--runs=a=/nonexistent",), "/nonexistent/summary.json does not exist"),
     "generate": (("--config=configs/omni_moe.py:nosuch", "--workdir=W", "--prompts=P"),
                  "nosuch"),
