@@ -10,8 +10,8 @@ cameras. Only genuine prints change between candidates (the recaptures are rende
 
 Run (writes the table of every candidate's EERs on each calibration seed and pooled; the
 chosen values go into configs/dpad.py):
-  python -m experiments.dpad_calibration --calib_seeds=1,2 --docs_per_kind=10 \
-    --out=results/dpad/calibration.json
+  python -m experiments.dpad_calibration --config=configs/dpad.py:default --calib_seeds=1,2 \
+    --docs_per_kind=10 --out=results/dpad/default_calibration.json
 """
 
 from __future__ import annotations
