@@ -82,8 +82,9 @@ def rss_mb(field: str = "rss") -> float:
 def measure_records(stream, records: int) -> dict[str, float]:
   """An input pass reading ``records`` records (after a first, untimed batch): its rates and
   the growth of resident memory over it (the peak of a sample per batch, minus the start);
-  also the growth after the first tenth of the records, which leaves out the workers' own
-  start-up (imports, first decodes) and shows whether streaming itself grows, and the growth
+  also the growth after the first tenth of the records (from the sample at that tenth,
+  ``rss_at_first_tenth_mb``), which leaves out the workers' own start-up (imports, first
+  decodes) and shows whether streaming itself grows, and the growth
   of the proportional set size (``pss_growth_mb``: pages the workers share with each other
   and the trainer counted once). The ``rss_main_*`` / ``rss_children_*`` keys split the
   resident memory between this process and its children (Grain's spawned workers, each
@@ -121,6 +122,7 @@ def measure_records(stream, records: int) -> dict[str, float]:
           "packing_efficiency": it.packing_efficiency,
           "rss_start_mb": rss0, "rss_growth_mb": peak - rss0,
           "rss_growth_after_first_tenth_mb": None if warm is None else warm_peak - warm,
+          "rss_at_first_tenth_mb": warm,  # the baseline of the growth after the first tenth
           "pss_start_mb": pss0, "pss_growth_mb": pss_peak - pss0,
           # where the growth is: this process vs its children (workers started after the
           # first batch count whole), each side's peak over the pass minus its start

@@ -303,7 +303,11 @@ def test_an_input_pass_by_record_count_reports_memory(tmp_path):
   # It stops at the first batch that brings the count to 300: within one window of it.
   assert 300 <= out["records"] < 300 + 32 * 8
   assert out["rss_start_mb"] > 10 and np.isfinite(out["rss_growth_mb"])
-  assert out["rss_growth_after_first_tenth_mb"] <= out["rss_growth_mb"] + 1e-9
+  # The peak after the first tenth is one of the samples the whole pass's peak is taken over
+  # (memory may dip below the start before that tenth, so the two growths do not compare).
+  assert (out["rss_at_first_tenth_mb"] + out["rss_growth_after_first_tenth_mb"]
+          <= out["rss_start_mb"] + out["rss_growth_mb"] + 1e-9)
+  assert out["rss_growth_after_first_tenth_mb"] >= 0
   # One process (no workers): every page is its own, so PSS is at most RSS.
   assert 10 < out["pss_start_mb"] <= out["rss_start_mb"] and np.isfinite(out["pss_growth_mb"])
   # No workers: the whole figure is this process's; children are none at the start and after.
