@@ -34,7 +34,7 @@ def _train_omni_cli_writes_outputs(tmp_path):
 
 
 # A whole CLI run of the main job (~50 s); its profile and TensorBoard outputs are checked
-# in-process by tests/train/test_train_omni.py::test_resume_is_bit_identical_and_summary_complete
+# in-process by tests/train/test_train_omni.py::check_summary (the SIGKILL test's run)
 # and the flag parsing by the bad-override test below.
 @pytest.mark.slow
 def test_train_omni_cli_writes_outputs(tmp_path):
@@ -42,7 +42,7 @@ def test_train_omni_cli_writes_outputs(tmp_path):
 
 
 # A second full CLI run (~35 CPU-s); resume itself is checked in-process by
-# tests/train/test_train_omni.py::test_resume_is_bit_identical_and_summary_complete.
+# tests/train/test_train_omni.py (the manifest run killed in a save).
 @pytest.mark.slow
 def test_train_omni_cli_writes_outputs_and_resumes(tmp_path):
   args = _train_omni_cli_writes_outputs(tmp_path)

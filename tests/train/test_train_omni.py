@@ -65,25 +65,34 @@ def check_trace_and_events(workdir: str) -> dict:
   return ev
 
 
-def test_resume_is_bit_identical_and_summary_complete(tmp_path, monkeypatch):
-  cfg = get_config("micro")
-  cfg.train.profile_steps = "2:2"
-  straight = str(tmp_path / "straight")
-  summary = train_omni(cfg, straight)
+def check_summary(summary: dict, workdir: str):
+  """A finished 4-step run's summary: its public keys and values, the copy on disk, the loss
+  figure, the profiler trace of step 2 and the TensorBoard events."""
   assert SUMMARY_KEYS <= set(summary)
   assert summary["steps"] == 4
   assert summary["params_total"] > summary["params_active"] > 0
   assert summary["params_trainable"] == summary["params_total"]  # no groups: all of it trains
   assert summary["tokens_per_sec"] > 0 and 0 < summary["mfu"] < 1
+  on_disk = json.load(open(os.path.join(workdir, "summary.json")))
+  assert on_disk["final_loss"] == pytest.approx(summary["final_loss"])
+  assert os.path.getsize(os.path.join(workdir, "loss.png")) > 1000
+  check_trace_and_events(workdir)  # (config text: test_tensorboard.py)
+
+
+# The synthetic-data run's resume, its four evals and its summary; the default suite checks
+# resume and the summary on the manifest run below (the SIGKILL test).
+@pytest.mark.slow
+def test_resume_is_bit_identical_and_summary_complete(tmp_path, monkeypatch):
+  cfg = get_config("micro")
+  cfg.train.profile_steps = "2:2"
+  straight = str(tmp_path / "straight")
+  summary = train_omni(cfg, straight)
+  check_summary(summary, straight)
   assert 0 < summary["data"]["input_wait_fraction"] < 1
   assert summary["data"]["records_per_sec"] is None  # synthetic samples are not records
   assert set(summary["eval"]) == {"text", "image", "audio", "video"}
   image_eval = set(summary["eval"]["image"])
   assert {"understand_acc", "generate_acc", "understand_chance_acc"} <= image_eval
-  on_disk = json.load(open(os.path.join(straight, "summary.json")))
-  assert on_disk["final_loss"] == pytest.approx(summary["final_loss"])
-  assert os.path.getsize(os.path.join(straight, "loss.png")) > 1000
-  check_trace_and_events(straight)  # (config text: test_tensorboard.py)
 
   # Interrupted after the step-2 checkpoint, then the same command again.
   resumed = str(tmp_path / "resumed")
@@ -212,7 +221,9 @@ train_omni(manifest_config({manifest!r}, {modalities!r}), {workdir!r})
 def test_manifest_run_killed_mid_save_resumes_exactly_and_reports_bad_lines(tmp_path,
                                                                           modalities):
   cfg = manifest_config(write_manifest(tmp_path), modalities)
+  cfg.train.profile_steps = "2:2"
   straight = train_omni(cfg, str(tmp_path / "straight"))
+  check_summary(straight, str(tmp_path / "straight"))
   data = straight["data"]
   assert {"source", "records_read", "records_skipped", "tokenizer", "vocab_size",
           "packing_efficiency", "input_wait_fraction", "records_per_sec"} <= set(data)
