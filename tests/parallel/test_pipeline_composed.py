@@ -41,7 +41,6 @@ def _pipeline_matches_one_device(micro, mesh_cfg, overrides, schedules, in_loop_
 # Under slow (default-suite time): the promise is the pipeline with tensor, expert and ZeRO-3
 # (below); each sequence op is its own compile of the 8-device step.
 @pytest.mark.parametrize("op,schedules", [
-    pytest.param("ulysses", ("1f1b",), marks=pytest.mark.slow),
     pytest.param("ulysses", SCHEDULES, marks=pytest.mark.slow),
     pytest.param("ring", ("1f1b",), marks=pytest.mark.slow),
     pytest.param("ring_zigzag", ("gpipe",), marks=pytest.mark.slow),
