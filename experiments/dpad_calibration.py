@@ -1,6 +1,6 @@
 """Calibrates the dpad genuine print against the four trivial cues, on calibration documents.
 
-Run (the table of record, results/dpad/calibration.json; ~20 min on 2 cores):
+Run (the table of record, results/dpad/default_calibration.json; ~20 min on 2 cores):
   python -m experiments.dpad_calibration --config=configs/dpad.py:default --calib_seeds=1,2 \
     --docs_per_kind=10 --out=results/dpad/default_calibration.json
 Each candidate of ``omni_jax.dpad.calibration.CANDIDATES`` (paper texture x screen ruling) is
