@@ -16,7 +16,7 @@ from omni_jax.data.pipeline import DataError
 from omni_jax.data.records import Item, open_dataset
 from omni_jax.data.stream import make_stream
 from omni_jax.train.spec import build_spec
-from tests.cli import run_module
+from tests.cli import run_module, stop_fork_server
 from tests.data.test_input_pipeline import text_config, texts_of, write_lines
 
 
@@ -296,6 +296,7 @@ def test_a_text_only_corpus_of_long_documents_trains(tmp_path):
 
 def test_an_input_pass_by_record_count_reports_memory(tmp_path):
   from omni_jax.reports.input_bench import measure_records
+  stop_fork_server()  # the CLI tests' fork server is a child of this process too
   m = write_lines(tmp_path / "m.jsonl", [{"id": i, "text": f"t{i}"} for i in range(500)])
   cfg = text_config(m, pack_window=32, prefetch=0)
   s = make_stream(build_spec(cfg.model), cfg.data)

@@ -1,17 +1,12 @@
 """experiments.bench_input on a manifest written here (micro model, no worker processes)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from tests.cli import child_env
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.cli import run_module
 
 
 @pytest.mark.slow  # moved out of the default suite for time (still runs under -m slow)
@@ -26,14 +21,12 @@ def test_bench_input_writes_its_keys(tmp_path):
       rec["image"] = f"{i}.png"
     lines.append(json.dumps(rec))
   (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
-  env = child_env()
-  r = subprocess.run(
-      [sys.executable, "-m", "experiments.bench_input", "--config=configs/omni_moe.py:micro",
-       f"--workdir={tmp_path / 'out'}", "--config.data.source=manifest",
-       f"--config.data.manifest={tmp_path / 'm.jsonl'}", "--config.data.codebook_samples=8",
-       "--config.data.pack_window=16", "--workers=0", "--input_batches=4", "--steps=2",
-       "--slowdown_steps=2", "--slowdown_rounds=2", "--cpu_devices=2"], cwd=ROOT, env=env,
-      capture_output=True, text=True, timeout=600)
+  r = run_module(
+      "experiments.bench_input", "--config=configs/omni_moe.py:micro",
+      f"--workdir={tmp_path / 'out'}", "--config.data.source=manifest",
+      f"--config.data.manifest={tmp_path / 'm.jsonl'}", "--config.data.codebook_samples=8",
+      "--config.data.pack_window=16", "--workers=0", "--input_batches=4", "--steps=2",
+      "--slowdown_steps=2", "--slowdown_rounds=2", "--cpu_devices=2")
   assert r.returncode == 0, r.stderr[-3000:]
   s = json.load(open(tmp_path / "out" / "summary.json"))
   assert s["input_over_step"] == pytest.approx(s["input_tokens_per_sec"]
@@ -48,8 +41,6 @@ def test_bench_input_writes_its_keys(tmp_path):
       np.mean(s["step_seconds_with_input_by_round"]))
   assert len(s["step_seconds_cached_batch_by_round"]) == 2
   assert s["command"].startswith("python -m experiments.bench_input --config=")
-  r = subprocess.run(
-      [sys.executable, "-m", "experiments.bench_input", "--config=configs/omni_moe.py:micro",
-       f"--workdir={tmp_path / 'synthetic'}"], cwd=ROOT, env=env, capture_output=True,
-      text=True, timeout=600)
+  r = run_module("experiments.bench_input", "--config=configs/omni_moe.py:micro",
+                 f"--workdir={tmp_path / 'synthetic'}")
   assert r.returncode != 0 and "set config.data.source = 'manifest'" in r.stderr

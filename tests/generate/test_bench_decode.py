@@ -2,24 +2,17 @@
 summary.json carries the public keys (kv_speedup_<n>)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.cli import run_module
 
 
 @pytest.mark.slow  # a subprocess + ~6 compiles; cached == recomputed is also in test_kv_cache
 def test_bench_decode_cli_writes_summary(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  r = subprocess.run([sys.executable, "-m", "experiments.bench_decode",
-                      "--config=configs/omni_moe.py:micro", f"--workdir={tmp_path}",
-                      "--new_tokens=6", "--batch=2", "--prompt_len=4", "--bucket=4",
-                      "--repeats=1"], cwd=ROOT, env=env, capture_output=True, text=True,
-                     timeout=600)
+  r = run_module("experiments.bench_decode", "--config=configs/omni_moe.py:micro",
+                 f"--workdir={tmp_path}", "--new_tokens=6", "--batch=2", "--prompt_len=4",
+                 "--bucket=4", "--repeats=1")
   assert r.returncode == 0, r.stderr[-3000:]
   s = json.loads((tmp_path / "summary.json").read_text())
   assert s["outputs_match_6"] == 1.0  # greedy: the cache changes speed, never the tokens

@@ -268,18 +268,11 @@ def test_config_unlike_the_training_runs_is_refused(trained, tmp_path):
 
 @pytest.mark.slow  # two CLI runs (~3 min here): the real trainer's checkpoint, sharded restore
 def test_cli_on_a_train_omni_workdir(tmp_path):
-  import os
-  import subprocess
-  import sys
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  from tests.cli import run_module
   wd, cfg = str(tmp_path / "train"), "--config=configs/omni_moe.py:micro"
 
   def run(*args):
-    r = subprocess.run([sys.executable, "-m", args[0], cfg, *args[1:], f"--workdir={wd}",
-                        "--cpu_devices=2"],
-                       cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    r = run_module(args[0], cfg, *args[1:], f"--workdir={wd}", "--cpu_devices=2", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
   run("experiments.train_omni", "--config.train.steps=2", "--config.train.eval_every=0")
   prompts = tmp_path / "p.jsonl"

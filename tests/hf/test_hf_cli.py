@@ -4,8 +4,6 @@ logits check, export writes a checkpoint with the source's tensors; bad input is
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,17 +11,14 @@ import pytest
 from omni_jax.hf import reference, synthetic
 from omni_jax.hf.safetensors_io import index_checkpoint, read_block
 from omni_jax.models.transformer import BackboneSpec
+from tests.cli import run_module
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPEC = BackboneSpec(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, d_ff=48,
                     num_experts=4, top_k=2, moe_d_ff=16, qk_norm=True)
 
 
 def _run(*args):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  return subprocess.run([sys.executable, "-m", "experiments.convert_hf", "--cpu_devices=1",
-                         *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  return run_module("experiments.convert_hf", "--cpu_devices=1", *args)
 
 
 @pytest.mark.slow  # an end-to-end run (default suite time)

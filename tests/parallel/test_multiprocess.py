@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.cli import child_env
+from tests.cli import child_env, run_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -20,6 +20,7 @@ def _free_port() -> int:
 
 
 def _cmd(workdir, *extra):
+  """``python -m experiments.train_omni`` on the micro model for two steps (argv)."""
   return [sys.executable, "-m", "experiments.train_omni", "--config=configs/omni_moe.py:micro",
           f"--workdir={workdir}", "--config.train.steps=2", "--config.mesh.data=2",
           "--config.mesh.fsdp=-1", *extra]
@@ -30,8 +31,7 @@ def test_two_processes_match_one(tmp_path):
   with --modality), one process x 8 devices against two processes x 4."""
   env = child_env()
   lean = ("--modality=audio=none", "--modality=video=none")
-  one = subprocess.run(_cmd(tmp_path / "one", "--cpu_devices=8", *lean), cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
+  one = run_module(*_cmd(tmp_path / "one", "--cpu_devices=8", *lean)[2:], env=env)
   assert one.returncode == 0, one.stderr[-3000:]
   port = _free_port()
   procs = [subprocess.Popen(_cmd(tmp_path / "two", "--cpu_devices=4", *lean,
@@ -68,8 +68,8 @@ def test_two_processes_read_disjoint_halves_of_a_manifest(tmp_path):
   data = ["--config.data.source=manifest", f"--config.data.manifest={tmp_path / 'm.jsonl'}",
           "--config.data.pack_window=16", "--config.data.codebook_samples=8"]
   env = child_env()
-  one = subprocess.run(_cmd(tmp_path / "one", "--cpu_devices=8", "--config.data.shards=2", *data),
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+  one = run_module(*_cmd(tmp_path / "one", "--cpu_devices=8", "--config.data.shards=2", *data)[2:],
+                   env=env, timeout=900)
   assert one.returncode == 0, one.stderr[-3000:]
   assert "reads shard(s) [0, 1] of 2" in one.stderr
   port = _free_port()
