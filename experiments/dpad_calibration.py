@@ -3,7 +3,10 @@
 Run (the table of record, results/dpad/default_calibration.json; ~20 min on 2 cores):
   python -m experiments.dpad_calibration --config=configs/dpad.py:default --calib_seeds=1,2 \
     --docs_per_kind=10 --out=results/dpad/default_calibration.json
-Each candidate of ``omni_jax.dpad.calibration.CANDIDATES`` (paper texture x screen ruling) is
+  python -m experiments.dpad_calibration --config=configs/dpad.py:default --calib_seeds=1,2 \
+    --docs_per_kind=10 --grid=surfaces --out=results/dpad/default_calibration_surfaces.json
+Each candidate of ``omni_jax.dpad.calibration.GRIDS[--grid]`` (print: paper texture x screen ruling;
+surfaces: toner spread x the display's anti-glare haze and sparkle) is
 rendered on ``--docs_per_kind`` documents per test kind drawn with each ``--calib_seeds``
 document seed (never the study's seed), through the test cameras; the pick is the candidate
 whose worst cue is nearest chance (docs/dpad.md, "Calibration").
@@ -21,6 +24,9 @@ _SEEDS = flags.DEFINE_list("calib_seeds", ["1", "2"], "document seeds (not the s
 _DOCS = flags.DEFINE_integer("docs_per_kind", 10, "calibration documents per test kind")
 _CONFIG = common.define_config("configs/dpad.py:<variant> (its simulator is calibrated)")
 _LIMIT = flags.DEFINE_integer("limit", 0, "first N candidates only (0: all)")
+_GRID = flags.DEFINE_enum("grid", "print", list(calibration.GRIDS),
+                          "candidate grid: print (texture x ruling) or surfaces (toner spread, "
+                          "display haze and sparkle)")
 _OUT = flags.DEFINE_string("out", "", "where the JSON table goes ('' : printed only)")
 
 
@@ -31,11 +37,12 @@ def main(argv):
   except ValueError as e:  # a seed that is not an integer: the message says which
     raise app.UsageError(f"--calib_seeds: {e}") from None
   cfg = _CONFIG.value
-  out = calibration.run(cfg, seeds, _DOCS.value, _LIMIT.value)
+  out = calibration.run(cfg, seeds, _DOCS.value, _LIMIT.value, _GRID.value)
   out["command"] = ("python -m experiments.dpad_calibration "
                     f"--config=configs/dpad.py:{cfg.variant} "
                     f"--calib_seeds={','.join(_SEEDS.value)} --docs_per_kind={_DOCS.value}"
-                    + (f" --limit={_LIMIT.value}" if _LIMIT.value else ""))
+                    + (f" --limit={_LIMIT.value}" if _LIMIT.value else "")
+                    + (f" --grid={_GRID.value}" if _GRID.value != "print" else ""))
   calibration.report(out)
   if _OUT.value:
     write_json_atomic(_OUT.value, out)

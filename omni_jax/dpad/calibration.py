@@ -1,17 +1,21 @@
-"""Calibrating the genuine print's physical properties on documents the study never sees.
+"""Calibrating the print's and the display's physical properties on documents the study
+never sees.
 
-Why: the paper texture (``sim.print_grain``) and the printer's screen ruling
-(``sim.halftone.lpi``) are known from physics only to within a range; each candidate range is
-one a real office print can have, and the calibration picks the candidate where the four
-trivial one-feature classifiers (:data:`shortcut.FEATURES`: sharpness, noise floor,
-Laplacian energy, Immerkaer noise) sit nearest chance at both test qualities, on calibration
-documents drawn with another document seed than the study's, through the held-out test
-cameras. Only genuine prints change between candidates (the recaptures are rendered once).
+Why: the paper texture (``sim.print_grain``), the printer's screen ruling
+(``sim.halftone.lpi``) and toner spread (``sim.halftone.spread``), and the display's
+anti-glare surface (``sim.screen``: haze and sparkle) are known from physics only to within a
+range; each candidate range is one a real office print or display can have, and the
+calibration picks the candidate where the four trivial one-feature classifiers
+(:data:`shortcut.FEATURES`: sharpness, noise floor, Laplacian energy, Immerkaer noise) sit
+nearest chance at both test qualities, on calibration documents drawn with another document
+seed than the study's, through the held-out test cameras.
 
 Run (writes the table of every candidate's EERs on each calibration seed and pooled; the
-chosen values go into configs/dpad.py):
+chosen values go into configs/dpad.py), the print grid and then the surfaces grid:
   python -m experiments.dpad_calibration --config=configs/dpad.py:default --calib_seeds=1,2 \
     --docs_per_kind=10 --out=results/dpad/default_calibration.json
+  python -m experiments.dpad_calibration --config=configs/dpad.py:default --calib_seeds=1,2 \
+    --docs_per_kind=10 --grid=surfaces --out=results/dpad/default_calibration_surfaces.json
 """
 
 from __future__ import annotations
@@ -35,14 +39,44 @@ from omni_jax.dpad import documents, recapture, shortcut, study
 #   print_grain 0-0.1 (smooth office paper, little texture) and 100-120 lpi (the coarse end
 #   of office laser screens; coarser dots carry energy the lens passes, like the screen's
 #   mosaic, without raising the ring-median noise floor).
+# * step 3, added when no step-1/2 candidate was within 10 points of chance: the other side
+#   of the glass. The genuine noise floor stayed above the recapture's at high quality while
+#   the recapture's Laplacian energy stayed above the print's — a hard-edged 600-dpi halftone
+#   against a display with no surface. Two physical properties each class has, neither tuned
+#   before: the toner's spread on paper (``halftone.spread``, Gaussian std in mm: fused toner
+#   edges are ragged over 10-30 um) and the display's anti-glare surface (``screen.diffuse``,
+#   the haze's spread over the mosaic in screen px; ``screen.sparkle``, its sparkle contrast,
+#   2-8 % as display metrology reports for matte phone and monitor surfaces), over the step-2
+#   pick's texture and ruling; the first candidate is that pick with neither (the reference);
+# * step 4, added when the step-3 pick's worst cue (the noise floor at high quality, EER
+#   0.37) was still outside 10 points: more toner spread (30-50 um; office laser prints'
+#   MTF50 of 4-5 cycles/mm is a Gaussian std of 35-47 um) with the same or more haze;
+# * step 5, added when the step-4 pick's worst cue was still the noise floor at high quality
+#   (EER 0.38; more toner spread had stopped raising it): the sparkly end of matte surfaces
+#   (contrast 8-20 %: a high-haze film over a high-ppi panel), on the step-4 pick and with
+#   40-60 um of toner spread.
 # Every candidate passes the study's 4-samples-per-cell check at sim.ss = 5.
+_STEP3_PRINT = {"print_grain": (0.0, 0.1), "halftone.lpi": (100.0, 150.0)}
 CANDIDATES = tuple({"print_grain": g, "halftone.lpi": lpi}
                    for lpi in ((150.0, 200.0), (100.0, 150.0))
                    for g in ((0.1, 0.2), (0.2, 0.3), (0.3, 0.4))) + tuple(
     {"print_grain": g, "halftone.lpi": lpi}
     for g, lpi in (((0.0, 0.1), (100.0, 150.0)), ((0.0, 0.1), (100.0, 120.0)),
                    ((0.1, 0.2), (100.0, 120.0))))
-TUNABLE = ("print_grain", "halftone.lpi", "halftone.px_per_mm")
+STEP3 = tuple({**_STEP3_PRINT, "halftone.spread": sp, "screen.sparkle": sk, "screen.diffuse": df}
+              for sp, sk, df in (((0.0, 0.0), (0.0, 0.0), (0.0, 0.0)),) + tuple(
+                  (sp, (0.02, 0.08), df) for sp in ((0.01, 0.02), (0.02, 0.03))
+                  for df in ((0.1, 0.2), (0.15, 0.25))) + tuple(
+                  (sp, (0.02, 0.08), df) for sp in ((0.03, 0.04), (0.03, 0.05))
+                  for df in ((0.15, 0.25), (0.2, 0.3))) + tuple(
+                  (sp, sk, (0.2, 0.3)) for sp, sk in (((0.03, 0.05), (0.08, 0.15)),
+                                                      ((0.03, 0.05), (0.1, 0.2)),
+                                                      ((0.04, 0.06), (0.08, 0.15)))))
+TUNABLE = ("print_grain", "halftone.lpi", "halftone.px_per_mm", "halftone.spread",
+           "screen.sparkle", "screen.diffuse")
+_FROM_ZERO = ("print_grain", "halftone.spread", "screen.sparkle", "screen.diffuse")
+_AT_MOST_ONE = ("print_grain", "screen.sparkle")
+SCREEN_PREFIX = "screen."       # candidate keys that change the recaptures (the rest: prints)
 
 
 def calibration_score(eers: dict, features=tuple(shortcut.FEATURES)) -> float:
@@ -69,23 +103,30 @@ def pick_calibrated(table: list[dict], features=tuple(shortcut.FEATURES)) -> int
 
 def apply_candidate(sim, candidate: dict):
   """A copy of ``sim`` with ``candidate``'s ranges (keys in :data:`TUNABLE`, dotted for the
-  printer) set; raises ValueError on another key or a range that is not 0 < lo <= hi (grain:
-  0 <= lo <= hi <= 1)."""
+  printer and the screen) set; raises ValueError on another key or a range that is not
+  0 < lo <= hi (texture, spread, sparkle and haze may start at 0; texture and sparkle
+  <= 1)."""
   out = sim.copy_and_resolve_references()
+  out.unlock()                            # a locked config (an absl flag's) gains new keys
   for key, (lo, hi) in candidate.items():
     if key not in TUNABLE:
       raise ValueError(f"candidate key {key!r} is not tunable; allowed: {list(TUNABLE)}")
     lo, hi = float(lo), float(hi)
-    ok = 0 <= lo <= hi <= 1 if key == "print_grain" else 0 < lo <= hi
+    top = 1.0 if key in _AT_MOST_ONE else np.inf
+    ok = (0 <= lo if key in _FROM_ZERO else 0 < lo) and lo <= hi <= top
     if not ok:
       raise ValueError(f"{key} range ({lo}, {hi}) must satisfy "
-                       + ("0 <= lo <= hi <= 1" if key == "print_grain" else "0 < lo <= hi"))
-    if key.startswith("halftone."):
-      if out.get("halftone") is None:
-        raise ValueError(f"candidate sets {key} but the config has no printer model")
-      out.halftone[key.split(".", 1)[1]] = (lo, hi)
-    else:
+                       + ("0 <= lo" if key in _FROM_ZERO else "0 < lo") + " <= hi"
+                       + (" <= 1" if top == 1.0 else ""))
+    if "." not in key:
       out[key] = (lo, hi)
+      continue
+    group, name = key.split(".", 1)
+    if out.get(group) is None:
+      if group == "halftone":
+        raise ValueError(f"candidate sets {key} but the config has no printer model")
+      out[group] = {k: (0.0, 0.0) for k in recapture.SCREEN_KEYS}
+    out[group][name] = (lo, hi)
   return out
 
 
@@ -93,9 +134,10 @@ def calibrate_sim(cfg, candidates, docs_per_kind: int, calib_seed: int) -> dict:
   """Trivial-classifier EERs (:func:`shortcut.shortcut_eers`, all four features) for each
   candidate (a dict of :data:`TUNABLE` ranges, :func:`apply_candidate`), on ``docs_per_kind``
   documents per test kind drawn with document seed ``calib_seed`` (!= ``cfg.seed``: disjoint
-  from the test and training documents) through the test cameras. The recaptures do not
-  depend on the candidate (the grain and printer are drawn last and touch prints only) and
-  are rendered once; the genuine captures are re-rendered per candidate with the same draws.
+  from the test and training documents) through the test cameras. Each class is rendered
+  once per distinct setting of the keys it depends on (``screen.*`` for recaptures, the rest
+  for prints), with the same draws for every candidate (the printer and screen are drawn
+  last).
   Returns ``{"candidates": [...], "eer": [feature -> quality -> EER per candidate],
   "score": [...], "best": the candidate :func:`pick_calibrated` picks, "docs", ...}``."""
   if calib_seed == cfg.seed:
@@ -118,12 +160,20 @@ def calibrate_sim(cfg, candidates, docs_per_kind: int, calib_seed: int) -> dict:
     return [recapture.simulate(p, np.random.default_rng([calib_seed, s, int(screen), q == "low"]),
                                q, sim, screen)[0] for p, s in zip(pages, doc_ids, strict=True)]
 
-  rec = {q: shoot(cfg.sim, True, q) for q in ("high", "low")}
+  shots = {}           # each class rendered once per distinct setting of what it depends on
+
+  def cached(cand, sim, screen, q):
+    key = (screen, q) + tuple(sorted((k, tuple(v)) for k, v in cand.items()
+                                     if k.startswith(SCREEN_PREFIX) == screen))
+    if key not in shots:
+      shots[key] = shoot(sim, screen, q)
+    return shots[key]
+
   labels = np.r_[np.zeros(len(pages), int), np.ones(len(pages), int)]
   table = []
   for cand, sim in zip(candidates, sims, strict=True):
-    per_q = {q: shortcut.shortcut_eers(shoot(sim, False, q) + rec[q], labels,
-                                       np.r_[folds, folds]) for q in ("high", "low")}
+    per_q = {q: shortcut.shortcut_eers(cached(cand, sim, False, q) + cached(cand, sim, True, q),
+                                       labels, np.r_[folds, folds]) for q in ("high", "low")}
     table.append({f: {q: per_q[q][f] for q in per_q} for f in shortcut.FEATURES})
     logging.info("candidate %s: %s", cand, table[-1])
   return {"candidates": [{k: [float(x) for x in v] for k, v in c.items()} for c in candidates],
@@ -160,11 +210,17 @@ def combine(runs: list[dict]) -> dict:
           "calib_seeds": [r["calib_seed"] for r in runs], "per_seed": runs}
 
 
-def run(cfg, calib_seeds: list[int], docs_per_kind: int, limit: int = 0) -> dict:
-  """Runs :data:`CANDIDATES` (the first ``limit``; 0: all) on ``cfg``'s simulator for each
-  calibration seed and pools the seeds (:func:`combine`). Every candidate must first pass
-  the study's own checks (``study.validate``)."""
-  cands = CANDIDATES[:limit] if limit else CANDIDATES
+GRIDS = {"print": CANDIDATES, "surfaces": STEP3}
+
+
+def run(cfg, calib_seeds: list[int], docs_per_kind: int, limit: int = 0,
+        grid: str = "print") -> dict:
+  """Runs the candidates of ``GRIDS[grid]`` (the first ``limit``; 0: all) on ``cfg``'s
+  simulator for each calibration seed and pools the seeds (:func:`combine`). Every
+  candidate must first pass the study's own checks (``study.validate``)."""
+  if grid not in GRIDS:
+    raise ValueError(f"unknown calibration grid {grid!r}; allowed: {list(GRIDS)}")
+  cands = GRIDS[grid][:limit] if limit else GRIDS[grid]
   for c in cands:
     probe = cfg.copy_and_resolve_references()
     probe.sim = apply_candidate(cfg.sim, c)

@@ -8,7 +8,8 @@ evaluating the scene radiance on a grid ``ss`` times finer than the sensor, so t
 sensor's own sampling — not the simulator's — makes the moiré.
 
 Pipeline (``capture``, one jit-compiled function per (sensor, ss, screen) triple):
-  print page --(screen: box-downsample to the screen's pixels, sub-pixel stripe mosaic)-->
+  print page --(screen: box-downsample to the screen's pixels, sub-pixel stripe mosaic under
+  an anti-glare surface: haze over the mosaic, sparkle)-->
   radiance at sensor point x: lens distortion (inverse radial model) -> perspective pose
   (homography: scale 1/p, roll, foreshortening, shift) -> optical blur (Gaussian PSF: lens
   and focus) and hand-shake motion blur (a line of ``motion`` px) -> pixel aperture (box
@@ -18,7 +19,8 @@ A genuine capture takes the same camera path, but the radiance is the printed pa
 screen: with ``print_match`` (the default config) the print carries the page at the screen's
 resolution — the same light as the screen without its sub-pixel mosaic — times a print dot
 texture (``print_grain``); without it, the page at print resolution (bilinear), which gives
-genuine captures detail the screen cannot show (the shortcut check).
+genuine captures detail the screen cannot show (the shortcut check). A halftoned print's
+toner spreads on paper (``halftone.spread``, a Gaussian in mm, added to the lens's blur).
 
 Channels: ``"train"`` is the training camera, ``"high"`` / ``"low"`` the test channels; the
 camera parameters (:data:`CAMERA_KEYS`) of the training camera are drawn from ranges
@@ -49,11 +51,15 @@ CHANNELS = ("train",) + QUALITIES      # "train": the camera the training captur
 CAMERA_KEYS = ("sigma", "shot", "read", "jpeg", "res", "sharpen")   # lens, sensor noise,
                                                       # JPEG, resolution, ISP sharpening
 _PARAM_KEYS = ("period", "roll", "persp", "shift", "k1", "sigma", "gain", "illum", "shot",
-               "read", "grain", "motion", "motion_angle", "sharpen", "sharpen_radius")
+               "read", "grain", "motion", "motion_angle", "sharpen", "sharpen_radius",
+               "sparkle", "diffuse")
 _OPTIONAL = {"grain": 0.0, "motion": 0.0, "motion_angle": 0.0, "sharpen": 0.0,
-             "sharpen_radius": 1.0}           # parameters a capture without them lacks
+             "sharpen_radius": 1.0, "sparkle": 0.0,
+             "diffuse": 0.0, "ht_spread": 0.0}     # parameters a capture without them lacks
 _DEFAULT_RANGES = {"res": (1.0, 1.0), "sharpen": (0.0, 0.0)}   # camera keys a config may omit
-HALFTONE_KEYS = ("ht_lpi", "ht_dpi", "ht_mm", "ht_phase")   # the printer (halftone.py)
+HALFTONE_KEYS = ("ht_lpi", "ht_dpi", "ht_mm", "ht_phase", "ht_spread")   # the printer (halftone.py)
+SCREEN_KEYS = ("sparkle", "diffuse")      # the display's anti-glare surface (sim.screen)
+SPARKLE_CELLS = 3           # sparkle cells per screen pixel side (one per sub-pixel width)
 
 
 def moire_frequency(period_px: Any) -> Any:
@@ -107,9 +113,12 @@ def sample_params(rng: np.random.Generator, quality: str, cfg: Any) -> dict[str,
   the returned ``period`` already includes it) and ``sharpen`` (the ISP's unsharp-mask
   amount, radius ``cfg.sharpen_radius`` px), ``cfg.motion`` (hand-shake blur length in
   sensor px, every channel: the hand, not the camera) and ``print_grain`` (the print
-  texture's amount); see configs/dpad.py. A degenerate range (``lo == hi``) consumes no
-  randomness, and the printer is drawn last, so configs without these keep their random
-  streams. The class (print or screen) is not an argument: both draw from the same ranges.
+  texture's amount) and ``screen`` (``sparkle``, ``diffuse``: the display's anti-glare
+  surface, :func:`_screen_radiance`); see configs/dpad.py. A degenerate range (``lo ==
+  hi``) consumes no randomness, except the screen's two draws (always made), and the
+  printer is drawn last, so a print's capture does not depend on the screen's settings nor
+  a recapture's on the printer's. The class (print or screen) is not an argument: both
+  draw from the same ranges.
   Returns float32 arrays; ``jpeg``/``scale`` are for :func:`finish`.
   """
   if quality not in CHANNELS:
@@ -135,6 +144,14 @@ def sample_params(rng: np.random.Generator, quality: str, cfg: Any) -> dict[str,
   out["motion"] = np.asarray(_draw(rng, cfg.get("motion", (0.0, 0.0))), np.float32)
   out["motion_angle"] = np.asarray(rng.uniform(0.0, np.pi) if out["motion"] > 0 else 0.0,
                                    np.float32)
+  # the display's surface: always two draws (a missing or degenerate range draws 0), so
+  # every screen setting leaves the printer's draws, and so the print's capture, unchanged
+  scr = cfg.get("screen")
+  for k in SCREEN_KEYS:
+    lo, hi = (float(x) for x in (scr[k] if scr is not None else (0.0, 0.0)))
+    if not lo <= hi:
+      raise ValueError(f"screen.{k} range ({lo}, {hi}) must satisfy lo <= hi")
+    out[k] = np.asarray(rng.uniform(lo, hi), np.float32)
   ht = cfg.get("halftone")
   if ht is not None:                        # the printer, drawn last: recaptures unchanged
     out["ht_lpi"] = np.asarray(u(ht.lpi), np.float32)
@@ -143,6 +160,8 @@ def sample_params(rng: np.random.Generator, quality: str, cfg: Any) -> dict[str,
     # period / res reference-sensor px, so it covers (period / res) / px_per_mm mm
     out["ht_mm"] = np.asarray(out["period"] / res / u(ht.px_per_mm), np.float32)
     out["ht_phase"] = rng.uniform(0.0, 1.0, (len(halftone.INKS), 2)).astype(np.float32)
+  if ht is not None:                        # toner spread (mm), drawn last of all
+    out["ht_spread"] = np.asarray(_draw(rng, ht.get("spread", (0.0, 0.0))), np.float32)
   return out
 
 
@@ -226,19 +245,24 @@ def _screen_content(page: jax.Array, u: jax.Array,
   return scr[iv, iu], uu - jnp.floor(uu), vv - jnp.floor(vv)
 
 
-def _screen_radiance(page: jax.Array, u: jax.Array, v: jax.Array,
-                     row_depth: float) -> jax.Array:
+def _screen_radiance(page: jax.Array, u: jax.Array, v: jax.Array, row_depth: float,
+                     diffuse: Any = 0.0) -> jax.Array:
   """Light from an RGB-stripe display showing ``page`` at screen resolution, at (u, v).
 
   Each screen pixel has three vertical stripes R, G, B with a raised-cosine-squared profile
-  (harmonics up to 2/pixel, so the ``ss`` grid resolves them) and a dimmer row gap
-  (depth ``row_depth``); both profiles have mean 1 over a pixel, so the average colour is
-  the page's.
+  ``(8/3) ((1 + cos 2 pi x) / 2)^2 = 1 + (4/3) cos 2 pi x + (1/3) cos 4 pi x`` (harmonics up
+  to 2/pixel, so the ``ss`` grid resolves them) and a dimmer row gap (depth ``row_depth``);
+  both profiles have mean 1 over a pixel, so the average colour is the page's.
+  ``diffuse``: the anti-glare layer's haze, a Gaussian spread of std ``diffuse`` screen
+  pixels over the mosaic — harmonic k per pixel scaled by ``exp(-2 pi^2 k^2 diffuse^2)``
+  (the edges between pixel contents are left to the camera's PSF).
   """
   content, fu, fv = _screen_content(page, u, v)
   centres = (jnp.arange(3, dtype=jnp.float32) + 0.5) / 3
-  stripe = (8.0 / 3.0) * ((1 + jnp.cos(2 * jnp.pi * (fu[..., None] - centres))) / 2) ** 2
-  row = 1.0 + row_depth * jnp.cos(2 * jnp.pi * (fv - 0.5))[..., None]   # dim at row edges
+  a1 = jnp.exp(-2.0 * (jnp.pi * diffuse) ** 2)        # gain at 1 cycle per screen pixel
+  ph = 2 * jnp.pi * (fu[..., None] - centres)
+  stripe = 1.0 + (4.0 / 3.0) * a1 * jnp.cos(ph) + (1.0 / 3.0) * a1 ** 4 * jnp.cos(2 * ph)
+  row = 1.0 + row_depth * a1 * jnp.cos(2 * jnp.pi * (fv - 0.5))[..., None]   # dim at row edges
   return content * stripe * row
 
 
@@ -254,20 +278,41 @@ def _print_radiance(page: jax.Array, u: jax.Array, v: jax.Array) -> jax.Array:
           + ay * ((1 - ax) * page[y0 + 1, x0] + ax * page[y0 + 1, x0 + 1]))
 
 
+def _texture(key: jax.Array, n: int, per_px: int, u: jax.Array, v: jax.Array,
+             amount: jax.Array) -> jax.Array:
+  """Multiplicative texture at screen-pixel coordinates (u, v): ``1 + amount * t`` with ``t``
+  independent per cell and colour on an (n, n) grid of cells ``1 / per_px`` screen px wide
+  centred on the page, uniform with unit variance (|t| <= sqrt 3), clipped at 0."""
+  t = jax.random.uniform(key, (n, n, 3), minval=-np.sqrt(3.0), maxval=np.sqrt(3.0))
+  x = jnp.clip(jnp.floor((u + n / per_px / 2) * per_px), 0, n - 1)
+  y = jnp.clip(jnp.floor((v + n / per_px / 2) * per_px), 0, n - 1)
+  return jnp.maximum(1.0 + amount * t[y.astype(jnp.int32), x.astype(jnp.int32)], 0.0)
+
+
 def _print_grain(key: jax.Array, n: int, u: jax.Array, v: jax.Array,
                  amount: jax.Array) -> jax.Array:
-  """Multiplicative print texture at (u, v): ``1 + amount * t`` with ``t`` independent per
-  print pixel and colour, uniform with unit variance (|t| <= sqrt 3), clipped at 0.
+  """Print texture at (u, v): :func:`_texture` per print pixel (``n`` per page side).
 
   Why: a printer renders tones with a stochastic (FM) dot screen and paper has grain, so a
   real print is not continuous-tone; its dot texture is broadband. Without it a genuine
   capture has far less high-frequency energy than a recapture (whose screen mosaic adds
   it), and a trivial sharpness or noise measure separates the classes without any moiré.
   """
-  t = jax.random.uniform(key, (n, n, 3), minval=-np.sqrt(3.0), maxval=np.sqrt(3.0))
-  x = jnp.clip(jnp.floor((u + n / PRINT_PER_SCREEN / 2) * PRINT_PER_SCREEN), 0, n - 1)
-  y = jnp.clip(jnp.floor((v + n / PRINT_PER_SCREEN / 2) * PRINT_PER_SCREEN), 0, n - 1)
-  return jnp.maximum(1.0 + amount * t[y.astype(jnp.int32), x.astype(jnp.int32)], 0.0)
+  return _texture(key, n, PRINT_PER_SCREEN, u, v, amount)
+
+
+def _sparkle(key: jax.Array, n: int, u: jax.Array, v: jax.Array,
+             amount: jax.Array) -> jax.Array:
+  """Anti-glare sparkle at (u, v): :func:`_texture` on :data:`SPARKLE_CELLS` cells per
+  screen pixel side (``n`` print px per page side); ``amount`` is the sparkle contrast.
+
+  Why: a matte (anti-glare) display surface is a layer of micro-lenses that refract each
+  sub-pixel's light unevenly, so a camera sees a grainy intensity pattern on the sub-pixel
+  scale — the display's counterpart of the print's paper texture, broadband, not periodic.
+  Display metrology reports sparkle contrast (std / mean) of a few per cent up to ~10 %.
+  """
+  cells = n // PRINT_PER_SCREEN * SPARKLE_CELLS
+  return _texture(key, cells, SPARKLE_CELLS, u, v, amount)
 
 
 def _halftone_radiance(page: jax.Array, u: jax.Array, v: jax.Array, p: dict,
@@ -361,14 +406,18 @@ def capture(page: jax.Array, params: dict, key: jax.Array, *, sensor: int, ss: i
        for k in _PARAM_KEYS + (HALFTONE_KEYS if halftoned and not screen else ())}
   u, v = _sensor_to_page(p, sensor, ss)
   if screen:
-    rad = _screen_radiance(page, u, v, row_depth)
+    rad = _screen_radiance(page, u, v, row_depth, p["diffuse"])
+    rad = rad * _sparkle(jax.random.fold_in(key, 2), page.shape[0], u, v, p["sparkle"])
   elif halftoned:
     rad = _halftone_radiance(page, u, v, p, print_match)
   else:
     rad = _screen_content(page, u, v)[0] if print_match else _print_radiance(page, u, v)
   if not screen:
     rad = rad * _print_grain(jax.random.fold_in(key, 1), page.shape[0], u, v, p["grain"])
-  rad = _blur(rad, blur_transfer(sensor * ss, p["sigma"] * ss, p["motion"] * ss,
+  sigma = p["sigma"]
+  if halftoned and not screen:      # the toner's spread on paper, in this camera's sensor px
+    sigma = jnp.sqrt(sigma ** 2 + (p["ht_spread"] * p["period"] / p["ht_mm"]) ** 2)
+  rad = _blur(rad, blur_transfer(sensor * ss, sigma * ss, p["motion"] * ss,
                                  p["motion_angle"]))
   img = rad.reshape(sensor, ss, sensor, ss, 3).mean((1, 3))      # pixel aperture
   x = (jnp.arange(sensor, dtype=jnp.float32) + 0.5) / sensor - 0.5

@@ -31,7 +31,7 @@ from omni_jax.dpad import fmag as fmag_lib
 from omni_jax.dpad.models import MODELS
 
 METHODS = ("baseline_aug", "fmag", "fmag_m2fm")
-CAPTURE_VERSION = 5          # bump when the document or simulator code changes the pixels
+CAPTURE_VERSION = 6          # bump when the document or simulator code changes the pixels
 
 
 def validate(cfg) -> None:
@@ -69,12 +69,22 @@ def validate(cfg) -> None:
   g_lo, g_hi = cfg.sim.get("print_grain", (0.0, 0.0))
   require(0 <= g_lo <= g_hi <= 1, "sim.print_grain", cfg.sim.get("print_grain"),
           "a (lo, hi) range with 0 <= lo <= hi <= 1")
+  scr = cfg.sim.get("screen")
+  if scr is not None:
+    for k, top, what in (("sparkle", 1.0, "sparkle contrast"),
+                         ("diffuse", 1.0, "haze spread in screen px")):
+      r = scr.get(k, (0.0, 0.0))
+      require(len(r) == 2 and 0 <= r[0] <= r[1] <= top, f"sim.screen.{k}", r,
+              f"a (lo, hi) {what} range, 0 <= lo <= hi <= {top}")
   ht = cfg.sim.get("halftone")
   if ht is not None:
     for k in ("lpi", "px_per_mm"):
       require(len(ht[k]) == 2 and 0 < ht[k][0] <= ht[k][1], f"sim.halftone.{k}", ht[k],
               "a (lo, hi) range with 0 < lo <= hi")
     require(ht.dpi > 0, "sim.halftone.dpi", ht.dpi, "> 0 (the printer's dots per inch)")
+    sp = ht.get("spread", (0.0, 0.0))
+    require(len(sp) == 2 and 0 <= sp[0] <= sp[1] <= 0.2, "sim.halftone.spread", sp,
+            "a (lo, hi) toner spread range in mm, 0 <= lo <= hi <= 0.2")
     res_lo = min(cfg.sim[q].get("res", (1.0, 1.0))[0] for q in recapture.CHANNELS)
     cell = ht.px_per_mm[0] * res_lo * halftone.MM_PER_INCH / ht.lpi[1]
     require(cell * cfg.sim.ss >= 4, "sim.halftone.lpi", ht.lpi,
