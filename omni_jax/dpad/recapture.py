@@ -160,8 +160,8 @@ def sample_params(rng: np.random.Generator, quality: str, cfg: Any) -> dict[str,
     # period / res reference-sensor px, so it covers (period / res) / px_per_mm mm
     out["ht_mm"] = np.asarray(out["period"] / res / u(ht.px_per_mm), np.float32)
     out["ht_phase"] = rng.uniform(0.0, 1.0, (len(halftone.INKS), 2)).astype(np.float32)
-  if ht is not None:                        # toner spread (mm), drawn last of all
-    out["ht_spread"] = np.asarray(_draw(rng, ht.get("spread", (0.0, 0.0))), np.float32)
+    out["ht_spread"] = np.asarray(_draw(rng, ht.get("spread", (0.0, 0.0))),   # toner (mm)
+                                  np.float32)
   return out
 
 
