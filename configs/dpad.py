@@ -92,8 +92,9 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       # table in results/dpad/default_calibration.json):
       #   python -m experiments.dpad_calibration --config=configs/dpad.py:default \
       #     --calib_seeds=1,2 --docs_per_kind=10 --out=results/dpad/default_calibration.json
-      # No candidate reached the 10-point goal there: the pick's worst cue was the noise
-      # floor at high quality (EER 0.28).
+      # No candidate of that grid reached the 10-point goal there (the pick's worst cue: the
+      # noise floor at high quality, EER 0.28); the toner spread and the display's surface
+      # below did.
       print_grain=_range(0.0, 0.1),
       # the printer (omni_jax/dpad/halftone.py): an office colour laser printer, 600-dpi
       # engine, clustered-dot CMYK screens at 100-150 lines per inch (the coarser screens
@@ -101,7 +102,20 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       # ruling picked by the calibration above from 100-120 / 100-150 / 150-200; the paper
       # framed like the screen, a document filling 70-100 % of a 12-MP frame's short side
       # (3024 px over 210 mm: 14.4 sensor px per mm at 100 %)
-      halftone=dict(lpi=_range(100, 150), dpi=600.0, px_per_mm=_range(10.0, 14.4)),
+      # toner spread on paper (Gaussian std, mm; fused toner edges and scatter: office laser
+      # prints' MTF50 of 4-5 cycles/mm is a std of 35-47 um), picked by the surfaces
+      # calibration (results/dpad/default_calibration_surfaces.json) from 0-50 um:
+      #   python -m experiments.dpad_calibration --config=configs/dpad.py:default \
+      #     --calib_seeds=1,2 --docs_per_kind=10 --grid=surfaces \
+      #     --out=results/dpad/default_calibration_surfaces.json
+      halftone=dict(lpi=_range(100, 150), dpi=600.0, px_per_mm=_range(10.0, 14.4),
+                    spread=_range(0.03, 0.05)),
+      # the display's anti-glare surface (recapture.py, _screen_radiance and _sparkle): its
+      # haze as a Gaussian spread over the sub-pixel mosaic (std in screen px) and its sparkle
+      # contrast (8-15 %: the sparkly end of matte surfaces, a high-haze film over a high-ppi
+      # panel), picked by the same calibration from haze 0-0.3 px and sparkle 0-20 %; on
+      # those documents the pick's worst cue was Immerkaer's at high quality (EER 0.40)
+      screen=dict(sparkle=_range(0.08, 0.15), diffuse=_range(0.2, 0.3)),
       # Capture conditions, set from phone-camera practice before any result was read; within
       # a channel genuine prints and screens are shot under the same ranges (the same phones,
       # hands and light: sample_params does not know the class).
