@@ -146,16 +146,19 @@ def eer_bars(eer: dict, path: str, title: str, ci: dict | None = None) -> None:
   plt = _plt()
   methods = list(eer)
   quals = list(next(iter(eer.values())))
-  fig, ax = plt.subplots(figsize=(6, 3.4), dpi=110)
+  fig, ax = plt.subplots(figsize=(6.6, 3.4), dpi=110)
   w = 0.8 / len(methods)
   for i, m in enumerate(methods):
     vals = np.array([100 * eer[m][q] for q in quals])
-    err = None
+    err, top = None, vals
     if ci is not None:
       lo_hi = np.array([[100 * v for v in ci[m][q]] for q in quals])
       err = np.stack([vals - lo_hi[:, 0], lo_hi[:, 1] - vals]).clip(0)
-    bars = ax.bar(np.arange(len(quals)) + i * w, vals, w, label=m, yerr=err, capsize=3)
-    ax.bar_label(bars, fmt="%.1f", fontsize=7, label_type="center")
+      top = vals + err[1]
+    x = np.arange(len(quals)) + i * w
+    ax.bar(x, vals, w, label=m, yerr=err, capsize=3)
+    for xi, v, t in zip(x, vals, top, strict=True):   # the value above its error bar
+      ax.text(xi, t + 1.0, f"{v:.1f}", ha="center", va="bottom", fontsize=7)
   ax.axhline(50, color="gray", ls="--", lw=0.8)
   ax.set_xticks(np.arange(len(quals)) + w * (len(methods) - 1) / 2, quals)
   ax.set_ylabel("EER (%) on held-out document types")
