@@ -21,6 +21,7 @@ KEYS = {
             "thresholds", "eer_gain_points.*.per_seed", "eer_gain_points.*.mean",
             "eer_gain_points.*.ci95_seeds", "eer_gain_points.*.ci95_seeds_images",
             "shortcut_eer.*.after.high", "shortcut_eer.*.after.low", "shortcut_eer.*.before.high",
+            "shortcut_eer_ci95.*.after.high", "shortcut_eer_ci95.*.after.low",
             "by_model.*.baseline_aug.val.threshold_per_seed",
             "by_model.*.fmag_m2fm.val.threshold_per_seed", "config.sim.halftone.lpi",
             "config.sim.halftone.spread", "config.sim.screen.diffuse", "config.sim.screen.sparkle",

@@ -74,8 +74,10 @@ def oracle_peak_scores(images: list[np.ndarray], periods: np.ndarray,
 def shortcut_study(cfg, caps: dict) -> dict:
   """Trivial one-feature classifiers (:mod:`shortcut`) on the same test documents captured
   before the shortcut fix (``probe_*``) and after it (``test_*``): EER per feature, per
-  ``before``/``after`` and quality; folds = document parity."""
+  ``before``/``after`` and quality (folds = document parity), and each EER's bootstrap 95 %
+  interval over documents (:func:`shortcut.trivial_eer_ci`)."""
   out = {name: {"before": {}, "after": {}} for name in shortcut.FEATURES}
+  ci = {name: {"before": {}, "after": {}} for name in shortcut.FEATURES}
   counts = {}
   for q in ("high", "low"):
     docs = caps[f"probe_{q}_docs"]
@@ -85,10 +87,12 @@ def shortcut_study(cfg, caps: dict) -> dict:
     for when, pre, sel in (("before", "probe", slice(None)), ("after", "test", keep)):
       imgs = list(caps[f"{pre}_{q}_images"][sel])
       labels, d = caps[f"{pre}_{q}_labels"][sel], caps[f"{pre}_{q}_docs"][sel]
-      for name, v in shortcut.shortcut_eers(imgs, labels, d % 2).items():
-        out[name][when][q] = v
+      for name, fn in shortcut.FEATURES.items():
+        v = [fn(im) for im in imgs]
+        out[name][when][q] = shortcut.trivial_eer(v, labels, d % 2)
+        ci[name][when][q] = shortcut.trivial_eer_ci(v, labels, d)
       counts[q] = len(imgs)
-  return {"eer": out, "images": counts}
+  return {"eer": out, "ci95": ci, "images": counts}
 
 
 def period_estimate(caps: dict, patch: int) -> dict:

@@ -74,6 +74,38 @@ def trivial_eer(values: Any, labels: Any, folds: Any) -> float:
   return float(np.mean(out))
 
 
+def trivial_eer_ci(values: Any, labels: Any, docs: Any, n: int = 200, seed: int = 0,
+                   level: float = 0.95) -> list[float]:
+  """Bootstrap interval of :func:`trivial_eer` over documents: ``n`` resamples of the
+  documents with replacement (a document's images stay together, its fold is its id's
+  parity, as in the point estimate); resamples that leave a fold without both classes are
+  redrawn. Why: with a few dozen documents per class an uninformative feature's EER already
+  strays several points from 0.5, so a point estimate alone cannot say how near chance a
+  cue is."""
+  v, y, d = (np.asarray(a).reshape(-1) for a in (values, labels, docs))
+  if not (v.shape == y.shape == d.shape):
+    raise ValueError(f"values ({v.size}), labels ({y.size}) and docs ({d.size}) must have "
+                     "the same length")
+  if n < 10:
+    raise ValueError(f"n = {n}: at least 10 resamples")
+  rng = np.random.default_rng(seed)
+  ids = np.unique(d)
+  rows = [np.flatnonzero(d == k) for k in ids]
+  out, tries = [], 0
+  while len(out) < n:
+    tries += 1
+    if tries > 20 * n:
+      raise ValueError("trivial_eer_ci: too few documents per fold and class to resample")
+    pick = rng.integers(0, len(ids), len(ids))
+    idx = np.concatenate([rows[k] for k in pick])
+    try:
+      out.append(trivial_eer(v[idx], y[idx], d[idx] % 2))
+    except ValueError:            # a fold without both classes: draw again
+      continue
+  a = (1 - level) / 2
+  return [float(x) for x in np.quantile(out, [a, 1 - a])]
+
+
 def shortcut_eers(images: list[np.ndarray], labels: Any, folds: Any) -> dict[str, float]:
   """:func:`trivial_eer` of every feature in :data:`FEATURES` on ``images``."""
   return {name: trivial_eer([fn(im) for im in images], labels, folds)

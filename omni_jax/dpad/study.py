@@ -404,7 +404,8 @@ def run(cfg, workdir: str, command: str = "") -> dict:
   sc = diagnostics.shortcut_study(cfg, caps)
   summary |= {
       "model": cfg.models[0], "seeds": [int(x) for x in cfg.seeds], "by_model": by_model,
-      "shortcut_eer": sc["eer"], "shortcut_images": sc["images"],
+      "shortcut_eer": sc["eer"], "shortcut_eer_ci95": sc["ci95"],
+      "shortcut_images": sc["images"],
       "period_estimate": diagnostics.period_estimate(caps, cfg.patch),
       "camera_ranges": {c: recapture.camera_ranges(cfg.sim, c) for c in recapture.CHANNELS},
       "config": to_dict(cfg),

@@ -56,6 +56,10 @@ def test_tiny_run_writes_summary_and_figures(tmp_path):
   assert set(s["shortcut_eer"]) == {"sharpness", "noise", "laplacian", "immerkaer"}
   for v in s["shortcut_eer"].values():
     assert set(v) == {"before", "after"} and all(set(x) == {"high", "low"} for x in v.values())
+  for name, v in s["shortcut_eer_ci95"].items():          # each EER inside its interval
+    for when in ("before", "after"):
+      for q, (lo, hi) in v[when].items():
+        assert 0 <= lo <= s["shortcut_eer"][name][when][q] <= hi <= 1
   assert 0 <= s["period_estimate"]["low"]["within_2_patch_bins"] <= 1
   # held-out camera: every capture drew its camera from its own channel's range
   z = np.load(tmp_path / "captures.npz")

@@ -185,3 +185,23 @@ def test_calibration_renders_each_class_once_per_setting_it_depends_on(monkeypat
       (True, q, grain, s) for q in ("high", "low") for s in (0.0, 0.05)}
   assert len(calls) == 8 * docs
   assert len(out["eer"]) == 3
+
+
+def test_trivial_eer_interval_over_documents():
+  from omni_jax.dpad import shortcut
+  docs = np.repeat(np.arange(36), 2)                   # each document: a print and a screen
+  y = np.tile([0, 1], 36)
+  # a feature that separates the classes on every document: [0, 0] whatever is resampled
+  assert shortcut.trivial_eer_ci(y * 1.0, y, docs, n=50) == [0.0, 0.0]
+  # an uninformative feature: an interval around chance, several points wide (sd ~7 points)
+  v = np.random.default_rng(3).standard_normal(72)
+  lo, hi = shortcut.trivial_eer_ci(v, y, docs, n=200)
+  assert lo < shortcut.trivial_eer(v, y, docs % 2) < hi and lo < 0.5 < hi
+  assert 0.15 < hi - lo < 0.5
+  assert shortcut.trivial_eer_ci(v, y, docs, n=200) == [lo, hi]      # seeded: reproducible
+  with pytest.raises(ValueError, match="the same length"):
+    shortcut.trivial_eer_ci(v[:10], y, docs)
+  with pytest.raises(ValueError, match="at least 10"):
+    shortcut.trivial_eer_ci(v, y, docs, n=3)
+  with pytest.raises(ValueError, match="too few documents"):   # one document: never both
+    shortcut.trivial_eer_ci(np.r_[0.0, 1.0], np.r_[0, 1], np.r_[0, 0], n=10)   # folds
