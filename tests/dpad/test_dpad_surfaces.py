@@ -1,6 +1,6 @@
 """DPAD's print and display surfaces: the display's anti-glare haze and sparkle, the toner's
-spread on paper, their draws (after every other parameter, class-blind) and their
-calibration grid."""
+spread on paper, their draws (class-blind; neither class's capture depends on the other's
+surface), their calibration grid; and the bootstrap interval of a trivial cue's EER."""
 
 from __future__ import annotations
 
