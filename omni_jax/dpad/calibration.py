@@ -136,8 +136,8 @@ def calibrate_sim(cfg, candidates, docs_per_kind: int, calib_seed: int) -> dict:
   documents per test kind drawn with document seed ``calib_seed`` (!= ``cfg.seed``: disjoint
   from the test and training documents) through the test cameras. Each class is rendered
   once per distinct setting of the keys it depends on (``screen.*`` for recaptures, the rest
-  for prints), with the same draws for every candidate (the printer and screen are drawn
-  last).
+  for prints), with the same draws for every candidate (:func:`recapture.sample_params`
+  always makes the screen's draws and draws the printer last).
   Returns ``{"candidates": [...], "eer": [feature -> quality -> EER per candidate],
   "score": [...], "best": the candidate :func:`pick_calibrated` picks, "docs", ...}``."""
   if calib_seed == cfg.seed:
