@@ -35,9 +35,10 @@ def close(got, want, what):
   np.testing.assert_allclose(got, want, atol=1e-5 * scale, rtol=0, err_msg=what)
 
 
+@jax.jit
 def perturbed(params, seed=1):
   """Random values on every leaf (the zero-initialised q/k/v biases and unit norm scales
-  would hide a switch the cached path ignored)."""
+  would hide a switch the cached path ignored); one program, not one per leaf shape."""
   leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
   return jax.tree.unflatten(tree, [a + 0.2 * jax.random.normal(k, a.shape, a.dtype)

@@ -15,6 +15,7 @@ from omni_jax.parallel.pipeline import SCHEDULES
 from omni_jax.parallel.pipeline_schedule import schedule_1f1b
 from omni_jax.parallel.pipeline_stages import stage_specs
 from omni_jax.train.omni import check_batch_fits_mesh, parallel_op_names
+from tests.parallel.conftest import one_device
 from tests.parallel.pipeline_checks import max_rel, step_against_one_device
 
 
@@ -32,9 +33,9 @@ from tests.parallel.pipeline_checks import max_rel, step_against_one_device
     pytest.param(dict(pipeline=2, data=4), 2, 2, SCHEDULES, marks=pytest.mark.slow),
 ])
 def test_schedules_match_one_device(mesh_cfg, n_micro, units_per_stage, schedules, micro):
-  _, _, loss, params, batch = micro(lb_coef=1.0,
-                                    num_layers=mesh_cfg["pipeline"] * units_per_stage)
-  l1, g1 = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, {})))(params, batch)
+  layers = mesh_cfg["pipeline"] * units_per_stage
+  _, _, loss, params, batch = micro(lb_coef=1.0, num_layers=layers)
+  l1, g1 = one_device(lb_coef=1.0, num_layers=layers)
   mesh = mesh_lib.make_mesh(mesh_cfg)
   sh, _ = recipes.resolve(recipes.RECIPES.get("omni"), params, mesh)
   assert sh["backbone"]["units"]["layer_0"]["attn"]["q"]["kernel"].spec[0] == "pipeline"

@@ -1,12 +1,12 @@
 """The pipeline composed with sequence, expert, tensor and ZeRO-3 parallelism gives the
 1-device loss and gradients (MoE load-balancing loss included)."""
 
-import jax
 import pytest
 
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.parallel.pipeline import SCHEDULES
+from tests.parallel.conftest import one_device
 from tests.parallel.pipeline_checks import max_rel, step_against_one_device
 
 
@@ -19,7 +19,7 @@ from tests.parallel.pipeline_checks import max_rel, step_against_one_device
 def _pipeline_matches_one_device(micro, mesh_cfg, overrides, schedules, in_loop_kind,
                                  recipe="omni"):
   _, _, loss, params, batch = micro(lb_coef=1.0, num_layers=2)
-  l1, g1 = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, {})))(params, batch)
+  l1, g1 = one_device(lb_coef=1.0, num_layers=2)
   mesh = mesh_lib.make_mesh(mesh_cfg)
   sh, _ = recipes.resolve(recipes.RECIPES.get(recipe), params, mesh)
   grads = {}
@@ -32,7 +32,8 @@ def _pipeline_matches_one_device(micro, mesh_cfg, overrides, schedules, in_loop_
     # no parameter is gathered or reduce-scattered there (only once, outside).
     in_loop = {c.kind for c in colls
                if "backbone/shard_map" in c.op_name and "/while/" in c.op_name}
-    assert in_loop_kind in in_loop and not in_loop & {"all-gather", "reduce-scatter"}, (
+    kinds = (in_loop_kind,) if isinstance(in_loop_kind, str) else in_loop_kind
+    assert set(kinds) <= in_loop and not in_loop & {"all-gather", "reduce-scatter"}, (
         schedule, in_loop)
   if len(schedules) == 2:
     assert max_rel(grads["1f1b"], grads["gpipe"]) <= 1e-5
@@ -51,25 +52,29 @@ def test_pipeline_with_sequence(op, schedules, micro):
                                "all-to-all" if op == "ulysses" else "collective-permute")
 
 
-# 1F1B in the default suite (its forward is GPipe's; its backward the hand-written loop),
-# GPipe's autodiff backward too under slow (each schedule is a compile of the 8-device step).
-@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
+# Each composition is a compile of the 8-device step: the default suite runs the pipeline
+# with expert and tensor together in one stage (1F1B: its forward is GPipe's, its backward the
+# hand-written loop) and with the ZeRO-3 group (GPipe's autodiff backward); expert alone and
+# tensor alone, with both schedules, run under slow.
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_pipeline_with_expert(schedule, micro):
   _pipeline_matches_one_device(micro, dict(pipeline=2, expert=2, fsdp=2), {}, (schedule,),
                                "all-to-all")
 
 
-# pipeline x tensor: 1F1B in the default suite (a promise of the README), GPipe under slow
-@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_pipeline_with_tensor(schedule, micro):
   _pipeline_matches_one_device(micro, dict(pipeline=2, tensor=2, fsdp=2), {}, (schedule,),
                                "all-reduce")
 
 
-@pytest.mark.slow  # experts split over expert and their width over tensor, in one stage
 def test_pipeline_with_expert_and_tensor(micro):
+  """A promise of the README: experts split over expert and their width over tensor, in one
+  stage; the expert exchange and the tensor reduction both run inside the tick loop."""
   _pipeline_matches_one_device(micro, dict(pipeline=2, expert=2, tensor=2), {}, ("1f1b",),
-                               "all-to-all")
+                               ("all-to-all", "all-reduce"))
 
 
 def test_pipeline_with_expert_zero3(micro):
