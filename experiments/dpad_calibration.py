@@ -25,8 +25,8 @@ _DOCS = flags.DEFINE_integer("docs_per_kind", 10, "calibration documents per tes
 _CONFIG = common.define_config("configs/dpad.py:<variant> (its simulator is calibrated)")
 _LIMIT = flags.DEFINE_integer("limit", 0, "first N candidates only (0: all)")
 _GRID = flags.DEFINE_enum("grid", "print", list(calibration.GRIDS),
-                          "candidate grid: print (texture x ruling) or surfaces (toner spread, "
-                          "display haze and sparkle)")
+                          "candidate grid: print (texture x ruling), surfaces (toner spread, "
+                          "display haze and sparkle) or haze (more display haze)")
 _OUT = flags.DEFINE_string("out", "", "where the JSON table goes ('' : printed only)")
 
 

@@ -55,6 +55,12 @@ from omni_jax.dpad import documents, recapture, shortcut, study
 #   (EER 0.38; more toner spread had stopped raising it): the sparkly end of matte surfaces
 #   (contrast 8-20 %: a high-haze film over a high-ppi panel), on the step-4 pick and with
 #   40-60 um of toner spread.
+# * step 6 (grid ``haze``), added when the run of record on the step-5 pick left the
+#   Laplacian cue at high quality outside 10 points with its interval excluding chance (the
+#   recaptures' high-frequency energy above the prints': the mosaic the haze leaves), and
+#   the step-3..5 table showed the Laplacian cue moving towards chance with more haze: the
+#   step-5 pick (the reference) and the same with 0.25-0.35 and 0.3-0.4 screen px of haze
+#   (the fundamental of the mosaic kept at 9-29 % and 4-17 %: high-haze matte films).
 # Every candidate passes the study's 4-samples-per-cell check at sim.ss = 5.
 _STEP3_PRINT = {"print_grain": (0.0, 0.1), "halftone.lpi": (100.0, 150.0)}
 CANDIDATES = tuple({"print_grain": g, "halftone.lpi": lpi}
@@ -72,6 +78,9 @@ STEP3 = tuple({**_STEP3_PRINT, "halftone.spread": sp, "screen.sparkle": sk, "scr
                   (sp, sk, (0.2, 0.3)) for sp, sk in (((0.03, 0.05), (0.08, 0.15)),
                                                       ((0.03, 0.05), (0.1, 0.2)),
                                                       ((0.04, 0.06), (0.08, 0.15)))))
+_STEP5_PICK = {**_STEP3_PRINT, "halftone.spread": (0.03, 0.05), "screen.sparkle": (0.08, 0.15)}
+HAZE = tuple({**_STEP5_PICK, "screen.diffuse": df} for df in ((0.2, 0.3), (0.25, 0.35),
+                                                              (0.3, 0.4)))
 TUNABLE = ("print_grain", "halftone.lpi", "halftone.px_per_mm", "halftone.spread",
            "screen.sparkle", "screen.diffuse")
 _FROM_ZERO = ("print_grain", "halftone.spread", "screen.sparkle", "screen.diffuse")
@@ -210,7 +219,7 @@ def combine(runs: list[dict]) -> dict:
           "calib_seeds": [r["calib_seed"] for r in runs], "per_seed": runs}
 
 
-GRIDS = {"print": CANDIDATES, "surfaces": STEP3}
+GRIDS = {"print": CANDIDATES, "surfaces": STEP3, "haze": HAZE}
 
 
 def run(cfg, calib_seeds: list[int], docs_per_kind: int, limit: int = 0,

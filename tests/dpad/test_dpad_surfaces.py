@@ -133,7 +133,7 @@ def test_surface_candidates_apply_to_a_locked_config_and_pass_validation():
   sim = dpad_calibration.apply_candidate(c.sim, cand)
   assert tuple(sim.halftone.spread) == (0.01, 0.02) and tuple(sim.screen.diffuse) == (0.1, 0.2)
   assert tuple(sim.screen.sparkle) == (0.02, 0.08)
-  for cand in dpad_calibration.STEP3:
+  for cand in dpad_calibration.STEP3 + dpad_calibration.HAZE:
     probe = c.copy_and_resolve_references()
     probe.sim = dpad_calibration.apply_candidate(c.sim, cand)
     dpad_study.validate(probe)
