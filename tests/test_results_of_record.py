@@ -12,6 +12,10 @@ import pytest
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
+# What a calibration grid's table carries (experiments.dpad_calibration --grid=...).
+_CALIBRATION_KEYS = ["candidates", "eer", "score", "best", "rows", "calib_seeds", "per_seed",
+                     "command"]
+
 # job -> keys every run of record of that job carries (dotted: nested; '*' any child).
 KEYS = {
     "dpad": {
@@ -28,10 +32,8 @@ KEYS = {
             "config.sim.motion", "camera_ranges.high.sharpen", "camera_ranges.low.sharpen"],
         "default_calibration": ["candidates", "eer", "score", "best", "rows", "calib_seeds",
                                 "per_seed"],
-        "default_calibration_surfaces": ["candidates", "eer", "score", "best", "rows",
-                                         "calib_seeds", "per_seed", "command"],
-        "default_calibration_haze": ["candidates", "eer", "score", "best", "rows",
-                                     "calib_seeds", "per_seed", "command"]},
+        "default_calibration_surfaces": _CALIBRATION_KEYS,
+        "default_calibration_haze": _CALIBRATION_KEYS},
     "query": ["peers", "peers.*.cold.recall_at_10", "peers.*.cold.p50_ms", "peers.*.cold.p99_ms",
               "peers.*.cold.qps", "peers.*.warm.recall_at_10", "peers.*.warm.p50_ms",
               "peers.*.warm.p99_ms", "peers.*.warm.qps", "best_host",
