@@ -11,7 +11,7 @@ Run:
   python -m experiments.dpad --config=configs/dpad.py:sharp_low --workdir=/tmp/dpad_sharp_low
 Variants: ``tiny`` (a few documents, a few training steps, 2 seeds: seconds, for tests),
 ``default`` (the run of record, results/dpad/default.json: ResNet, 3 training seeds, 32
-training and 12 validation documents per training kind through the training camera, 144
+training and 12 validation documents per training kind through the training camera, 288
 held-out images per quality through the held-out test cameras; screen period 1.5-3 sensor
 px; test phones from in focus to a focus miss (PSF sigma 0.33-0.8 px high, 0.45-1.0 low),
 ISO noise, JPEG 75-95 / 55-85, ISP sharpening 0.3-2, the low-end camera at 0.7-0.9x the
@@ -72,7 +72,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       train_docs=32,                       # documents per training kind (rendered)
       val_docs=12,                         # further documents per training kind, never
                                            # trained on: the APCER/BPCER thresholds
-      test_docs=24))                       # documents per held-out kind: 144 images/quality
+      test_docs=48))                       # documents per held-out kind: 288 images/quality
   c.train_subset = 0                       # use the first k training docs per kind (0: all);
                                            # outside `data`, so the captures cache is shared
   c.captures_from = ""                     # a captures.npz to reuse if its data/sim match
@@ -174,7 +174,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
       masked_weight=4.0, ce_weight=0.2, width=48, depth=2, patch=8))
   c.models = ("resnet",)                   # ("resnet", "vit") for both; main keys use the first
   c.seeds = (0, 1, 2)                      # training seeds per method (data: c.seed)
-  c.shortcut_docs = 12                     # test docs per kind whose prints are also captured
+  c.shortcut_docs = 48                     # test docs per kind whose prints are also captured
                                            # continuous-tone (no printer): the trivial
                                            # classifiers' "before"
   c.methods = ("baseline_aug", "fmag", "fmag_m2fm")
