@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +53,7 @@ from omni_jax.common.metrics import MetricsLog
 from omni_jax.common.progress import Progress
 from omni_jax.common.timing import RateMeter, timed
 from omni_jax.train import offload as offload_lib
+from omni_jax.train.grad_accum import accumulate_gradients
 from omni_jax.train.prefetch import BatchPrefetcher
 from omni_jax.train.profiling import StepProfiler, parse_profile_steps
 
@@ -128,51 +130,6 @@ def cast_floating(tree, dtype):
                       else a, tree)
 
 
-def split_microbatches(batch, k: int):
-  """``[B, ...]`` leaves -> ``[k, B/k, ...]``; microbatch ``j`` holds rows ``j, j+k, ...``.
-
-  Strided rather than contiguous, so that a batch sharded over devices along ``B`` stays
-  sharded the same way inside every microbatch (each device keeps its own rows).
-  """
-  def one(a):
-    if a.shape[0] % k:
-      raise ValueError(f"train.grad_accum = {k} must divide the batch of {a.shape[0]} rows")
-    return a.reshape(a.shape[0] // k, k, *a.shape[1:]).swapaxes(0, 1)
-  return jax.tree.map(one, batch)
-
-
-def accumulate_gradients(loss_fn: Callable, params, batch, k: int,
-                         loss_norm: Callable | None = None):
-  """``(grads, metrics)`` of one batch computed as ``k`` microbatches in a ``lax.scan``.
-
-  With ``loss_norm``, ``loss_fn(params, microbatch, loss_norm(batch, k))`` must return the
-  microbatch's *additive share* of the whole batch's loss and metrics (e.g. token sums over
-  the whole batch's token count), so the sums over microbatches are the big batch's values.
-  Without it, the loss is taken to be a mean over equally sized microbatches: each
-  contributes ``1/k`` of its loss and metrics.
-  """
-  micro = split_microbatches(batch, k)
-  if loss_norm is None:
-    def share(p, mb):
-      loss, metrics = loss_fn(p, mb)
-      return loss / k, jax.tree.map(lambda v: v / k, metrics)
-  else:
-    norm = loss_norm(batch, k)
-    share = lambda p, mb: loss_fn(p, mb, norm)
-  grad_fn = jax.value_and_grad(share, has_aux=True)
-  first = jax.tree.map(lambda a: a[0], micro)
-  shapes = jax.eval_shape(grad_fn, params, first)
-  # sums in at least float32, whatever the gradients' dtype (bfloat16 with train.grad_dtype)
-  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.promote_types(a.dtype, jnp.float32)),
-                       (shapes[0][1], shapes[1]))
-
-  def body(acc, mb):
-    (_, metrics), grads = grad_fn(params, mb)
-    return jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, (metrics, grads)), None
-  (metrics, grads), _ = jax.lax.scan(body, zeros, micro)
-  return grads, metrics
-
-
 def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, grad_accum: int = 1,
                     loss_norm: Callable | None = None,
                     opt_transfer: offload_lib.OptimizerTransfer | None = None,
@@ -180,7 +137,7 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, grad_ac
   """``(state, batch) -> (state, metrics)``: one AdamW step on ``loss_fn``'s gradient.
 
   ``grad_accum > 1``: the gradient is accumulated over that many microbatches inside the
-  step (:func:`accumulate_gradients`); one optimizer update per step. ``opt_transfer``: the
+  step (:mod:`omni_jax.train.grad_accum`); one optimizer update per step. ``opt_transfer``: the
   optimizer state lives in host memory; it is fetched to the device for the update and the
   new state stored back (``config.train.offload = 'optimizer'``). ``frozen``: a pytree of
   bools like the params; ``True`` leaves are cut from the gradient (no weight gradient is
@@ -226,10 +183,24 @@ def _state_init(init_params: Callable, tx) -> Callable:
   return init
 
 
+_ABSTRACT_PARAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def abstract_params(init_params: Callable):
+  """``init_params(key)`` as ``jax.ShapeDtypeStruct`` leaves, traced once per function: a run
+  needs them for its counts, its state layout and a restore (a model's init trace is seconds)."""
+  if init_params not in _ABSTRACT_PARAMS:
+    _ABSTRACT_PARAMS[init_params] = jax.eval_shape(init_params, jax.random.PRNGKey(0))
+  return _ABSTRACT_PARAMS[init_params]
+
+
 def state_layout(init_params: Callable, tx, seed: int, param_sharding: Callable,
                  ) -> tuple[TrainState, Any]:
-  """``(abstract state with shardings, state shardings)``: shapes only, nothing computed."""
-  abstract = jax.eval_shape(_state_init(init_params, tx), jax.random.PRNGKey(seed))
+  """``(abstract state with shardings, state shardings)``: shapes only (``seed`` does not
+  change them)."""
+  params = abstract_params(init_params)
+  abstract = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
+                        jax.eval_shape(tx.init, params))
   shardings = param_sharding(abstract)
   placed = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                         abstract, shardings)

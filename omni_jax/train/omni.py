@@ -35,6 +35,7 @@ from omni_jax.models.spec import OmniSpec, param_dtype
 from omni_jax.parallel import layout, recipes
 from omni_jax.parallel import mesh as mesh_lib
 from omni_jax.tokenizers.codec_store import pin_codecs
+from omni_jax.train import loop as loop_lib
 from omni_jax.train import offload, offload_plan, stages
 from omni_jax.train.finetune import FineTune
 from omni_jax.train.loop import FitResult, LoopConfig, cast_floating, fit
@@ -276,7 +277,7 @@ def train_omni(config, workdir: str, mesh=None) -> dict[str, Any]:
   layout_ops = layout.ops(mesh, op_names, micro, recipe_name(config), spec.ep_capacity_factor)
   loss_fn = make_loss_fn(spec, model, mesh, op_names, micro, recipe_name(config), ft)
   param_sharding = state_sharding(mesh, recipe_name(config))
-  abstract_state_params = jax.eval_shape(init_params, jax.random.PRNGKey(0))
+  abstract_state_params = loop_lib.abstract_params(init_params)
   ft.check(abstract_state_params)  # groups that own nothing: before any compile
   abstract_params = ft.base(abstract_state_params)
   params_total, params_active = count_params(spec, abstract_params)

@@ -13,7 +13,8 @@ from omni_jax.common.config import ConfigError
 from omni_jax.data.stream import OmniStream
 from omni_jax.models.omni import OmniModel, loss_norm, omni_loss
 from omni_jax.parallel import mesh as mesh_lib
-from omni_jax.train.loop import LoopConfig, accumulate_gradients, split_microbatches
+from omni_jax.train.grad_accum import accumulate_gradients, split_microbatches
+from omni_jax.train.loop import LoopConfig
 from omni_jax.train.omni import check_batch_fits_mesh
 from omni_jax.train.spec import build_spec
 
