@@ -211,6 +211,9 @@ def run(main) -> None:
   ends the run with its message on stderr and exit status 2, no traceback."""
   from absl import app
 
+  from omni_jax.common import gc_policy
+  gc_policy.for_tracing()  # the main's imports are done: frozen; fewer collector passes
+
   def guarded(argv):
     try:
       return main(argv)
