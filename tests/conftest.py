@@ -1,7 +1,19 @@
 """Every test sees 8 emulated CPU devices; set before JAX starts."""
 
 import os
+import sys
 import tempfile
+
+# Bytecode: the suite writes it (in the tree's git-ignored __pycache__) even where
+# PYTHONDONTWRITEBYTECODE is set, for itself and the processes it starts. Without it every
+# test process recompiles the project's sources and pytest rewrites every test module again
+# (measured on the 2-core machine: collection 22 s against 13 s with bytecode kept), and every
+# CLI test's child process compiles the omni_jax modules it imports (~0.5 s each, dozens of
+# children). The controller compiles the project once before the workers start
+# (``pytest_configure`` below).
+if sys.flags.dont_write_bytecode or os.environ.get("PYTHONDONTWRITEBYTECODE"):
+  sys.dont_write_bytecode = False
+  os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
@@ -79,24 +91,43 @@ def needs_dejavu_fonts():
 # and the small files fill in at the end, instead of one long file running alone at the end
 # (xdist's default order is by test count, which put the single-test heavy files last).
 HEAVY_FILES_FIRST = (
+    "tests/parallel/test_multiprocess.py",
+    "tests/hf/test_hf_chain.py",
     "tests/train/test_train_omni.py",
     "tests/train/test_train_omni_layout.py",
-    "tests/experiments/test_every_cli.py",
-    "tests/parallel/test_pipeline.py",
-    "tests/parallel/test_multiprocess.py",
-    "tests/parallel/test_pipeline_composed.py",
-    "tests/models/test_kv_cache.py",
-    "tests/hf/test_hf_chain.py",
-    "tests/models/test_omni_model.py",
-    "tests/train/test_mixed_precision.py",
     "tests/experiments/test_modality_flag.py",
-    "tests/parallel/test_layouts.py",
-    "tests/models/test_moe.py",
-    "tests/parallel/test_segment_attention.py",
-    "tests/generate/test_speculative.py",
+    "tests/experiments/test_every_cli.py",
     "tests/rl/test_rl_algorithms.py",
+    "tests/train/test_lora.py",
+    "tests/parallel/test_pipeline_composed.py",
+    "tests/parallel/test_segment_attention.py",
+    "tests/models/test_moe.py",
+    "tests/models/test_kv_cache.py",
     "tests/dpad/test_dpad_halftone.py",
+    "tests/models/test_omni_model.py",
+    "tests/parallel/test_layouts.py",
+    "tests/models/test_flash_attention.py",
+    "tests/models/test_mla.py",
 )
+
+
+def pytest_configure(config):
+  """The controller (not an xdist worker) compiles the project's modules to bytecode once,
+  so the test processes and their children load it instead of compiling the same sources
+  (see the bytecode note at the top; ~2 s)."""
+  if hasattr(config, "workerinput"):
+    return
+  import compileall
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  for package in ("omni_jax", "experiments", "configs", "tests"):
+    compileall.compile_dir(os.path.join(root, package), quiet=2)
+
+
+def pytest_collection_finish(session):
+  """Every test module is imported: the collector's thresholds for tracing
+  (:mod:`omni_jax.common.gc_policy`: ~10 % less CPU for the suite's model tests)."""
+  from omni_jax.common import gc_policy
+  gc_policy.for_tracing()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -37,6 +37,8 @@ def test_label_attributes_follow_the_captions(spec):
     assert a["timbre"] == (-1 if note in ("f#6", "b6") else ("soft", "buzzy").index(timbre))
 
 
+
+@pytest.mark.slow  # trains the image judge (150 steps, ~13 s); labels and errors run by default
 def test_judge_names_the_attributes_of_fixed_renders(spec, tmp_path):
   ms = dict(spec.modality("image"), size=(32, 32))  # the default task's size
   kw = dict(steps=150, per_class=4, heldout_per_class=1, lr=5e-3, batch=32)

@@ -140,6 +140,8 @@ def test_needs_mtp_modules():
                                    jnp.ones((1,), jnp.int32), 4)
 
 
+
+@pytest.mark.slow  # default-suite time (~10 s); the decoding it times is checked above
 def test_bench_reports_speedup_and_acceptance(model):
   from omni_jax.generate.bench import spec_decode
   spec, params, prompts, _ = model

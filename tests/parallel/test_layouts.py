@@ -50,11 +50,13 @@ def max_rel_err(a, b) -> float:
 # those combinations cover run under `pytest -m slow` (each is a compile of the 8-device step).
 # The capacity path under an expert split is also checked op-level in test_ep_capacity.py.
 # data x fsdp on the capacity path moved there too (default-suite time): the
-# shard-local capacity rule is the op-level test's `data=4` case, the experts' fsdp gather is
-# in fsdp_sequence_expert.
+# shard-local capacity rule is the op-level test's `data=4` case. fsdp x sequence x expert
+# as well: fsdp with expert is in the default suite's pipeline composed with ZeRO-3
+# (test_pipeline_composed.py) and fsdp over two processes in test_multiprocess.py; sequence
+# with expert in tensor_sequence_ring_expert.
 COVERED_BY_COMBINATIONS = {"data", "data_capacity_path", "data_fsdp_capacity_path", "fsdp",
                            "expert", "expert_capacity_path", "tensor", "sequence",
-                           "sequence_ring"}
+                           "sequence_ring", "fsdp_sequence_expert"}
 
 
 @pytest.mark.parametrize("name", [

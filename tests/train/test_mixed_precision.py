@@ -65,6 +65,9 @@ def test_param_dtype_bfloat16_stores_params_and_moments_in_bf16():
   assert _float_dtypes(state.opt_state) == {"bfloat16"}
 
 
+# Under slow (two train-step compiles, ~20 s): the default suite checks the stored dtypes (the
+# test above) and the bf16 reduction in the partitioned program (below).
+@pytest.mark.slow
 def test_bf16_steps_track_fp32_on_float32_master_weights_and_moments():
   """Three steps from the same initial weights: bf16 compute (with bf16 gradients) follows
   the float32 run; bf16's 8-bit mantissa gives per-op errors of ~0.4 %. Under bf16 compute

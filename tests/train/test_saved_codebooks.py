@@ -62,6 +62,11 @@ def test_saved_codebooks_unlike_the_config_are_one_clear_error():
     given_codebooks(mods, {**ok, "text": np.zeros((8, 3), np.float32)}, complete=False)
 
 
+
+# Under slow (default-suite time: three micro runs and a generation, ~30 s): the default
+# suite keeps the checkpoint's bit-for-bit round trip of the codebooks above and the refusal
+# of codebooks unlike the config.
+@pytest.mark.slow
 def test_a_manifest_run_keeps_its_codebook_through_changed_data_resume_and_generation(
     tmp_path, monkeypatch):
   manifest = write_manifest(tmp_path, n=12, broken=False)
