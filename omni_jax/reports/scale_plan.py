@@ -149,10 +149,8 @@ def plan_layout(config, text: str, spec, model, tx, mfu: float, hlo_path: str | 
       for k, (s, d) in shapes.items()}
   host = {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in shapes.items()}
 
-  def init(key, host):
-    params = model.init(key, host)["params"]
-    return TrainState(jax.numpy.zeros((), jax.numpy.int32), params, tx.init(params))
-  abstract = jax.eval_shape(init, jax.random.PRNGKey(0), host)
+  abstract = jax.eval_shape(lambda key, host: TrainState.fresh(model.init(key, host)["params"], tx),
+                            jax.random.PRNGKey(0), host)
   shardings = state_sharding(mesh, recipe)(abstract)
   state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                        abstract, shardings)

@@ -127,7 +127,5 @@ def abstract_train_state(config, spec, model, example=None):
   example = example if example is not None else {"tokens": jnp.zeros((1, 8), jnp.int32)}
   init_params = ft.init_params(lambda key: model.init(key, example)["params"])
 
-  def init(key):
-    params = init_params(key)
-    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-  return jax.eval_shape(init, jax.random.PRNGKey(0))
+  return jax.eval_shape(lambda key: TrainState.fresh(init_params(key), tx),
+                        jax.random.PRNGKey(0))

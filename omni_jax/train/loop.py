@@ -80,6 +80,11 @@ class TrainState:
   params: Any
   opt_state: Any
 
+  @staticmethod
+  def fresh(params, tx) -> TrainState:
+    """Step 0 of ``params`` with ``tx``'s initial state (under ``jax.eval_shape`` for shapes)."""
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
@@ -177,10 +182,7 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, grad_ac
 
 
 def _state_init(init_params: Callable, tx) -> Callable:
-  def init(key):
-    params = init_params(key)
-    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-  return init
+  return lambda key: TrainState.fresh(init_params(key), tx)
 
 
 _ABSTRACT_PARAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -199,8 +201,7 @@ def state_layout(init_params: Callable, tx, seed: int, param_sharding: Callable,
   """``(abstract state with shardings, state shardings)``: shapes only (``seed`` does not
   change them)."""
   params = abstract_params(init_params)
-  abstract = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
-                        jax.eval_shape(tx.init, params))
+  abstract = jax.eval_shape(lambda p: TrainState.fresh(p, tx), params)
   shardings = param_sharding(abstract)
   placed = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                         abstract, shardings)

@@ -289,8 +289,7 @@ def follow(config, spec, stream, loop, loss_for: Callable):
   tx = make_optimizer(config.optim, loop.steps, spec.bias_rate)
   # the parameters (and so the state) do not depend on the checkpoint policy
   params = jax.eval_shape(lambda rng: OmniModel(spec).init(rng, example)["params"], key)
-  state = StateBytes.of(TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
-                                   jax.eval_shape(tx.init, params)))
+  state = StateBytes.of(jax.eval_shape(lambda p: TrainState.fresh(p, tx), params))
   costs: dict[str, ActivationCost] = {}
   for act in ACTIVATIONS:
     s = dataclasses.replace(spec, backbone=Placement("device", act).apply(spec.backbone))

@@ -79,7 +79,6 @@ def test_every_switch_ragged_batch_prefill_and_steps_equal_the_full_forward():
   assert int(cache.index) == p + new and int(cache.layer) == 0
 
 
-
 # Under slow (default-suite time, ~20 s): the default suite decodes the backbone with every
 # switch on above, and the omni model's cached generation against its full forward in
 # tests/generate/test_generate_job.py (test_greedy_generation_is_constrained_argmax_...).

@@ -16,7 +16,7 @@ from tests.parallel.pipeline_checks import max_rel, step_against_one_device
 # and gathers only the ZeRO (fsdp) split, once, outside the tick loop. The load-balancing
 # loss is on with a large coefficient (it must match one device as exactly as the
 # cross-entropy does).
-def _pipeline_matches_one_device(micro, mesh_cfg, overrides, schedules, in_loop_kind,
+def _pipeline_matches_one_device(micro, mesh_cfg, overrides, schedules, in_loop_kinds,
                                  recipe="omni"):
   _, _, loss, params, batch = micro(lb_coef=1.0, num_layers=2)
   l1, g1 = one_device(lb_coef=1.0, num_layers=2)
@@ -32,8 +32,7 @@ def _pipeline_matches_one_device(micro, mesh_cfg, overrides, schedules, in_loop_
     # no parameter is gathered or reduce-scattered there (only once, outside).
     in_loop = {c.kind for c in colls
                if "backbone/shard_map" in c.op_name and "/while/" in c.op_name}
-    kinds = (in_loop_kind,) if isinstance(in_loop_kind, str) else in_loop_kind
-    assert set(kinds) <= in_loop and not in_loop & {"all-gather", "reduce-scatter"}, (
+    assert set(in_loop_kinds) <= in_loop and not in_loop & {"all-gather", "reduce-scatter"}, (
         schedule, in_loop)
   if len(schedules) == 2:
     assert max_rel(grads["1f1b"], grads["gpipe"]) <= 1e-5
@@ -49,7 +48,7 @@ def _pipeline_matches_one_device(micro, mesh_cfg, overrides, schedules, in_loop_
 def test_pipeline_with_sequence(op, schedules, micro):
   _pipeline_matches_one_device(micro, dict(pipeline=2, sequence=2, fsdp=2),
                                {"sequence_attention": op}, schedules,
-                               "all-to-all" if op == "ulysses" else "collective-permute")
+                               ("all-to-all" if op == "ulysses" else "collective-permute",))
 
 
 # Each composition is a compile of the 8-device step: the default suite runs the pipeline
@@ -60,14 +59,14 @@ def test_pipeline_with_sequence(op, schedules, micro):
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_pipeline_with_expert(schedule, micro):
   _pipeline_matches_one_device(micro, dict(pipeline=2, expert=2, fsdp=2), {}, (schedule,),
-                               "all-to-all")
+                               ("all-to-all",))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_pipeline_with_tensor(schedule, micro):
   _pipeline_matches_one_device(micro, dict(pipeline=2, tensor=2, fsdp=2), {}, (schedule,),
-                               "all-reduce")
+                               ("all-reduce",))
 
 
 def test_pipeline_with_expert_and_tensor(micro):
@@ -80,4 +79,4 @@ def test_pipeline_with_expert_and_tensor(micro):
 def test_pipeline_with_expert_zero3(micro):
   """The ZeRO group over fsdp x expert: the recipe reaches the stage."""
   _pipeline_matches_one_device(micro, dict(pipeline=2, expert=2, fsdp=2), {}, ("gpipe",),
-                               "all-to-all", recipe="omni_zero3")
+                               ("all-to-all",), recipe="omni_zero3")
