@@ -151,11 +151,14 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.data.update(seq_len=96, text_weight=0.25, heldout_every=8,
                   task_weights={"image:understand": 3.0, "image:generate": 1.5,
                                 "audio:understand": 0.75, "audio:generate": 1.0})
-    c.train.update(steps=1500, eval_every=500, checkpoint_every=250)
+    c.train.update(steps=3000, eval_every=500, checkpoint_every=250)
     # A third of the base rate: at 3e-3 held-out image-caption token accuracy stalled at 0.97
     # and a fresh run captioned shapes 0.62 of the time; at 1e-3 it reaches 0.997 by step
     # 1000 and captions 0.97 (docs/generation.md, fresh runs of this variant).
-    c.optim.update(lr=1e-3)
+    # Strong decoupled weight decay and twice the steps, chosen on the tuning group
+    # (heldout_residue=4): at 0.01 and 1500 steps the model drew the asked shape for 1 of
+    # its 8 unseen combinations (greedy), at 1.0 and 3000 steps for 8 of 8.
+    c.optim.update(lr=1e-3, weight_decay=1.0)
   elif arg == "small":
     c.model.update(d_model=256, num_layers=4, num_heads=8, d_ff=512)
     c.model.moe.update(num_experts=8, d_ff=256)

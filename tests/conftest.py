@@ -125,7 +125,7 @@ def pytest_configure(config):
 
 def pytest_collection_finish(session):
   """Every test module is imported: the collector's thresholds for tracing
-  (:mod:`omni_jax.common.gc_policy`: ~10 % less CPU for the suite's model tests)."""
+  (:mod:`omni_jax.common.gc_policy`: ~6 % less time on the suite's model tests)."""
   from omni_jax.common import gc_policy
   gc_policy.for_tracing()
 
