@@ -196,10 +196,10 @@ def abstract_params(init_params: Callable):
   return _ABSTRACT_PARAMS[init_params]
 
 
-def state_layout(init_params: Callable, tx, seed: int, param_sharding: Callable,
+def state_layout(init_params: Callable, tx, param_sharding: Callable
                  ) -> tuple[TrainState, Any]:
-  """``(abstract state with shardings, state shardings)``: shapes only (``seed`` does not
-  change them)."""
+  """``(abstract state with shardings, state shardings)``: shapes only (no seed changes
+  them)."""
   params = abstract_params(init_params)
   abstract = jax.eval_shape(lambda p: TrainState.fresh(p, tx), params)
   shardings = param_sharding(abstract)
@@ -211,7 +211,7 @@ def state_layout(init_params: Callable, tx, seed: int, param_sharding: Callable,
 def create_state(init_params: Callable, tx, seed: int, param_sharding: Callable,
                  ) -> tuple[TrainState, Any]:
   """Builds the state directly in its sharded layout; returns (state, state shardings)."""
-  _, shardings = state_layout(init_params, tx, seed, param_sharding)
+  _, shardings = state_layout(init_params, tx, param_sharding)
   state = jit_batched_rng(_state_init(init_params, tx), out_shardings=shardings)(
       jax.random.PRNGKey(seed))
   return state, shardings
@@ -243,7 +243,7 @@ def pretrained_state(init_params: Callable, tx, seed: int, param_sharding: Calla
   ``params_hook(abstract params)`` fills the leaves it loads (the others stay abstract and
   get their random initial values, :func:`fill_fresh`), then the optimizer state is
   initialised from the result. No random train state is built first."""
-  placed, shardings = state_layout(init_params, tx, seed, param_sharding)
+  placed, shardings = state_layout(init_params, tx, param_sharding)
   params = fill_fresh(params_hook(placed.params), init_params, seed, shardings.params)
   opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
   step = jax.device_put(jnp.zeros((), jnp.int32), shardings.step)
@@ -368,7 +368,7 @@ def fit(*, workdir: str, loop: LoopConfig, init_params: Callable, loss_fn: Calla
   sharding = offload_lib.state_sharding(param_sharding, loop.offload)
   resumed = ckpt.latest_step()
   if resumed is not None:  # restored into its layout; no fresh state is built
-    placed, shardings = state_layout(init_params, tx, loop.seed, sharding)
+    placed, shardings = state_layout(init_params, tx, sharding)
     state = ckpt.restore(resumed, placed, data=data_iter)
     logging.info("resumed from checkpoint step %d in %s", resumed, ckpt.directory)
   elif params_hook is not None:
