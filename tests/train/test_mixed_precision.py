@@ -42,8 +42,9 @@ def _setup(cfg, devices, grad_dtype="compute", abstract=False):
   example = stream.example_batch()
   stored = jnp.dtype(cfg.model.param_dtype)
   init = lambda k: cast_floating(model.init(k, example)["params"], stored)
-  make = state_layout if abstract else create_state
-  state, _ = make(init, tx, 0, train_omni.state_sharding(mesh))
+  sharding = train_omni.state_sharding(mesh)
+  state, _ = (state_layout(init, tx, sharding) if abstract
+              else create_state(init, tx, 0, sharding))
   loss_fn = train_omni.make_loss_fn(spec, model, mesh, train_omni.parallel_op_names(cfg))
   put, _ = train_omni.input_placement(stream, mesh)
   step = jax.jit(make_train_step(loss_fn, tx, grad_dtype=grad_dtype))
