@@ -120,8 +120,14 @@ def quantize(codebook, vectors) -> jnp.ndarray:
         f"vectors must have shape [..., D] with D={codebook.shape[1]} (the codebook's), "
         f"got {vectors.shape}")
   flat = vectors.reshape(-1, vectors.shape[-1]).astype(codebook.dtype)
-  codes = jnp.argmin(squared_distances(flat, codebook), axis=-1).astype(jnp.int32)
-  return codes.reshape(vectors.shape[:-1])
+  return _nearest(flat, codebook).reshape(vectors.shape[:-1])
+
+
+@jax.jit
+def _nearest(flat: jnp.ndarray, codebook: jnp.ndarray) -> jnp.ndarray:
+  """Index of the nearest codeword per row, as one compiled program (the input pipeline calls
+  :func:`quantize` on the host per batch: op by op it dispatched, and compiled, each step)."""
+  return jnp.argmin(squared_distances(flat, codebook), axis=-1).astype(jnp.int32)
 
 
 def dequantize(codebook, codes) -> jnp.ndarray:

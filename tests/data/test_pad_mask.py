@@ -28,7 +28,8 @@ IMAGE = dict(kind="patch", size=(16, 16), channels=3, patch=4, encoder_dim=16,
 
 def _encode(spec, x, valid):
   enc = ENCODERS.get(spec["kind"])(spec=spec, d_model=8)
-  params = enc.init(jax.random.PRNGKey(0), jnp.asarray(x[:1]), jnp.asarray(valid[:1]))
+  params = jax.jit(enc.init)(jax.random.PRNGKey(0), jnp.asarray(x[:1]),
+                              jnp.asarray(valid[:1]))
   apply = jax.jit(enc.apply)
   with_mask = apply(params, jnp.asarray(x), jnp.asarray(valid))
   without = apply(params, jnp.asarray(x))

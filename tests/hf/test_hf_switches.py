@@ -34,15 +34,15 @@ def test_attention_switches_off_is_the_named_op_path_and_on_adds_parameters():
   x = jax.random.normal(jax.random.PRNGKey(0), (1, 4, 16))
   pos = jnp.arange(4)[None]
   plain = Attention(2, 1, 8)
-  p = plain.init(jax.random.PRNGKey(1), x, pos)
+  p = jax.jit(plain.init)(jax.random.PRNGKey(1), x, pos)
   assert set(p["params"]) == {"q", "k", "v", "o"}
   on = Attention(2, 1, 8, qk_norm=True, qkv_bias=True)
-  p_on = on.init(jax.random.PRNGKey(1), x, pos)
+  p_on = jax.jit(on.init)(jax.random.PRNGKey(1), x, pos)
   assert set(p_on["params"]) == {"q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "q_norm",
                                  "k_norm"}
   # zero biases: the projections alone differ by the q/k norm only; without it, equal
   bias_only = Attention(2, 1, 8, qkv_bias=True)
-  pb = bias_only.init(jax.random.PRNGKey(1), x, pos)
+  pb = jax.jit(bias_only.init)(jax.random.PRNGKey(1), x, pos)
   np.testing.assert_allclose(jax.jit(bias_only.apply)(pb, x, pos),
                              jax.jit(plain.apply)(p, x, pos), atol=1e-6)
 

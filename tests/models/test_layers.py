@@ -68,10 +68,11 @@ def test_blockwise_attention_equals_dense_values_and_grads(causal):
   v = jax.random.normal(jax.random.fold_in(key, 2), (b, t, kv, dh))
   dense = lambda q, k, v: attention(q, k, v, causal=causal)
   blocks = lambda q, k, v: blockwise_attention(q, k, v, causal=causal, block=8)
-  np.testing.assert_allclose(blocks(q, k, v), dense(q, k, v), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(jax.jit(blocks)(q, k, v), jax.jit(dense)(q, k, v), rtol=1e-5,
+                             atol=1e-5)
   loss = lambda f: (lambda q, k, v: (f(q, k, v) * jnp.cos(q)).sum())
-  ga = jax.grad(loss(dense), argnums=(0, 1, 2))(q, k, v)
-  gb = jax.grad(loss(blocks), argnums=(0, 1, 2))(q, k, v)
+  ga = jax.jit(jax.grad(loss(dense), argnums=(0, 1, 2)))(q, k, v)
+  gb = jax.jit(jax.grad(loss(blocks), argnums=(0, 1, 2)))(q, k, v)
   for x, y in zip(ga, gb, strict=True):
     np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
   with pytest.raises(ValueError, match="not a multiple of block=5"):

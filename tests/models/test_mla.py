@@ -102,10 +102,10 @@ def test_mla_equals_numpy_formulas(q_lora):
   x = np.random.default_rng(0).standard_normal((2, 9, s.d_model)).astype(np.float32)
   pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
   mod = MLA(s)
-  params = perturbed(mod.init(jax.random.PRNGKey(0), x, pos)["params"])
+  params = perturbed(jax.jit(mod.init)(jax.random.PRNGKey(0), x, pos)["params"])
   want = {"kv_a", "kv_a_norm", "kv_b", "o"} | ({"q_a", "q_a_norm", "q_b"} if q_lora else {"q"})
   assert set(params) == want
-  got = np.asarray(mod.apply({"params": params}, x, pos))
+  got = np.asarray(jax.jit(mod.apply)({"params": params}, x, pos))
   ref = np_mla(params, np.asarray(x, np.float64), s)
   assert np.abs(ref).max() > 0.1
   np.testing.assert_allclose(got, ref, atol=2e-5, rtol=0)

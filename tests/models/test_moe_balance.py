@@ -69,8 +69,8 @@ def test_default_mode_unchanged_and_zero_bias_routes_identically():
   assert "routing_bias" not in p0 and set(p1) - set(p0) == {"routing_bias"}
   for k in p0:  # no rng drawn for the bias: the other parameters initialise identically
     np.testing.assert_array_equal(p0[k], p1[k])
-  y0, a0 = m0.apply({"params": p0}, x)
-  y1, a1 = m1.apply({"params": p1}, x)
+  y0, a0 = jax.jit(m0.apply)({"params": p0}, x)
+  y1, a1 = jax.jit(m1.apply)({"params": p1}, x)
   np.testing.assert_array_equal(y0, y1)
   for k in a0:
     np.testing.assert_array_equal(a0[k], a1[k])

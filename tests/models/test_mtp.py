@@ -69,8 +69,9 @@ def reference_mtp_loss(spec, params, batch, h):
     z = np.concatenate([np_rms(nxt, p["enorm"]["scale"], eps),
                         np_rms(h, p["hnorm"]["scale"], eps)], -1) @ np.asarray(
                             p["eh_proj"]["kernel"], np.float64)
-    h = np.asarray(Block(bb, False).apply({"params": p["block"]}, jnp.asarray(z, jnp.float32),
-                                          batch["positions"], seg)[0], np.float64)
+    h = np.asarray(jax.jit(Block(bb, False).apply)(
+        {"params": p["block"]}, jnp.asarray(z, jnp.float32), batch["positions"], seg)[0],
+        np.float64)
     logits = np_rms(h, p["norm"]["scale"], eps) @ head
     nll = []
     for r in range(b):

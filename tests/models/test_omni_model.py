@@ -138,8 +138,8 @@ def test_blockwise_attention_model_matches_dense(micro):
   cfg.model.attention_block = 16
   spec_b = build_spec(cfg.model)
   spec_d = build_spec(get_config("micro").model)
-  out_b, _ = OmniModel(spec_b).apply({"params": params}, batch)
-  out_d, _ = OmniModel(spec_d).apply({"params": params}, batch)
+  out_b, _ = jax.jit(OmniModel(spec_b).apply)({"params": params}, batch)
+  out_d, _ = jax.jit(OmniModel(spec_d).apply)({"params": params}, batch)
   for h in out_d:
     np.testing.assert_allclose(out_b[h], out_d[h], rtol=1e-4, atol=1e-4)
 

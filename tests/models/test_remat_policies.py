@@ -21,7 +21,7 @@ def _exps(remat):
   model = Backbone(spec)
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 16))
   pos = jnp.broadcast_to(jnp.arange(16), (2, 16))
-  params = model.init(jax.random.PRNGKey(1), x, pos)["params"]
+  params = jax.jit(model.init)(jax.random.PRNGKey(1), x, pos)["params"]
   loss = lambda p: jnp.sum(jnp.sin(model.apply({"params": p}, x, pos)[0]))
   g = jax.grad(loss)
   exps = sum(str(eq.primitive) == "exp" for eq in _equations(jax.make_jaxpr(g)(params).jaxpr))

@@ -35,8 +35,9 @@ def _per_shard_reference(x, ids, gates, w, capacity):
   """The plain capacity dispatch on each shard's rows with capacity ceil(C / shards)."""
   c = -(-capacity // SHARDS)
   ys, dropped = [], []
+  dispatch = jax.jit(lambda *a: moe_dispatch.default(*a, impl="capacity", capacity=c))
   for s in np.split(np.arange(B), SHARDS):
-    y, d = moe_dispatch.default(x[s], ids[s], gates[s], *w, impl="capacity", capacity=c)
+    y, d = dispatch(x[s], ids[s], gates[s], *w)
     ys.append(y)
     dropped.append(float(d))
   return jnp.concatenate(ys), float(np.mean(dropped))

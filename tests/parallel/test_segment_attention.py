@@ -89,7 +89,8 @@ def test_self_attention_restarts_rotary_positions_per_document():
   wq, wk, wv = (jax.random.normal(ks[i], (16, n, 8)) / 4 for i, n in enumerate((4, 2, 2)))
   wo = jax.random.normal(ks[3], (4, 8, 16)) / 4
   seg, pos = jnp.asarray(SEGMENTS), jnp.asarray(doc_positions(SEGMENTS))
-  packed = self_attention.default(x, pos, wq, wk, wv, wo, segment_ids=seg)
+  packed = jax.jit(lambda x: self_attention.default(x, pos, wq, wk, wv, wo,
+                                                    segment_ids=seg))(x)
   alone = jax.jit(lambda x: per_document(
       lambda x: self_attention.default(x, jnp.arange(x.shape[1])[None], wq, wk, wv, wo),
       SEGMENTS, x))(x)
