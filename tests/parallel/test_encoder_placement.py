@@ -28,6 +28,8 @@ def split_ways(sharding, ndim: int) -> int:
   return int(np.prod([sharding.mesh.shape[a] for a in axes]))
 
 
+@pytest.mark.slow  # moved out of the default suite for time: a second layout equivalence beside
+# tests/parallel/test_layouts.py and the composed pipelines; still runs under -m slow
 def test_enc_fsdp_step_matches_one_device_and_spreads_the_encoders(micro):
   _, _, loss, params, batch = micro("dropless", capacity_factor=8.0)
   one = jax.jit(jax.value_and_grad(lambda p, b: loss(p, b, {}))).lower(params, batch).compile()

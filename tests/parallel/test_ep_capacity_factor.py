@@ -48,6 +48,8 @@ def _dropped(factors) -> list[float]:
   return out
 
 
+@pytest.mark.slow  # for time: capacity drops are checked on every run by
+# tests/parallel/test_ep_capacity.py; still runs under -m slow
 def test_worst_case_buffer_drops_nothing_and_a_small_one_counts_its_drops():
   # each of the 4 devices keeps at most ceil(f n k) of the 4 n k assignments sent its way
   # on average: at f = 0.5 at least about half of them cannot fit

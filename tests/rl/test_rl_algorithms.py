@@ -66,6 +66,8 @@ def test_ppo_gaussian_learns_pendulum():
   assert runner.evaluate_greedy(run, state)["eval_return"] > -500.0
 
 
+@pytest.mark.slow  # for time: the asynchronous update rule is checked on every run by
+# tests/rl/test_rl_aggregation.py; still runs under -m slow
 def test_async_s0_equals_sync_switch_bit_for_bit():
   """Two vmapped seeds on 3 workers: async with S = 0 reproduces the synchronous switch."""
   over = dict(workers=3, seeds=2, total_env_steps=3 * 64 * 6, chunk_iterations=6)
