@@ -248,11 +248,8 @@ def run(cfg, workdir: str | Path) -> dict:
                         counts[sp.test], y[sp.test])
   # Brian2: the same reservoir on the first train utterances, spike counts against ours.
   b2 = speed.time_brian2(cfg.brian2, net, spikes[sp.train], lengths[sp.train], res_lif, workdir)
-  u = min(cfg.brian2.utterances, sp.train.size)
-  t = int(lengths[sp.train[:u]].max())
-  ours_b2, _ = reservoir.simulate(net, fxp.make_format(None), jnp.asarray(
-      spikes[sp.train[:u], :t].reshape(u * t, -1)), res_lif)
-  ours_b2 = int(np.asarray(ours_b2).sum())
+  ours_b2 = speed.ours_on_brian2_input(net, spikes[sp.train], lengths[sp.train], res_lif,
+                                       cfg.brian2.utterances)
   single, _ = speed.time_ours(net, study.fmt_for(cfg, cfg.reference_bits), spikes[sp.train[:8]],
                               res_lif, cfg.speed_repeats)
   b2_rates = {kk: v for kk, v in b2["steps_per_sec"].items() if v}

@@ -348,6 +348,7 @@ def run(cfg, workdir: str | Path) -> dict:
   single, batched = speed.time_ours(net, fmt_for(cfg, cfg.reference_bits), sp_tune, res_lif,
                                     cfg.speed_repeats)
   b2 = speed.time_brian2(cfg.brian2, net, sp_tune, len_tune, res_lif, workdir)
+  ours_b2 = speed.ours_on_brian2_input(net, sp_tune, len_tune, res_lif, cfg.brian2.utterances)
   b2_rates = {k: v for k, v in b2["steps_per_sec"].items() if v}
   b2_best = max(b2_rates, key=b2_rates.get) if b2_rates else None
   cm_cv = np.zeros((classes, classes), int)
@@ -392,6 +393,7 @@ def run(cfg, workdir: str | Path) -> dict:
       "brian2_target": b2_best,
       "brian2_steps_per_sec_by_target": b2["steps_per_sec"],
       "brian2_spikes_by_target": b2["spikes"],
+      "brian2_spikes_ours": ours_b2,
       "brian2_note": b2["notes"],
       "brian2_python": b2["python"],
       "speedup_vs_brian2": (single / b2_rates[b2_best]) if b2_best else None,
