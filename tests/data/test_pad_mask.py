@@ -144,7 +144,7 @@ def test_slots_with_padding_scatter_only_real_tokens():
   pos = np.arange(32, dtype=np.int32).reshape(1, 2, 16)
   used = np.asarray([[True, True]])
   enc = ENCODERS.get(spec["kind"])(spec=spec, d_model=8)
-  params = enc.init(jax.random.PRNGKey(0), jnp.asarray(x[:, 0]))
+  params = jax.jit(enc.init)(jax.random.PRNGKey(0), jnp.asarray(x[:, 0]))
 
   def run(inputs):
     return enc.apply(params, method=lambda m: scatter_features(

@@ -135,8 +135,8 @@ def test_routing_bias_keeps_the_sign_step_unless_frozen():
   grads = jax.tree.map(jnp.zeros_like, params)
   grads["backbone"]["units"]["layer_0"]["moe"]["routing_bias"] = load
   train = _optim(groups=[{"name": "bb", "regex": "^backbone/", "lr": 1e-3}])
-  u, _ = make_optimizer(train, 10, balance_rate=0.01).update(
-      grads, make_optimizer(train, 10, balance_rate=0.01).init(params), params)
+  tx = make_optimizer(train, 10, balance_rate=0.01)
+  u, _ = jax.jit(tx.update)(grads, jax.jit(tx.init)(params), params)
   np.testing.assert_array_equal(_leaf(u, "backbone/units/layer_0/moe/routing_bias"),
                                 np.float32([[-0.01, 0.01, 0.01], [0.01, 0.01, -0.01]]))
   frozen = _optim(groups=[{"name": "bb", "regex": "^backbone/", "frozen": True}])
