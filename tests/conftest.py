@@ -3,6 +3,7 @@
 import os
 import sys
 import tempfile
+import time
 
 # Bytecode: the suite writes it (in the tree's git-ignored __pycache__) even where
 # PYTHONDONTWRITEBYTECODE is set, for itself and the processes it starts. Without it every
@@ -145,9 +146,8 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_terminal_summary(terminalreporter):
   """One line on the machine the suite ran on (cores it may use, CPU model, load, a timed
-  piece of Python), so a run's
-  time can be read against its machine: the same tests have taken 4 min on one fresh 2-core
-  machine and 12 on another."""
+  piece of Python), so a run's time can be read against its machine: the same tests have
+  taken 4 min on one fresh 2-core machine and 12 on another."""
   try:
     cpus = len(os.sched_getaffinity(0))
   except AttributeError:
@@ -167,7 +167,6 @@ def pytest_terminal_summary(terminalreporter):
   except (OSError, ValueError):
     pass
   load = ", load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
-  import time
   start = time.perf_counter()
   sum(range(5_000_000))  # a fixed piece of single-core Python work, timed: the core's speed
   probe = time.perf_counter() - start

@@ -126,7 +126,8 @@ def quantize(codebook, vectors) -> jnp.ndarray:
 @jax.jit
 def _nearest(flat: jnp.ndarray, codebook: jnp.ndarray) -> jnp.ndarray:
   """Index of the nearest codeword per row, as one compiled program (the input pipeline calls
-  :func:`quantize` on the host per batch: op by op it dispatched, and compiled, each step)."""
+  :func:`quantize` on the host per batch; op by op it dispatched five programs per call, each
+  compiled once per new shape)."""
   return jnp.argmin(squared_distances(flat, codebook), axis=-1).astype(jnp.int32)
 
 

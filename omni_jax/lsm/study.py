@@ -348,7 +348,8 @@ def run(cfg, workdir: str | Path) -> dict:
   single, batched = speed.time_ours(net, fmt_for(cfg, cfg.reference_bits), sp_tune, res_lif,
                                     cfg.speed_repeats)
   b2 = speed.time_brian2(cfg.brian2, net, sp_tune, len_tune, res_lif, workdir)
-  ours_b2 = speed.ours_on_brian2_input(net, sp_tune, len_tune, res_lif, cfg.brian2.utterances)
+  ours_b2 = (speed.ours_on_brian2_input(net, sp_tune, len_tune, res_lif, cfg.brian2.utterances)
+             if b2["spikes"] else None)  # nothing to compare when no Brian2 target ran
   b2_rates = {k: v for k, v in b2["steps_per_sec"].items() if v}
   b2_best = max(b2_rates, key=b2_rates.get) if b2_rates else None
   cm_cv = np.zeros((classes, classes), int)
